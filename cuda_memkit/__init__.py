@@ -1,0 +1,84 @@
+"""cuda_memkit: safe, pleasant CUDA memory management from Python.
+
+A thin layer over NVIDIA's ``cuda.bindings``: every driver status becomes a
+value or a typed exception, and every allocation an object with a clear owner.
+Importing the package makes no driver call and does not import numpy.
+"""
+
+from __future__ import annotations
+
+from ._device import Device, Location, LocationType, Stream, device_count
+from ._driver import backend_name, use_backend
+from ._errors import (
+    ClosedError,
+    CudaAlreadyMappedError,
+    CudaDriverNotFoundError,
+    CudaError,
+    CudaHostMemoryAlreadyRegisteredError,
+    CudaHostMemoryNotRegisteredError,
+    CudaInvalidContextError,
+    CudaInvalidDeviceError,
+    CudaInvalidHandleError,
+    CudaInvalidValueError,
+    CudaNoDeviceError,
+    CudaNotInitializedError,
+    CudaNotMappedError,
+    CudaNotPermittedError,
+    CudaNotSupportedError,
+    CudaOutOfMemoryError,
+    MemkitWarning,
+)
+
+# -- pinned exports (issue 3) --
+# -- managed exports (issue 4) --
+# -- vmm exports (issue 5) --
+# -- pool exports (issue 6) --
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosedError",
+    "CudaAlreadyMappedError",
+    "CudaDriverNotFoundError",
+    "CudaError",
+    "CudaHostMemoryAlreadyRegisteredError",
+    "CudaHostMemoryNotRegisteredError",
+    "CudaInvalidContextError",
+    "CudaInvalidDeviceError",
+    "CudaInvalidHandleError",
+    "CudaInvalidValueError",
+    "CudaNoDeviceError",
+    "CudaNotInitializedError",
+    "CudaNotMappedError",
+    "CudaNotPermittedError",
+    "CudaNotSupportedError",
+    "CudaOutOfMemoryError",
+    "Device",
+    "Location",
+    "LocationType",
+    "MemkitWarning",
+    "Stream",
+    "__version__",
+    "backend_name",
+    "device_count",
+    "use_backend",
+    # -- pinned names (issue 3) --
+    # -- managed names (issue 4) --
+    # -- vmm names (issue 5) --
+    # -- pool names (issue 6) --
+]
+
+
+def _publish() -> None:
+    """Show public objects as ``cuda_memkit.X`` (docs, reprs, pickles stay stable)."""
+    g = globals()
+    for name in __all__:
+        obj = g[name]
+        if getattr(obj, "__module__", "").startswith("cuda_memkit._"):
+            try:
+                obj.__module__ = __name__
+            except (AttributeError, TypeError):
+                continue
+
+
+_publish()

@@ -1,0 +1,531 @@
+"""Devices, primary contexts, streams and memory locations."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol, Union, runtime_checkable
+
+from cuda.bindings import driver as _cu
+
+from . import _driver
+from ._resource import Resource, driver_release, make_finalizer
+
+__all__ = [
+    "Device",
+    "Location",
+    "LocationType",
+    "Stream",
+    "StreamLike",
+    "device_count",
+]
+
+_A = _cu.CUdevice_attribute
+
+
+def device_count() -> int:
+    """Return the number of CUDA devices (``cuDeviceGetCount``).
+
+    Returns
+    -------
+    int
+        Devices visible to this process (0 is possible).
+    """
+    return int(_driver.call("cuDeviceGetCount"))
+
+
+def _check_ordinal(ordinal: object, what: str = "device") -> int:
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int):
+        if isinstance(ordinal, Device):
+            return ordinal.ordinal
+        raise TypeError(f"{what} must be an int ordinal or a Device, not {type(ordinal).__name__}")
+    if ordinal < 0:
+        raise ValueError(f"{what} ordinal must be >= 0, got {ordinal}")
+    return ordinal
+
+
+# Primary contexts, retained once per device for the life of the process.
+_ctx_lock = threading.Lock()
+_primary: dict[int, int] = {}
+
+
+def primary_context(ordinal: int) -> int:
+    """Return the (retained) primary context handle of device ``ordinal``."""
+    ctx = _primary.get(ordinal)
+    if ctx is None:
+        with _ctx_lock:
+            ctx = _primary.get(ordinal)
+            if ctx is None:
+                dev = _driver.call("cuDeviceGet", ordinal)
+                ctx = int(_driver.call("cuDevicePrimaryCtxRetain", dev))
+                _primary[ordinal] = ctx
+    return ctx
+
+
+def ensure_context(ordinal: int | None = None) -> int:
+    """Make sure the calling thread has a current context and return its device.
+
+    With ``ordinal`` given, device ``ordinal``'s primary context becomes
+    current (like ``cudaSetDevice``) unless it already is. With ``None``, the
+    current context is kept if there is one, else device 0's primary context
+    is made current.
+
+    Returns
+    -------
+    int
+        The ordinal of the current context's device.
+    """
+    cur = int(_driver.call("cuCtxGetCurrent"))
+    if ordinal is None:
+        if cur:
+            return int(_driver.call("cuCtxGetDevice"))
+        ordinal = 0
+    want = primary_context(ordinal)
+    if cur != want:
+        _driver.call("cuCtxSetCurrent", want)
+    return ordinal
+
+
+class Device:
+    """A CUDA device, by ordinal.
+
+    Parameters
+    ----------
+    ordinal : int
+        ``0 <= ordinal < device_count()``.
+
+    Raises
+    ------
+    TypeError
+        If ``ordinal`` is not an int.
+    ValueError
+        If it is negative.
+    CudaInvalidDeviceError
+        If no such device exists.
+
+    Examples
+    --------
+    >>> dev = Device(0)
+    >>> free, total = dev.mem_info()
+    >>> with dev:          # device 0's primary context is current inside
+    ...     pass
+    """
+
+    __slots__ = ("__weakref__", "_attrs", "_handle", "_ordinal", "_saved")
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self._ordinal = _check_ordinal(ordinal)
+        self._handle = _driver.call("cuDeviceGet", self._ordinal)
+        self._attrs: dict[int, int] = {}
+        self._saved: list[int] = []
+
+    @property
+    def ordinal(self) -> int:
+        """The device ordinal."""
+        return self._ordinal
+
+    def __int__(self) -> int:
+        return self._ordinal
+
+    def __index__(self) -> int:
+        return self._ordinal
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Device) and other._ordinal == self._ordinal
+
+    def __hash__(self) -> int:
+        return hash(("Device", self._ordinal))
+
+    def __repr__(self) -> str:
+        return f"<Device {self._ordinal}>"
+
+    # -- identity and memory -------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The device's name, e.g. ``"NVIDIA H100 80GB HBM3"``."""
+        raw = _driver.call("cuDeviceGetName", 256, self._handle)
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return text.split("\x00", 1)[0].strip()
+
+    @property
+    def total_memory(self) -> int:
+        """Total device memory in bytes (``cuDeviceTotalMem``)."""
+        return int(_driver.call("cuDeviceTotalMem", self._handle))
+
+    def mem_info(self) -> tuple[int, int]:
+        """Return ``(free, total)`` bytes of this device (``cuMemGetInfo``).
+
+        Makes this device's primary context current on the calling thread.
+        """
+        ensure_context(self._ordinal)
+        free, total = _driver.call("cuMemGetInfo")
+        return int(free), int(total)
+
+    # -- attributes ----------------------------------------------------------
+    def attribute(self, attr: _cu.CUdevice_attribute | int) -> int:
+        """Return a device attribute (``cuDeviceGetAttribute``), cached.
+
+        Parameters
+        ----------
+        attr : CUdevice_attribute or int
+            The attribute.
+        """
+        key = int(attr)
+        value = self._attrs.get(key)
+        if value is None:
+            value = int(_driver.call("cuDeviceGetAttribute", _A(key), self._handle))
+            self._attrs[key] = value
+        return value
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """``(major, minor)`` compute capability."""
+        return (
+            self.attribute(_A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            self.attribute(_A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        )
+
+    def _flag(self, attr: _cu.CUdevice_attribute) -> bool:
+        return bool(self.attribute(attr))
+
+    @property
+    def managed_memory(self) -> bool:
+        """The device supports managed memory."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)
+
+    @property
+    def concurrent_managed_access(self) -> bool:
+        """CPU and GPU may access managed memory concurrently (prefetch/advise work)."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+
+    @property
+    def pageable_memory_access(self) -> bool:
+        """The device can access pageable host memory coherently."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)
+
+    @property
+    def memory_pools(self) -> bool:
+        """Stream-ordered memory pools are supported."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+
+    @property
+    def host_memory_pools(self) -> bool:
+        """Pools located in (pinned) host memory are supported."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED)
+
+    @property
+    def virtual_memory_management(self) -> bool:
+        """The VMM API (``cuMemCreate``/``cuMemMap``) is supported."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
+
+    @property
+    def host_register(self) -> bool:
+        """``cuMemHostRegister`` is supported."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED)
+
+    @property
+    def read_only_host_register(self) -> bool:
+        """Read-only host registration is supported."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED)
+
+    @property
+    def unified_addressing(self) -> bool:
+        """The device shares a unified address space with the host."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)
+
+    @property
+    def can_map_host_memory(self) -> bool:
+        """Host memory can be mapped into the device's address space."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)
+
+    @property
+    def posix_fd_handles(self) -> bool:
+        """POSIX file descriptors can be used as shareable (IPC) handles."""
+        return self._flag(_A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+
+    def capabilities(self) -> dict[str, bool]:
+        """Return every capability flag above by name (for reports)."""
+        return {
+            name: bool(getattr(self, name))
+            for name in (
+                "managed_memory",
+                "concurrent_managed_access",
+                "pageable_memory_access",
+                "memory_pools",
+                "host_memory_pools",
+                "virtual_memory_management",
+                "host_register",
+                "read_only_host_register",
+                "unified_addressing",
+                "can_map_host_memory",
+                "posix_fd_handles",
+            )
+        }
+
+    def can_access_peer(self, peer: Device | int) -> bool:
+        """Whether this device can access memory of device ``peer``."""
+        other = Device(peer) if not isinstance(peer, Device) else peer
+        return bool(_driver.call("cuDeviceCanAccessPeer", self._handle, other._handle))
+
+    # -- context -------------------------------------------------------------
+    def set_current(self) -> None:
+        """Make this device's primary context current on the calling thread."""
+        ensure_context(self._ordinal)
+
+    def synchronize(self) -> None:
+        """Wait for all work on this device (``cuCtxSynchronize``)."""
+        ensure_context(self._ordinal)
+        _driver.call("cuCtxSynchronize")
+
+    def __enter__(self) -> Device:
+        self._saved.append(int(_driver.call("cuCtxGetCurrent")))
+        ensure_context(self._ordinal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        prev = self._saved.pop()
+        _driver.call("cuCtxSetCurrent", prev)
+
+
+# -- streams -------------------------------------------------------------------
+
+
+@runtime_checkable
+class _CudaStreamProtocol(Protocol):
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+StreamLike = Union["Stream", int, None, Any]
+"""What every ``stream=`` argument accepts: a :class:`Stream`, an int handle,
+``None`` (the legacy default stream), an object with ``__cuda_stream__``
+(cuda.core, CuPy >= 13), or one with an int ``.cuda_stream`` (torch) or
+``.ptr`` (older CuPy)."""
+
+#: ``CU_STREAM_LEGACY``: the legacy default stream handle.
+STREAM_LEGACY = 0x1
+#: ``CU_STREAM_PER_THREAD``: the per-thread default stream handle.
+STREAM_PER_THREAD = 0x2
+
+
+class Stream(Resource):
+    """A CUDA stream.
+
+    Parameters
+    ----------
+    device : Device or int, optional
+        Device the stream belongs to; default: the current context's device
+        (device 0 when there is none).
+    non_blocking : bool, default True
+        ``CU_STREAM_NON_BLOCKING``: no implicit synchronisation with the
+        legacy default stream.
+    priority : int, default 0
+        Stream priority (lower numbers are higher priority).
+
+    Notes
+    -----
+    ``Stream.from_handle(h)`` wraps a stream someone else owns; closing such
+    a wrapper never destroys the stream.
+    """
+
+    def __init__(
+        self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0
+    ) -> None:
+        if not isinstance(non_blocking, bool):
+            raise TypeError("non_blocking must be a bool")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError("priority must be an int")
+        ordinal = ensure_context(None if device is None else _check_ordinal(device))
+        flags = 1 if non_blocking else 0
+        handle = int(_driver.call("cuStreamCreateWithPriority", flags, priority))
+        self._handle = handle
+        self._device = ordinal
+        self._owned = True
+        self._open(make_finalizer(self, f"stream 0x{handle:x}", driver_release,
+                                  "cuStreamDestroy", handle))
+
+    @classmethod
+    def from_handle(cls, handle: int) -> Stream:
+        """Wrap an existing stream handle without taking ownership."""
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TypeError(f"a stream handle must be an int, not {type(handle).__name__}")
+        if handle < 0:
+            raise ValueError("a stream handle cannot be negative")
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._device = -1
+        self._owned = False
+        self._open(None)
+        return self
+
+    @classmethod
+    def legacy_default(cls) -> Stream:
+        """The legacy default stream (``CU_STREAM_LEGACY``)."""
+        return cls.from_handle(STREAM_LEGACY)
+
+    @property
+    def handle(self) -> int:
+        """The ``CUstream`` handle as an int."""
+        self._check_open()
+        return self._handle
+
+    @property
+    def owned(self) -> bool:
+        """Whether closing this object destroys the stream."""
+        return self._owned
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on the stream has finished."""
+        _driver.call("cuStreamSynchronize", self.handle)
+
+    def query(self) -> bool:
+        """Return ``True`` if all queued work has finished, ``False`` if not."""
+        from ._errors import CudaError
+
+        try:
+            _driver.call("cuStreamQuery", self.handle)
+        except CudaError as exc:
+            if exc.code == int(_cu.CUresult.CUDA_ERROR_NOT_READY):
+                return False
+            raise
+        return True
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self._handle:x}"
+        return f"<Stream {state}{'' if self._owned else ' (borrowed)'}>"
+
+
+def stream_handle(stream: StreamLike) -> int:
+    """Return the int ``CUstream`` handle of anything a ``stream=`` argument accepts.
+
+    Raises
+    ------
+    TypeError
+        For objects that are not streams.
+    ClosedError
+        For a closed :class:`Stream`.
+    """
+    if stream is None:
+        return 0
+    if type(stream) is Stream:
+        return stream.handle
+    if isinstance(stream, bool):
+        raise TypeError("a stream cannot be a bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError("a stream handle cannot be negative")
+        return int(stream)
+    if isinstance(stream, Stream):
+        return stream.handle
+    if isinstance(stream, _cu.CUstream):
+        return int(stream)
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if isinstance(value, tuple) and len(value) == 2:
+            return int(value[1])
+        raise TypeError("__cuda_stream__ must return a (version, handle) tuple")
+    for attr in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    raise TypeError(
+        f"expected a stream (Stream, int handle, None, or an object with __cuda_stream__ "
+        f"or .cuda_stream), not {type(stream).__name__}"
+    )
+
+
+# -- locations -----------------------------------------------------------------
+
+
+class LocationType(enum.IntEnum):
+    """Kinds of memory location (values of ``CUmemLocationType``)."""
+
+    DEVICE = 1
+    HOST = 2
+    HOST_NUMA = 3
+    HOST_NUMA_CURRENT = 4
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where memory lives or should go: a device, the host, or a host NUMA node.
+
+    Build with :meth:`device`, :meth:`host`, :meth:`host_numa` or
+    :meth:`host_numa_current`; a :class:`Device` or an int device ordinal is
+    accepted wherever a location is.
+    """
+
+    type: LocationType
+    id: int = 0
+
+    @classmethod
+    def device(cls, ordinal: Device | int) -> Location:
+        """Device ``ordinal``."""
+        return cls(LocationType.DEVICE, _check_ordinal(ordinal))
+
+    @classmethod
+    def host(cls) -> Location:
+        """The host (any NUMA node)."""
+        return cls(LocationType.HOST, 0)
+
+    @classmethod
+    def host_numa(cls, node: int) -> Location:
+        """Host NUMA node ``node``."""
+        return cls(LocationType.HOST_NUMA, _check_ordinal(node, "NUMA node"))
+
+    @classmethod
+    def host_numa_current(cls) -> Location:
+        """The NUMA node of the calling thread's CPU."""
+        return cls(LocationType.HOST_NUMA_CURRENT, 0)
+
+    @property
+    def is_host(self) -> bool:
+        """Whether this is a host location (any kind)."""
+        return self.type is not LocationType.DEVICE
+
+    def to_cu(self) -> _cu.CUmemLocation:
+        """Return the ``CUmemLocation`` struct for driver calls."""
+        loc = _cu.CUmemLocation()
+        loc.type = _cu.CUmemLocationType(int(self.type))
+        loc.id = self.id
+        return loc
+
+    @classmethod
+    def from_cu(cls, loc_type: int, loc_id: int) -> Location | None:
+        """Build from a ``(CUmemLocationType, id)`` pair; ``None`` for INVALID/NONE."""
+        try:
+            kind = LocationType(int(loc_type))
+        except ValueError:
+            return None
+        return cls(kind, 0 if kind in (LocationType.HOST, LocationType.HOST_NUMA_CURRENT)
+                   else int(loc_id))
+
+    def __str__(self) -> str:
+        if self.type is LocationType.DEVICE:
+            return f"device {self.id}"
+        if self.type is LocationType.HOST:
+            return "host"
+        if self.type is LocationType.HOST_NUMA:
+            return f"host NUMA {self.id}"
+        return "host NUMA (current)"
+
+
+LocationLike = Union[Location, Device, int]
+
+
+def as_location(where: LocationLike) -> Location:
+    """Convert a :class:`Location`, :class:`Device` or device ordinal to a Location."""
+    if isinstance(where, Location):
+        return where
+    if isinstance(where, Device):
+        return Location(LocationType.DEVICE, where.ordinal)
+    if isinstance(where, int) and not isinstance(where, bool):
+        return Location.device(where)
+    raise TypeError(
+        f"expected a Location, Device or device ordinal, not {type(where).__name__}"
+    )
+

@@ -1,0 +1,193 @@
+"""Interop protocols for device-accessible memory.
+
+:class:`DeviceMemoryMixin` gives any buffer with ``ptr``, ``nbytes`` and a
+device ordinal ``__cuda_array_interface__`` (v3), ``__dlpack__`` /
+``__dlpack_device__`` and :meth:`~DeviceMemoryMixin.as_array`, a typed view
+that other libraries (CuPy, torch, numba, cuda.core) can consume zero-copy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["DeviceArrayView", "DeviceMemoryMixin"]
+
+# DLPack device types
+DL_CUDA = 2
+DL_CUDA_HOST = 3
+DL_CUDA_MANAGED = 13
+
+
+def _typestr(dtype: np.dtype[Any]) -> str:
+    if dtype.hasobject:
+        raise TypeError("object dtypes cannot live in device memory")
+    return str(dtype.str)
+
+
+def _normalize(dtype: npt.DTypeLike, shape: int | tuple[int, ...] | None,
+               nbytes: int) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError("object dtypes cannot live in device memory")
+    if dt.itemsize == 0:
+        raise TypeError(f"dtype {dt} has no size")
+    if shape is None:
+        if nbytes % dt.itemsize:
+            raise ValueError(f"{nbytes} bytes is not a whole number of {dt} items")
+        shp: tuple[int, ...] = (nbytes // dt.itemsize,)
+    else:
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        for d in shp:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+                raise ValueError(f"invalid shape {shape!r}")
+        shp = tuple(int(d) for d in shp)
+        need = math.prod(shp) * dt.itemsize
+        if need > nbytes:
+            raise ValueError(f"shape {shp} of {dt} needs {need} bytes; the buffer has {nbytes}")
+    return dt, shp
+
+
+class DeviceMemoryMixin:
+    """Protocols for memory the GPU can address.
+
+    Subclasses provide ``ptr`` and ``nbytes`` properties (raising
+    ``ClosedError`` once closed) and ``_dl_device() -> (device_type, id)``.
+    The default view is a 1-D ``uint8`` array of ``nbytes`` bytes.
+    """
+
+    @property
+    def ptr(self) -> int:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    def _dl_device(self) -> tuple[int, int]:
+        return (DL_CUDA, 0)
+
+    def as_array(self, dtype: npt.DTypeLike = "u1",
+                 shape: int | tuple[int, ...] | None = None) -> DeviceArrayView:
+        """Return a typed, zero-copy device view (for CuPy, torch, numba, ...).
+
+        Parameters
+        ----------
+        dtype : dtype-like, default uint8
+            Element type.
+        shape : int or tuple of int, optional
+            Shape; default: as many elements as fit in ``nbytes``.
+
+        Raises
+        ------
+        TypeError
+            For object or zero-size dtypes.
+        ValueError
+            If the shape needs more bytes than the buffer has.
+        """
+        dt, shp = _normalize(dtype, shape, self.nbytes)
+        return DeviceArrayView(self, self.ptr, dt, shp, self._dl_device())
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._dl_device()
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        return self.as_array().__dlpack__(stream=stream, max_version=max_version,
+                                          dl_device=dl_device, copy=copy)
+
+
+class DeviceArrayView:
+    """A typed, shaped view of device-accessible memory; keeps its owner alive."""
+
+    __slots__ = ("_device", "_dtype", "_owner", "_ptr", "_shape")
+
+    def __init__(self, owner: object, ptr: int, dtype: np.dtype[Any], shape: tuple[int, ...],
+                 device: tuple[int, int]) -> None:
+        self._owner = owner
+        self._ptr = ptr
+        self._dtype = dtype
+        self._shape = shape
+        self._device = device
+
+    @property
+    def owner(self) -> object:
+        """The buffer this view belongs to."""
+        return self._owner
+
+    @property
+    def ptr(self) -> int:
+        """Address of the first element."""
+        return self._ptr
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The view's shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The element type."""
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes covered by the view."""
+        return math.prod(self._shape) * self._dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"<DeviceArrayView shape={self._shape} dtype={self._dtype} ptr=0x{self._ptr:x}>"
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        closed = getattr(self._owner, "closed", False)
+        if closed:
+            from ._errors import ClosedError
+
+            raise ClosedError("the buffer behind this view is closed")
+        return {
+            "shape": self._shape,
+            "typestr": _typestr(self._dtype),
+            "data": (self._ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        if getattr(self._owner, "closed", False):
+            from ._errors import ClosedError
+
+            raise ClosedError("the buffer behind this view is closed")
+        if copy:
+            raise BufferError("cuda_memkit views are exported without copying (copy=True)")
+        if dl_device is not None and tuple(dl_device) != self._device:
+            raise BufferError(f"cannot export to device {dl_device}; the memory is on {self._device}")
+        from . import _dlpack
+
+        return _dlpack.make_capsule(self, self._ptr, self._shape, self._dtype, self._device)
+
+
+_ = ctypes  # _dlpack builds the capsule with ctypes

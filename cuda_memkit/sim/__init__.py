@@ -1,0 +1,45 @@
+"""CPU simulator of the CUDA driver, for machines without a GPU.
+
+``cuda_memkit.sim.driver`` has the call forms and return tuples of
+``cuda.bindings.driver``; :func:`reset` rebuilds the simulated machine (for
+tests: number of devices, memory per device, whether batch calls exist).
+"""
+
+from __future__ import annotations
+
+from ._state import GiB, Machine, machine
+
+__all__ = ["GiB", "Machine", "machine", "reset"]
+
+
+def reset(
+    devices: int = 2,
+    memory: int = 8 * GiB,
+    host_memory: int = 64 * GiB,
+    batch_calls: bool = True,
+) -> Machine:
+    """Replace the simulated machine with a fresh one and return it.
+
+    Every allocation, stream and context of the old machine is forgotten, and
+    cuda_memkit's cached contexts are dropped. The new machine is already
+    initialised if the old one was.
+
+    Parameters
+    ----------
+    devices : int
+        Number of simulated devices.
+    memory : int
+        Bytes of memory per device.
+    host_memory : int
+        Bytes of host memory pinned/managed allocations may use.
+    batch_calls : bool
+        Whether the batched prefetch/discard calls (CUDA >= 13.0) exist.
+    """
+    from .. import _device
+    from . import _state
+
+    was_initialized = _state.MACHINE.initialized
+    m = _state.reset(devices, memory, host_memory, batch_calls)
+    m.initialized = was_initialized
+    _device._primary.clear()
+    return m

@@ -1,0 +1,520 @@
+"""Simulated core driver functions: init, devices, contexts, streams, events,
+device memory, copies, memsets, pointer queries and error strings."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from . import _state as S
+from ._errors_table import ERROR_STRINGS
+from ._state import R, Allocation, Fail, SimEvent, SimStream, api, host_address, memmove
+
+__all__ = [
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuDeviceCanAccessPeer",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetCount",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRetain",
+    "cuDeviceTotalMem",
+    "cuDriverGetVersion",
+    "cuEventCreate",
+    "cuEventDestroy",
+    "cuEventElapsedTime",
+    "cuEventQuery",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuInit",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemGetAddressRange",
+    "cuMemGetInfo",
+    "cuMemcpy",
+    "cuMemcpyAsync",
+    "cuMemcpyDtoD",
+    "cuMemcpyDtoDAsync",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyHtoD",
+    "cuMemcpyHtoDAsync",
+    "cuMemsetD8",
+    "cuMemsetD8Async",
+    "cuMemsetD16",
+    "cuMemsetD16Async",
+    "cuMemsetD32",
+    "cuMemsetD32Async",
+    "cuPointerGetAttribute",
+    "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuStreamDestroy",
+    "cuStreamGetDevice",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+]
+
+
+def M() -> S.Machine:
+    return S.MACHINE
+
+
+# -- init, version, errors ------------------------------------------------------
+
+
+@api(0)
+def cuInit(flags: int) -> None:
+    if int(flags) != 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    M().initialized = True
+
+
+@api(1)
+def cuDriverGetVersion() -> int:
+    return M().driver_version
+
+
+@api(1)
+def cuGetErrorString(error: Any) -> bytes:
+    text = ERROR_STRINGS.get(int(error))
+    if text is None:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    return text.encode()
+
+
+@api(1)
+def cuGetErrorName(error: Any) -> bytes:
+    try:
+        return str(R(int(error)).name).encode()
+    except ValueError:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE) from None
+
+
+# -- devices --------------------------------------------------------------------
+
+
+@api(1)
+def cuDeviceGetCount() -> int:
+    return len(M().devices)
+
+
+@api(1)
+def cuDeviceGet(ordinal: int) -> cu.CUdevice:
+    o = int(ordinal)
+    if not 0 <= o < len(M().devices):
+        raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+    return cu.CUdevice(o)
+
+
+@api(1)
+def cuDeviceGetName(length: int, dev: Any) -> bytes:
+    name = M().device(dev).name.encode()
+    return name[: max(int(length) - 1, 0)]
+
+
+@api(1)
+def cuDeviceTotalMem(dev: Any) -> int:
+    return M().device(dev).total_mem
+
+
+@api(1)
+def cuDeviceGetAttribute(attrib: Any, dev: Any) -> int:
+    d = M().device(dev)
+    try:
+        key = int(cu.CUdevice_attribute(int(attrib)))
+    except ValueError:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE) from None
+    return d.attrs.get(key, 0)
+
+
+@api(1)
+def cuDeviceCanAccessPeer(dev: Any, peer: Any) -> int:
+    a = M().device(dev)
+    b = M().device(peer)
+    return int(a.ordinal != b.ordinal)
+
+
+# -- contexts -------------------------------------------------------------------
+
+
+@api(1)
+def cuDevicePrimaryCtxRetain(dev: Any) -> cu.CUcontext:
+    d = M().device(dev)
+    M().primary_retain[d.ordinal] += 1
+    return cu.CUcontext(M().ctx_handle(d.ordinal))
+
+
+@api(0)
+def cuDevicePrimaryCtxRelease(dev: Any) -> None:
+    d = M().device(dev)
+    if M().primary_retain[d.ordinal] <= 0:
+        raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+    M().primary_retain[d.ordinal] -= 1
+
+
+@api(1)
+def cuCtxGetCurrent() -> cu.CUcontext:
+    return cu.CUcontext(M().current_ctx)
+
+
+@api(0)
+def cuCtxSetCurrent(ctx: Any) -> None:
+    h = int(ctx) if ctx is not None else 0
+    if h and M().ctx_device(h) is None:
+        raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+    M().current_ctx = h
+
+
+@api(1)
+def cuCtxGetDevice() -> cu.CUdevice:
+    return cu.CUdevice(M().need_ctx())
+
+
+@api(0)
+def cuCtxSynchronize() -> None:
+    M().need_ctx()
+
+
+# -- streams and events -----------------------------------------------------------
+
+
+def _stream_create(flags: int, priority: int) -> cu.CUstream:
+    m = M()
+    ordinal = m.need_ctx()
+    if int(flags) not in (0, 1):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    h = m.new_handle()
+    m.streams[h] = SimStream(h, ordinal, int(flags), int(priority))
+    return cu.CUstream(h)
+
+
+@api(1)
+def cuStreamCreate(flags: int) -> cu.CUstream:
+    return _stream_create(flags, 0)
+
+
+@api(1)
+def cuStreamCreateWithPriority(flags: int, priority: int) -> cu.CUstream:
+    return _stream_create(flags, priority)
+
+
+@api(0)
+def cuStreamDestroy(stream: Any) -> None:
+    m = M()
+    s = m.stream(stream)
+    if s is None:
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    del m.streams[s.handle]
+
+
+def _stream_or_ctx(stream: Any) -> None:
+    """Validate a stream argument; default streams need a current context."""
+    if M().stream(stream) is None:
+        M().need_ctx()
+
+
+@api(0)
+def cuStreamSynchronize(stream: Any) -> None:
+    _stream_or_ctx(stream)
+
+
+@api(0)
+def cuStreamQuery(stream: Any) -> None:
+    _stream_or_ctx(stream)
+
+
+@api(1)
+def cuStreamGetDevice(stream: Any) -> cu.CUdevice:
+    s = M().stream(stream)
+    return cu.CUdevice(M().need_ctx() if s is None else s.device)
+
+
+@api(0)
+def cuStreamWaitEvent(stream: Any, event: Any, flags: int) -> None:
+    _stream_or_ctx(stream)
+    if int(event) not in M().events:
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+
+
+@api(1)
+def cuEventCreate(flags: int) -> cu.CUevent:
+    m = M()
+    m.need_ctx()
+    if int(flags) & ~0xF:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    h = m.new_handle()
+    m.events[h] = SimEvent(h, int(flags))
+    return cu.CUevent(h)
+
+
+def _event(event: Any) -> SimEvent:
+    ev = M().events.get(int(event) if event is not None else 0)
+    if ev is None:
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    return ev
+
+
+@api(0)
+def cuEventRecord(event: Any, stream: Any) -> None:
+    ev = _event(event)
+    _stream_or_ctx(stream)
+    ev.time = time.perf_counter()
+    ev.recorded = True
+
+
+@api(0)
+def cuEventQuery(event: Any) -> None:
+    _event(event)
+
+
+@api(0)
+def cuEventSynchronize(event: Any) -> None:
+    _event(event)
+
+
+@api(0)
+def cuEventDestroy(event: Any) -> None:
+    ev = _event(event)
+    del M().events[ev.handle]
+
+
+@api(1)
+def cuEventElapsedTime(start: Any, end: Any) -> float:
+    a, b = _event(start), _event(end)
+    if not (a.recorded and b.recorded):
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    if (a.flags | b.flags) & 0x2:  # CU_EVENT_DISABLE_TIMING
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    return (b.time - a.time) * 1e3
+
+
+# -- device memory ----------------------------------------------------------------
+
+
+@api(1)
+def cuMemAlloc(bytesize: int) -> cu.CUdeviceptr:
+    m = M()
+    ordinal = m.need_ctx()
+    size = int(bytesize)
+    if size == 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    backing, real = m.device_block(ordinal, size)
+    va = m.reserve_va(size)
+    m.add(Allocation(va, size, "device", ordinal, real, backing))
+    return cu.CUdeviceptr(va)
+
+
+@api(0)
+def cuMemFree(dptr: Any) -> None:
+    m = M()
+    m.need_ctx()
+    addr = int(dptr)
+    a = m.allocs.get(addr)
+    if a is None or a.kind != "device":
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    m.remove(a)
+    m.uncharge(a.device, a.size)
+
+
+@api(2)
+def cuMemGetInfo() -> tuple[int, int]:
+    m = M()
+    d = m.devices[m.need_ctx()]
+    return d.total_mem - d.used, d.total_mem
+
+
+@api(2)
+def cuMemGetAddressRange(dptr: Any) -> tuple[cu.CUdeviceptr, int]:
+    m = M()
+    m.need_ctx()
+    a = m.find(int(dptr))
+    if a is None or a.kind in ("registered",):
+        raise Fail(R.CUDA_ERROR_NOT_FOUND)
+    return cu.CUdeviceptr(a.start), a.size
+
+
+# -- copies -----------------------------------------------------------------------
+
+
+def _copy(dst: int, src: int, n: int) -> None:
+    m = M()
+    m.need_ctx()
+    n = int(n)
+    if n < 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    d = m.real(dst, n)
+    s = m.real(src, n)
+    memmove(d, s, n)
+
+
+def _device_side(addr: Any, n: int) -> int:
+    """A pointer that must be device-accessible (known to the table)."""
+    a = int(addr)
+    if int(n) and M().find(a) is None:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    return a
+
+
+@api(0)
+def cuMemcpy(dst: Any, src: Any, ByteCount: int) -> None:
+    _copy(host_address(dst), host_address(src), ByteCount)
+
+
+@api(0)
+def cuMemcpyAsync(dst: Any, src: Any, ByteCount: int, hStream: Any) -> None:
+    M().stream(hStream)
+    _copy(host_address(dst), host_address(src), ByteCount)
+
+
+@api(0)
+def cuMemcpyHtoD(dstDevice: Any, srcHost: Any, ByteCount: int) -> None:
+    _copy(_device_side(dstDevice, ByteCount), host_address(srcHost), ByteCount)
+
+
+@api(0)
+def cuMemcpyHtoDAsync(dstDevice: Any, srcHost: Any, ByteCount: int, hStream: Any) -> None:
+    M().stream(hStream)
+    _copy(_device_side(dstDevice, ByteCount), host_address(srcHost), ByteCount)
+
+
+@api(0)
+def cuMemcpyDtoH(dstHost: Any, srcDevice: Any, ByteCount: int) -> None:
+    _copy(host_address(dstHost), _device_side(srcDevice, ByteCount), ByteCount)
+
+
+@api(0)
+def cuMemcpyDtoHAsync(dstHost: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> None:
+    M().stream(hStream)
+    _copy(host_address(dstHost), _device_side(srcDevice, ByteCount), ByteCount)
+
+
+@api(0)
+def cuMemcpyDtoD(dstDevice: Any, srcDevice: Any, ByteCount: int) -> None:
+    _copy(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount), ByteCount)
+
+
+@api(0)
+def cuMemcpyDtoDAsync(dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> None:
+    M().stream(hStream)
+    _copy(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount), ByteCount)
+
+
+# -- memset -----------------------------------------------------------------------
+
+
+def _check_unsigned(value: Any, bits: int) -> int:
+    v = int(value)
+    if v < 0:
+        raise OverflowError(f"can't convert negative value to unsigned int{bits}")
+    if v >= 1 << bits:
+        raise OverflowError(f"value too large to convert to uint{bits}")
+    return v
+
+
+def _memset(dst: Any, value: int, count: int, width: int) -> None:
+    import numpy as np
+
+    m = M()
+    m.need_ctx()
+    n = int(count)
+    addr = int(dst)
+    if n == 0:
+        return
+    if addr % width:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    real = m.real(_device_side(addr, n), n * width)
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    arr = np.ctypeslib.as_array((__import__("ctypes").c_char * (n * width)).from_address(real))
+    arr.view(dtype)[:] = value
+
+
+@api(0)
+def cuMemsetD8(dstDevice: Any, uc: int, N: int) -> None:
+    _memset(dstDevice, _check_unsigned(uc, 8), N, 1)
+
+
+@api(0)
+def cuMemsetD16(dstDevice: Any, us: int, N: int) -> None:
+    _memset(dstDevice, _check_unsigned(us, 16), N, 2)
+
+
+@api(0)
+def cuMemsetD32(dstDevice: Any, ui: int, N: int) -> None:
+    _memset(dstDevice, _check_unsigned(ui, 32), N, 4)
+
+
+@api(0)
+def cuMemsetD8Async(dstDevice: Any, uc: int, N: int, hStream: Any) -> None:
+    v = _check_unsigned(uc, 8)
+    M().stream(hStream)
+    _memset(dstDevice, v, N, 1)
+
+
+@api(0)
+def cuMemsetD16Async(dstDevice: Any, us: int, N: int, hStream: Any) -> None:
+    v = _check_unsigned(us, 16)
+    M().stream(hStream)
+    _memset(dstDevice, v, N, 2)
+
+
+@api(0)
+def cuMemsetD32Async(dstDevice: Any, ui: int, N: int, hStream: Any) -> None:
+    v = _check_unsigned(ui, 32)
+    M().stream(hStream)
+    _memset(dstDevice, v, N, 4)
+
+
+# -- pointer attributes -------------------------------------------------------------
+
+_P = cu.CUpointer_attribute
+_MEMTYPE = {
+    "device": cu.CUmemorytype.CU_MEMORYTYPE_DEVICE,
+    "pool": cu.CUmemorytype.CU_MEMORYTYPE_DEVICE,
+    "vmm": cu.CUmemorytype.CU_MEMORYTYPE_DEVICE,
+    "managed": cu.CUmemorytype.CU_MEMORYTYPE_DEVICE,
+    "pinned": cu.CUmemorytype.CU_MEMORYTYPE_HOST,
+    "registered": cu.CUmemorytype.CU_MEMORYTYPE_HOST,
+    "host_pool": cu.CUmemorytype.CU_MEMORYTYPE_HOST,
+}
+
+
+@api(1)
+def cuPointerGetAttribute(attribute: Any, ptr: Any) -> Any:
+    m = M()
+    addr = int(ptr)
+    attr = _P(int(attribute))
+    a = m.find(addr)
+    if a is None or (a.size and not a.start <= addr < a.end):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if attr == _P.CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        return int(_MEMTYPE.get(a.kind, cu.CUmemorytype.CU_MEMORYTYPE_DEVICE))
+    if attr == _P.CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        return a.kind == "managed"
+    if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        return a.device if a.device >= 0 else a.extra.get("ctx_device", 0)
+    if attr == _P.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        return cu.CUdeviceptr(a.start)
+    if attr == _P.CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        return a.size
+    if attr == _P.CU_POINTER_ATTRIBUTE_CONTEXT:
+        return cu.CUcontext(m.ctx_handle(max(a.device, 0)))
+    if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        return cu.CUdeviceptr(a.extra.get("device_ptr", a.start) + (addr - a.start))
+    if attr == _P.CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if a.host == 0 or a.kind in ("device", "pool", "vmm"):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return addr
+    if attr == _P.CU_POINTER_ATTRIBUTE_MAPPED:
+        return True
+    if attr == _P.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        return cu.CUmemoryPool(a.extra.get("pool", 0))
+    raise Fail(R.CUDA_ERROR_INVALID_VALUE)

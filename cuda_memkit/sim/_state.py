@@ -1,0 +1,345 @@
+"""The simulated machine: devices, contexts, streams and the allocation table.
+
+Every simulated driver function is wrapped by :func:`api`, which gives it the
+bindings' return form ``(CUresult, *outputs)`` with ``None`` outputs on
+failure. Inside, failures are raised as :class:`Fail`.
+
+Memory model
+------------
+* Host-accessible memory (pinned, managed, registered) is real, page-aligned
+  host memory; its simulated address *is* its host address, so numpy views
+  over it work.
+* Device-only memory gets addresses in a window above the 47-bit user address
+  space (never host-dereferenceable); copies and memsets resolve them through
+  the allocation table to a private backing buffer.
+* Streams complete their work immediately (a valid CUDA ordering).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import functools
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+R = cu.CUresult
+SUCCESS = R.CUDA_SUCCESS
+PAGE = 4096
+#: Device-only addresses start here (above the 47-bit user address space).
+DEVICE_VA_BASE = 0x0001_0000_0000_0000
+DEVICE_VA_END = 0x0002_0000_0000_0000
+GiB = 1 << 30
+
+
+class Fail(Exception):
+    """Raised inside a simulated call to return ``code``."""
+
+    def __init__(self, code: cu.CUresult) -> None:
+        super().__init__(code.name)
+        self.code = code
+
+
+class FunctionNotFoundError(RuntimeError):
+    """Mimics cuda.bindings' error for a function the driver lacks."""
+
+
+@dataclass
+class SimDevice:
+    ordinal: int
+    name: str
+    total_mem: int
+    used: int = 0
+    attrs: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Allocation:
+    """One entry of the allocation table (anything with an address)."""
+
+    start: int
+    size: int
+    kind: str  # "device", "pinned", "managed", "registered", "pool", "vmm", ...
+    device: int  # owning device ordinal, -1 for host memory
+    host: int  # real host address backing [start, start+size)
+    backing: Any = None  # keeps the real memory alive
+    flags: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+@dataclass
+class SimStream:
+    handle: int
+    device: int
+    flags: int
+    priority: int
+
+
+@dataclass
+class SimEvent:
+    handle: int
+    flags: int
+    time: float = 0.0
+    recorded: bool = False
+
+
+def _default_attrs() -> dict[int, int]:
+    A = cu.CUdevice_attribute
+    values = {
+        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
+        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+        A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
+        A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
+        A.CU_DEVICE_ATTRIBUTE_WARP_SIZE: 32,
+        A.CU_DEVICE_ATTRIBUTE_INTEGRATED: 0,
+        A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: 1,
+        A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
+        A.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: 1,
+        A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: 1,
+        A.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: 0,
+        A.CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: 1,
+        A.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: 1,
+        A.CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: 1,
+        A.CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: 5,
+        A.CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0,
+        A.CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: 1,
+        A.CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: 0,
+        A.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: 0,
+    }
+    return {int(k): v for k, v in values.items()}
+
+
+class Machine:
+    """All simulator state. One instance, :data:`MACHINE`, reset by :func:`reset`."""
+
+    def __init__(self, devices: int = 2, memory: int = 8 * GiB, host_memory: int = 64 * GiB,
+                 batch_calls: bool = True) -> None:
+        self.lock = threading.RLock()
+        self.initialized = False
+        self.driver_version = 13000
+        self.devices = [
+            SimDevice(i, f"cuda_memkit simulated GPU {i}", memory, 0, _default_attrs())
+            for i in range(devices)
+        ]
+        self.host_memory = host_memory
+        self.host_used = 0
+        self.batch_calls = batch_calls
+        self.allocs: dict[int, Allocation] = {}
+        self._starts: list[int] = []
+        self._next_va = DEVICE_VA_BASE
+        self.primary_retain = [0] * devices
+        self.tls = threading.local()
+        self.streams: dict[int, SimStream] = {}
+        self.events: dict[int, SimEvent] = {}
+        self._next_handle = 0x5100_0000
+        # Feature modules keep their own tables here (name -> anything).
+        self.ext: dict[str, Any] = {}
+
+    # -- handles ---------------------------------------------------------------
+    def new_handle(self) -> int:
+        self._next_handle += 0x10
+        return self._next_handle
+
+    # -- contexts --------------------------------------------------------------
+    @staticmethod
+    def ctx_handle(ordinal: int) -> int:
+        return 0x7C00_0000 + ordinal * 0x1000
+
+    def ctx_device(self, ctx: int) -> int | None:
+        ordinal, rem = divmod(ctx - 0x7C00_0000, 0x1000)
+        if rem or not 0 <= ordinal < len(self.devices):
+            return None
+        return ordinal
+
+    @property
+    def current_ctx(self) -> int:
+        return int(getattr(self.tls, "ctx", 0))
+
+    @current_ctx.setter
+    def current_ctx(self, value: int) -> None:
+        self.tls.ctx = value
+
+    def need_ctx(self) -> int:
+        """Return the current context's device or fail with INVALID_CONTEXT."""
+        ctx = self.current_ctx
+        if not ctx:
+            raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+        ordinal = self.ctx_device(ctx)
+        if ordinal is None or self.primary_retain[ordinal] <= 0:
+            raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+        return ordinal
+
+    def device(self, ordinal: Any) -> SimDevice:
+        o = int(ordinal)
+        if not 0 <= o < len(self.devices):
+            raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+        return self.devices[o]
+
+    # -- streams ---------------------------------------------------------------
+    def stream(self, handle: Any) -> SimStream | None:
+        """Resolve a stream argument; ``None`` for the default streams."""
+        h = int(handle) if handle is not None else 0
+        if h in (0, 1, 2):
+            return None
+        s = self.streams.get(h)
+        if s is None:
+            raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+        return s
+
+    # -- allocation table ------------------------------------------------------
+    def add(self, alloc: Allocation) -> Allocation:
+        self.allocs[alloc.start] = alloc
+        bisect.insort(self._starts, alloc.start)
+        return alloc
+
+    def remove(self, alloc: Allocation) -> None:
+        del self.allocs[alloc.start]
+        i = bisect.bisect_left(self._starts, alloc.start)
+        del self._starts[i]
+
+    def find(self, addr: int) -> Allocation | None:
+        """The allocation containing ``addr`` (or starting at it, for size 0)."""
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        a = self.allocs[self._starts[i]]
+        if a.start <= addr < a.end or addr == a.start:
+            return a
+        return None
+
+    def reserve_va(self, size: int, align: int = 512) -> int:
+        va = (self._next_va + align - 1) // align * align
+        if va + size > DEVICE_VA_END:
+            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
+        self._next_va = va + size
+        return va
+
+    def host_block(self, size: int, align: int = PAGE) -> tuple[Any, int]:
+        """Real, aligned host memory: (keep-alive object, address)."""
+        if self.host_used + size > self.host_memory:
+            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
+        buf = np.empty(max(size, 1) + align, np.uint8)
+        addr = buf.ctypes.data
+        addr += (-addr) % align
+        return buf, addr
+
+    def device_block(self, ordinal: int, size: int) -> tuple[Any, int]:
+        """Charge ``size`` bytes to a device and return (backing, real address)."""
+        dev = self.devices[ordinal]
+        if size > dev.total_mem - dev.used:
+            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
+        buf = np.empty(max(size, 1), np.uint8)
+        dev.used += size
+        return buf, buf.ctypes.data
+
+    def uncharge(self, ordinal: int, size: int) -> None:
+        self.devices[ordinal].used -= size
+
+    def real(self, addr: int, nbytes: int) -> int:
+        """Translate a simulated address range to a real host address."""
+        addr = int(addr)
+        if nbytes == 0:
+            return 0
+        if addr == 0:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        a = self.find(addr)
+        if a is not None:
+            if addr + nbytes > a.end or a.host == 0:
+                raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+            return a.host + (addr - a.start)
+        if DEVICE_VA_BASE <= addr < DEVICE_VA_END:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return addr  # pageable host memory, trusted like the driver does
+
+
+def host_address(obj: Any) -> int:
+    """Address of a host-pointer argument (int or buffer-protocol object)."""
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, np.ndarray):
+        return int(obj.ctypes.data)
+    iface = getattr(obj, "__array_interface__", None)
+    if iface is not None:
+        return int(iface["data"][0])
+    mv = memoryview(obj)
+    return int(np.frombuffer(mv, np.uint8).ctypes.data) if mv.nbytes else 0
+
+
+def memmove(dst: int, src: int, nbytes: int) -> None:
+    if nbytes:
+        ctypes.memmove(dst, src, nbytes)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+MACHINE = Machine(
+    devices=_env_int("CUDA_MEMKIT_SIM_DEVICES", 2),
+    memory=_env_int("CUDA_MEMKIT_SIM_MEMORY", 8 * GiB),
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Functions that work before cuInit.
+NO_INIT = {"cuInit", "cuDriverGetVersion", "cuGetErrorString", "cuGetErrorName"}
+
+
+def api(nout: int) -> Callable[[F], F]:
+    """Give a simulated function the bindings' ``(CUresult, *outputs)`` return form."""
+
+    def deco(fn: F) -> F:
+        none = (None,) * nout
+        name = fn.__name__
+        needs_init = name not in NO_INIT
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            m = MACHINE
+            with m.lock:
+                if needs_init and not m.initialized:
+                    return (R.CUDA_ERROR_NOT_INITIALIZED, *none)
+                try:
+                    out = fn(*args)
+                except Fail as f:
+                    return (f.code, *none)
+            if nout == 0:
+                return (SUCCESS,)
+            if nout == 1:
+                return (SUCCESS, out)
+            return (SUCCESS, *out)
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+def reset(devices: int = 2, memory: int = 8 * GiB, host_memory: int = 64 * GiB,
+          batch_calls: bool = True) -> Machine:
+    """Replace the simulated machine with a fresh one (all state is dropped)."""
+    global MACHINE
+    MACHINE = Machine(devices, memory, host_memory, batch_calls)
+    return MACHINE
+
+
+def machine() -> Machine:
+    """The current simulated machine."""
+    return MACHINE

@@ -1,0 +1,5 @@
+"""Simulated driver functions for the vmm feature (filled in by its issue)."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,69 @@
+"""Before/after snapshots of driver resources for the leak check.
+
+On the simulator the snapshot is exact (allocation table, streams, events and
+every table a feature keeps in ``Machine.ext``). On the real driver it is
+``cuMemGetInfo`` of every device, with a tolerance for the driver's own
+bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuda_memkit import _device, _driver
+
+GPU_TOLERANCE = 4 << 20
+
+
+@dataclass
+class Snapshot:
+    counts: dict[str, int] = field(default_factory=dict)
+    free: dict[int, int] = field(default_factory=dict)
+
+    def leaks(self, after: Snapshot) -> list[str]:
+        out = []
+        for key, n in after.counts.items():
+            if n > self.counts.get(key, 0):
+                out.append(f"{key}: {self.counts.get(key, 0)} -> {n}")
+        for dev, free in self.free.items():
+            now = after.free.get(dev, free)
+            if now < free - GPU_TOLERANCE:
+                out.append(f"device {dev} free memory {free} -> {now}")
+        return out
+
+
+def _size(value: Any) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
+def snapshot() -> Snapshot:
+    snap = Snapshot()
+    if _driver.backend_name() == "sim":
+        from cuda_memkit.sim import machine
+
+        m = machine()
+        snap.counts["allocations"] = len(m.allocs)
+        snap.counts["streams"] = len(m.streams)
+        snap.counts["events"] = len(m.events)
+        for i, d in enumerate(m.devices):
+            snap.counts[f"device {i} bytes in use"] = d.used
+        for key, value in m.ext.items():
+            n = _size(value)
+            if n is not None:
+                snap.counts[f"sim.{key}"] = n
+        return snap
+    if not _driver.is_loaded():
+        return snap
+    n = int(_driver.call("cuDeviceGetCount"))
+    prev = int(_driver.call("cuCtxGetCurrent"))
+    for i in range(n):
+        _device.ensure_context(i)
+        _driver.call("cuCtxSynchronize")
+        free, _total = _driver.call("cuMemGetInfo")
+        snap.free[i] = int(free)
+    _driver.call("cuCtxSetCurrent", prev)
+    return snap

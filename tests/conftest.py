@@ -1,0 +1,75 @@
+"""Test configuration: backend selection, markers and the leak check.
+
+The suite runs on the backend named by ``CUDA_MEMKIT_BACKEND``; when it is not
+set, the CPU simulator is used and the report header says so.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
+
+import cuda_memkit as cm  # noqa: E402
+from cuda_memkit import _driver  # noqa: E402
+
+from ._leaks import Snapshot, snapshot  # noqa: E402
+
+BACKEND = _driver.backend_name()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    label = "CPU simulator" if BACKEND == "sim" else "real CUDA driver"
+    return f"cuda_memkit backend: {BACKEND} ({label})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if BACKEND == "sim":
+        return
+    skip = pytest.mark.skip(reason="simulator-only test (exercises simulator configuration)")
+    for item in items:
+        if "sim_only" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def backend() -> str:
+    """Name of the active backend: "sim" or "cuda"."""
+    return BACKEND
+
+
+@pytest.fixture(scope="session")
+def ndevices() -> int:
+    return cm.device_count()
+
+
+@pytest.fixture
+def two_devices(ndevices: int) -> None:
+    if ndevices < 2:
+        pytest.skip("needs two devices")
+
+
+@pytest.fixture
+def stream() -> Iterator[cm.Stream]:
+    s = cm.Stream()
+    yield s
+    s.synchronize()
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves driver resources behind (after gc.collect())."""
+    if "allow_leaks" in request.keywords:
+        yield
+        return
+    before: Snapshot = snapshot()
+    yield
+    gc.collect()
+    after = snapshot()
+    problems = before.leaks(after)
+    assert not problems, "leaked: " + "; ".join(problems)
