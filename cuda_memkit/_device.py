@@ -514,7 +514,7 @@ class Location:
         return "host NUMA (current)"
 
 
-LocationLike = Union[Location, Device, int]
+LocationLike = Location | Device | int
 
 
 def as_location(where: LocationLike) -> Location:

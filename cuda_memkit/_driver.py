@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import CudaDriverNotFoundError, CudaError, error_class
+from ._errors import CudaDriverNotFoundError, error_class
 
 __all__ = ["backend_name", "use_backend"]
 
@@ -110,10 +110,15 @@ def _load() -> None:
     """Import the requested backend and initialise it (``cuInit(0)``)."""
     global _active, _mod
     name = _requested()
+    mod: Any
     if name == "sim":
-        from .sim import driver as mod
+        from .sim import driver as sim_driver
+
+        mod = sim_driver
     else:
-        from cuda.bindings import driver as mod
+        from cuda.bindings import driver as cuda_driver
+
+        mod = cuda_driver
     try:
         res = mod.cuInit(0)
     except RuntimeError as exc:
@@ -131,7 +136,7 @@ def _resolve(api: str) -> Callable[..., Any]:
     with _lock:
         if _mod is None:
             _load()
-        fn = getattr(_mod, api, None)
+        fn: Callable[..., Any] | None = getattr(_mod, api, None)
         if fn is None:
             raise CudaDriverNotFoundError(
                 -1,

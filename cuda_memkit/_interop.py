@@ -184,7 +184,9 @@ class DeviceArrayView:
         if copy:
             raise BufferError("cuda_memkit views are exported without copying (copy=True)")
         if dl_device is not None and tuple(dl_device) != self._device:
-            raise BufferError(f"cannot export to device {dl_device}; the memory is on {self._device}")
+            raise BufferError(
+                f"cannot export to device {dl_device}; the memory is on {self._device}"
+            )
         from . import _dlpack
 
         return _dlpack.make_capsule(self, self._ptr, self._shape, self._dtype, self._device)

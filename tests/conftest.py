@@ -14,10 +14,10 @@ import pytest
 
 os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 
-import cuda_memkit as cm  # noqa: E402
-from cuda_memkit import _driver  # noqa: E402
+import cuda_memkit as cm
+from cuda_memkit import _driver
 
-from ._leaks import Snapshot, snapshot  # noqa: E402
+from ._leaks import Snapshot, snapshot
 
 BACKEND = _driver.backend_name()
 

@@ -1,5 +1,8 @@
-"""Simulated core driver functions: init, devices, contexts, streams, events,
-device memory, copies, memsets, pointer queries and error strings."""
+"""Simulated core driver functions.
+
+Init, devices, contexts, streams, events, device memory, copies, memsets,
+pointer queries and error strings.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from cuda.bindings import driver as cu
 
 from . import _state as S
 from ._errors_table import ERROR_STRINGS
-from ._state import R, Allocation, Fail, SimEvent, SimStream, api, host_address, memmove
+from ._state import Allocation, Fail, R, SimEvent, SimStream, api, host_address, memmove
 
 __all__ = [
     "cuCtxGetCurrent",
