@@ -1,0 +1,97 @@
+"""Gateway overhead per driver call and import time, against raw cuda.bindings.
+
+    python benchmarks/bench_driver.py [--json PATH] [--quick]
+
+Targets (issue 2): <= 0.3 us added per call; ``import cuda_memkit`` <= 1.2x
+``import cuda.bindings.driver``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import timeit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def per_call_us(fn, number: int, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    times = timeit.repeat(fn, number=number, repeat=repeat)
+    return min(times) / number * 1e6
+
+
+def import_times(runs: int) -> tuple[float, float]:
+    """Median wall-clock ms of ``import cuda.bindings.driver`` and ``import cuda_memkit``.
+
+    Each run is a fresh interpreter; interpreter start-up (``python -c pass``)
+    is subtracted, and the three commands alternate so drift hits all alike.
+    """
+    import time
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    stmts = {"base": "pass", "bindings": "import cuda.bindings.driver",
+             "memkit": "import cuda_memkit"}
+    samples: dict[str, list[float]] = {k: [] for k in stmts}
+    for _ in range(runs):
+        for key, stmt in stmts.items():
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", stmt], env=env, check=True)
+            samples[key].append((time.perf_counter() - t0) * 1e3)
+    base = statistics.median(samples["base"])
+    return (statistics.median(samples["bindings"]) - base,
+            statistics.median(samples["memkit"]) - base)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+
+    import cuda_memkit as cm
+    from cuda_memkit import _driver
+
+    cm.Device(0).set_current()
+    backend = _driver.backend_name()
+    if backend == "sim":
+        from cuda_memkit.sim import driver as raw
+    else:
+        from cuda.bindings import driver as raw
+    number = 20_000 if args.quick else 200_000
+    repeat = 5 if args.quick else 9
+    rows = []
+    for api in ("cuDriverGetVersion", "cuCtxGetCurrent"):
+        fn = getattr(raw, api)
+        r = per_call_us(fn, number, repeat)
+        g = per_call_us(lambda api=api: _driver.call(api), number, repeat)
+        rows.append({"case": f"{api} per call", "raw_us": r, "memkit_us": g,
+                     "added_us": g - r, "ratio": g / r, "target": "added <= 0.3 us",
+                     "ok": g - r <= 0.3})
+    runs = 5 if args.quick else 15
+    base, ours = import_times(runs)
+    rows.append({"case": "import (wall clock, fresh process)", "raw_ms": base, "memkit_ms": ours,
+                 "ratio": ours / base, "target": "<= 1.2x", "ok": ours / base <= 1.2})
+
+    label = " (SIMULATED backend: per-call numbers are the simulator's)" if backend == "sim" else ""
+    print(f"bench_driver on backend {backend}{label}")
+    print(f"{'case':38} {'raw':>10} {'cuda_memkit':>12} {'added':>9} {'ratio':>7}  target")
+    for row in rows:
+        if "raw_us" in row:
+            print(f"{row['case']:38} {row['raw_us']:8.3f}us {row['memkit_us']:10.3f}us "
+                  f"{row['added_us']:7.3f}us {row['ratio']:6.2f}x  {row['target']}"
+                  f" {'OK' if row['ok'] else 'MISS'}")
+        else:
+            print(f"{row['case']:38} {row['raw_ms']:8.1f}ms {row['memkit_ms']:10.1f}ms "
+                  f"{'':>9} {row['ratio']:6.2f}x  {row['target']} {'OK' if row['ok'] else 'MISS'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": backend, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
