@@ -30,6 +30,15 @@ from ._errors import (
 )
 
 # -- pinned exports (issue 3) --
+from ._memory import DeviceBuffer, copy, copy_async
+from ._pinned import (
+    HostAllocFlags,
+    HostBuffer,
+    HostRegisterFlags,
+    RegisteredHost,
+    register_host,
+)
+
 # -- managed exports (issue 4) --
 # -- vmm exports (issue 5) --
 # -- pool exports (issue 6) --
@@ -63,6 +72,14 @@ __all__ = [
     "device_count",
     "use_backend",
     # -- pinned names (issue 3) --
+    "DeviceBuffer",
+    "HostAllocFlags",
+    "HostBuffer",
+    "HostRegisterFlags",
+    "RegisteredHost",
+    "copy",
+    "copy_async",
+    "register_host",
     # -- managed names (issue 4) --
     # -- vmm names (issue 5) --
     # -- pool names (issue 6) --

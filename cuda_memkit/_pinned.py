@@ -1,0 +1,733 @@
+"""Pinned (page-locked) host memory and registration of existing host memory.
+
+* :class:`HostBuffer`: memory from ``cuMemHostAlloc``, seen from Python as a
+  numpy array (``.array``), with copies in and out and a device pointer for
+  mapped (``DEVICEMAP``) buffers.
+* :func:`register_host`: page-lock memory you already have (a numpy array) with
+  ``cuMemHostRegister`` for as long as the returned :class:`RegisteredHost`
+  is open.
+
+Both make transfers faster (the copy engine reads or writes the memory
+directly, at full PCIe bandwidth) and truly asynchronous; see
+:func:`cuda_memkit.copy`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import math
+import operator
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _driver
+from ._device import ensure_context
+from ._resource import Resource, State, host_array, make_finalizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "HostAllocFlags",
+    "HostBuffer",
+    "HostRegisterFlags",
+    "RegisteredHost",
+    "register_host",
+]
+
+#: Largest byte count a buffer may have (numpy's index type limit).
+MAX_NBYTES = sys.maxsize
+
+
+class HostAllocFlags(enum.IntFlag):
+    """Flags of :meth:`HostBuffer.empty` (``CU_MEMHOSTALLOC_*``).
+
+    The flags combine as sets: ``a | b`` is the union, ``a & b`` the
+    intersection, ``a ^ b`` the symmetric difference, ``~a`` the complement
+    (within the known flags), and ``flag in flags`` is true when every bit of
+    ``flag`` is set in ``flags`` (so ``DEFAULT in flags`` is always true).
+
+    Attributes
+    ----------
+    DEFAULT
+        Plain pinned memory, for transfers in the allocating context's device.
+    PORTABLE
+        Pinned for every CUDA context, not just the current one. (With
+        unified addressing, every pinned allocation is usable from every
+        device already.)
+    DEVICEMAP
+        Mapped into the device address space; kernels can read and write it
+        directly (zero-copy) through :attr:`HostBuffer.device_ptr`.
+        ``MAPPED`` is an alias.
+    WRITECOMBINED
+        Write-combined: faster host-to-device transfers on some systems, but
+        reads from the CPU are very slow (uncached). For buffers the CPU only
+        writes. ``WRITE_COMBINED`` is an alias.
+    """
+
+    DEFAULT = 0
+    PORTABLE = 0x1
+    DEVICEMAP = 0x2
+    MAPPED = 0x2
+    WRITECOMBINED = 0x4
+    WRITE_COMBINED = 0x4
+
+
+class HostRegisterFlags(enum.IntFlag):
+    """Flags of :func:`register_host` (``CU_MEMHOSTREGISTER_*``).
+
+    They combine as sets, like :class:`HostAllocFlags`.
+
+    Attributes
+    ----------
+    DEFAULT
+        Page-lock the range for the current context.
+    PORTABLE
+        Pinned for every CUDA context.
+    DEVICEMAP
+        Mapped into the device address space (:attr:`RegisteredHost.device_ptr`).
+        ``MAPPED`` is an alias.
+    IOMEMORY
+        The range is I/O memory (e.g. another PCIe device's BAR), not RAM.
+    READ_ONLY
+        The device only reads the range; required to register memory the CPU
+        maps read-only (e.g. a read-only numpy array).
+    """
+
+    DEFAULT = 0
+    PORTABLE = 0x1
+    DEVICEMAP = 0x2
+    MAPPED = 0x2
+    IOMEMORY = 0x4
+    READ_ONLY = 0x8
+
+
+_ALLOC_BITS = 0x7
+_REGISTER_BITS = 0xF
+
+
+def _check_flags(flags: object, cls: type[enum.IntFlag], known: int) -> int:
+    """Validate a flags argument of type ``cls`` (or a plain int) and return it as an int."""
+    if isinstance(flags, bool) or not isinstance(flags, int):
+        raise TypeError(f"flags must be {cls.__name__} or int, not {type(flags).__name__}")
+    if isinstance(flags, enum.Enum) and not isinstance(flags, cls):
+        raise TypeError(f"flags must be {cls.__name__}, not {type(flags).__name__}")
+    value = int(flags)
+    if value < 0 or value & ~known:
+        raise ValueError(
+            f"unknown {cls.__name__} bits 0x{value & ~known if value >= 0 else value:x}; "
+            f"valid flags: {', '.join(m.name or '' for m in cls)}"
+        )
+    return value
+
+
+def _check_shape(shape: object) -> tuple[int, ...]:
+    if isinstance(shape, bool):
+        raise TypeError("shape must be an int or a tuple of ints, not bool")
+    try:
+        dims: tuple[Any, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+    except TypeError:
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(
+                f"shape must be an int or a tuple of ints, not {type(shape).__name__}"
+            ) from None
+        dims = tuple(shape)
+    out = []
+    for d in dims:
+        if isinstance(d, bool):
+            raise TypeError(f"shape entries must be ints, not bool: {shape!r}")
+        try:
+            n = operator.index(d)
+        except TypeError:
+            raise TypeError(
+                f"shape entries must be ints, not {type(d).__name__}: {shape!r}"
+            ) from None
+        if n < 0:
+            raise ValueError(f"negative dimension in shape {shape!r}")
+        out.append(n)
+    return tuple(out)
+
+
+def _check_dtype(dtype: npt.DTypeLike) -> np.dtype[Any]:
+    import numpy as np
+
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"not a dtype: {dtype!r}") from exc
+    if dt.hasobject:
+        raise TypeError(
+            f"dtype {dt} holds Python objects, which cannot live in pinned memory"
+        )
+    if dt.itemsize == 0:
+        raise TypeError(f"dtype {dt} has no size; give a sized dtype such as 'S8' or 'U4'")
+    return dt
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    n = math.prod(shape) * dtype.itemsize
+    if n > MAX_NBYTES:
+        raise ValueError(
+            f"shape {shape} of {dtype} needs {n} bytes, more than the largest possible "
+            f"buffer ({MAX_NBYTES} bytes)"
+        )
+    return n
+
+
+# -- the allocation path (a pinned MemoryPool plugs in here) ---------------------------
+
+
+def _alloc_pinned(nbytes: int, flags: int) -> int:
+    """``cuMemHostAlloc``: return the address of ``nbytes`` new pinned bytes."""
+    ensure_context()
+    return int(_driver.call("cuMemHostAlloc", nbytes, flags))
+
+
+def _free_pinned(ptr: int) -> None:
+    """``cuMemFreeHost`` (the release function of a HostBuffer's finalizer)."""
+    ensure_context()
+    _driver.call("cuMemFreeHost", ptr)
+
+
+def _acquire(
+    nbytes: int, flags: int, pool: object | None
+) -> tuple[int, Callable[..., None], tuple[Any, ...]]:
+    """Allocate ``nbytes`` (> 0) of pinned memory.
+
+    Returns
+    -------
+    (ptr, release, args)
+        The address, and the module-level function and plain arguments that
+        free it (``release(*args)``, run by the buffer's finalizer).
+    """
+    if pool is not None:
+        raise NotImplementedError(
+            "HostBuffer.empty(pool=...) needs a pinned MemoryPool; only pool=None works yet"
+        )
+    ptr = _alloc_pinned(nbytes, flags)
+    return ptr, _free_pinned, (ptr,)
+
+
+# -- HostBuffer -------------------------------------------------------------------------
+
+
+class HostBuffer(Resource):
+    """Page-locked (pinned) host memory holding an array of ``shape`` and ``dtype``.
+
+    Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. The memory
+    is freed by :meth:`close`, at the end of a ``with`` block, or when the
+    buffer is garbage-collected; numpy views from :attr:`array` keep it alive
+    (``close()`` then frees it when the last view goes). A zero-length buffer
+    allocates nothing and has ``ptr == 0``.
+
+    Examples
+    --------
+    >>> import numpy as np, cuda_memkit as cm
+    >>> with cm.HostBuffer.empty((1024, 1024), np.float32) as h:
+    ...     h.array[:] = 1.0                     # fill in place (zero-copy)
+    ...     d = cm.DeviceBuffer.alloc(h.nbytes)
+    ...     cm.copy(d, h)                        # fast: pinned source
+    ...     d.close()
+    """
+
+    _ptr: int
+    _nbytes: int
+    _shape: tuple[int, ...]
+    _dtype: np.dtype[Any]
+    _flags: HostAllocFlags
+    _dptr: int | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(
+            "create a HostBuffer with HostBuffer.empty(), .zeros() or .from_array()"
+        )
+
+    @classmethod
+    def empty(
+        cls,
+        shape: int | tuple[int, ...],
+        dtype: npt.DTypeLike = "uint8",
+        *,
+        flags: HostAllocFlags | int = HostAllocFlags.DEFAULT,
+        pool: object | None = None,
+    ) -> HostBuffer:
+        """Allocate an uninitialised pinned buffer (``cuMemHostAlloc``).
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            Array shape; ``0`` (or any zero dimension) allocates nothing.
+        dtype : dtype-like, default uint8
+            Element type; object dtypes are refused.
+        flags : HostAllocFlags, default DEFAULT
+            Allocation flags.
+        pool : MemoryPool, optional
+            A pinned MemoryPool (see Memory pools) to take the memory from
+            instead of ``cuMemHostAlloc``; not available yet (only ``None``).
+
+        Returns
+        -------
+        HostBuffer
+
+        Raises
+        ------
+        TypeError
+            For a non-integer shape, an object or zero-size dtype, or flags of
+            another type.
+        ValueError
+            For negative dimensions, unknown flag bits or a size that
+            overflows; raised before any driver call.
+        CudaOutOfMemoryError
+            If the driver cannot pin that much memory.
+        """
+        shp = _check_shape(shape)
+        dt = _check_dtype(dtype)
+        fl = _check_flags(flags, HostAllocFlags, _ALLOC_BITS)
+        nbytes = _nbytes(shp, dt)
+        self = cls.__new__(cls)
+        self._shape = shp
+        self._dtype = dt
+        self._nbytes = nbytes
+        self._flags = HostAllocFlags(fl)
+        self._dptr = None
+        if nbytes == 0:
+            if pool is not None:
+                _acquire(0, fl, pool)  # same pool check as a real allocation
+            self._ptr = 0
+            self._open(None)
+            return self
+        from ._memory import reap_pending
+
+        reap_pending()
+        ptr, release, args = _acquire(nbytes, fl, pool)
+        self._ptr = ptr
+        self._open(make_finalizer(self, f"HostBuffer 0x{ptr:x}", release, *args))
+        return self
+
+    @classmethod
+    def zeros(
+        cls,
+        shape: int | tuple[int, ...],
+        dtype: npt.DTypeLike = "uint8",
+        *,
+        flags: HostAllocFlags | int = HostAllocFlags.DEFAULT,
+        pool: object | None = None,
+    ) -> HostBuffer:
+        """Allocate a pinned buffer filled with zeros; arguments as :meth:`empty`."""
+        self = cls.empty(shape, dtype, flags=flags, pool=pool)
+        if self._nbytes:
+            ctypes.memset(self._ptr, 0, self._nbytes)
+        return self
+
+    @classmethod
+    def from_array(
+        cls, array: npt.ArrayLike, *, flags: HostAllocFlags | int = HostAllocFlags.DEFAULT,
+        pool: object | None = None,
+    ) -> HostBuffer:
+        """Allocate a pinned buffer with the shape and dtype of ``array`` and copy it in.
+
+        Parameters
+        ----------
+        array : array-like
+            The data (anything ``numpy.asarray`` accepts; object dtypes are refused).
+        flags : HostAllocFlags, default DEFAULT
+            Allocation flags.
+        pool : MemoryPool, optional
+            As for :meth:`empty`.
+        """
+        import numpy as np
+
+        src = np.asarray(array)
+        self = cls.empty(src.shape, src.dtype, flags=flags, pool=pool)
+        if self._nbytes:
+            try:
+                np.copyto(self.array, src, casting="no")
+            except BaseException:
+                self.close()
+                raise
+        return self
+
+    # -- metadata --------------------------------------------------------------------
+    @property
+    def ptr(self) -> int:
+        """Host address of the first byte (0 for a zero-length buffer)."""
+        if self._state is not State.OPEN:
+            self._check_open()
+        return self._ptr
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self._nbytes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Array shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._dtype
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self._shape)
+
+    @property
+    def flags(self) -> HostAllocFlags:
+        """The flags the buffer was allocated with."""
+        return self._flags
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d HostBuffer")
+        return self._shape[0]
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
+        flags = f" flags={self._flags!r}" if self._flags else ""
+        return f"<HostBuffer shape={self._shape} dtype={self._dtype} {state}{flags}>"
+
+    # -- views -----------------------------------------------------------------------
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """A zero-copy numpy view of the buffer; it keeps the buffer alive."""
+        self._check_open()
+        return host_array(self, self._ptr, self._shape, self._dtype)
+
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+                  ) -> np.ndarray[Any, Any]:
+        arr = self.array
+        if dtype is not None and arr.dtype != dtype:
+            if copy is False:
+                raise ValueError("converting the buffer to another dtype needs a copy")
+            out: np.ndarray[Any, Any] = arr.astype(dtype)
+            return out
+        if copy:
+            dup: np.ndarray[Any, Any] = arr.copy()
+            return dup
+        return arr
+
+    @property
+    def device_ptr(self) -> int:
+        """The device address of a ``DEVICEMAP`` buffer (``cuMemHostGetDevicePointer``).
+
+        Raises
+        ------
+        ValueError
+            If the buffer was not allocated with ``HostAllocFlags.DEVICEMAP``.
+        """
+        self._check_open()
+        if not self._flags & HostAllocFlags.DEVICEMAP:
+            raise ValueError(
+                "this HostBuffer is not mapped into the device address space; allocate "
+                "it with flags=HostAllocFlags.DEVICEMAP to get a device pointer"
+            )
+        if self._dptr is None:
+            if self._ptr == 0:
+                self._dptr = 0
+            else:
+                ensure_context()
+                self._dptr = int(_driver.call("cuMemHostGetDevicePointer", self._ptr, 0))
+        return self._dptr
+
+    # -- copies ----------------------------------------------------------------------
+    def copy_from(self, src: Any) -> None:
+        """Copy ``src`` into this buffer (synchronously).
+
+        Parameters
+        ----------
+        src : array-like, HostBuffer or device memory
+            Host data must have this buffer's shape and dtype exactly; device
+            memory (anything :func:`cuda_memkit.copy` accepts) must have its
+            size in bytes.
+
+        Raises
+        ------
+        ValueError
+            On a shape, dtype or size mismatch (before anything is copied).
+        ClosedError
+            If either buffer is closed.
+        """
+        self._check_open()
+        host = _host_view(src)
+        if host is None:
+            from ._memory import copy
+
+            copy(self, src)
+            return
+        _check_same(host, self, "source", "this buffer")
+        if self._nbytes:
+            import numpy as np
+
+            np.copyto(self.array, host, casting="no")
+
+    def copy_to(self, dst: Any) -> None:
+        """Copy this buffer into ``dst`` (synchronously).
+
+        Parameters
+        ----------
+        dst : numpy array, HostBuffer or device memory
+            A writable host array must have this buffer's shape and dtype
+            exactly; device memory must have its size in bytes.
+
+        Raises
+        ------
+        ValueError
+            On a shape, dtype or size mismatch, or a read-only destination.
+        ClosedError
+            If either buffer is closed.
+        """
+        self._check_open()
+        host = _host_view(dst)
+        if host is None:
+            from ._memory import copy
+
+            copy(dst, self)
+            return
+        if not host.flags.writeable:
+            raise ValueError("the destination array is read-only")
+        _check_same(self, host, "this buffer", "destination")
+        if self._nbytes:
+            import numpy as np
+
+            np.copyto(host, self.array, casting="no")
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """Return a copy of the contents as an ordinary numpy array."""
+        out: np.ndarray[Any, Any] = self.array.copy()
+        return out
+
+
+def _address(arr: np.ndarray[Any, Any]) -> int:
+    return int(arr.__array_interface__["data"][0])
+
+
+def _host_view(obj: Any) -> np.ndarray[Any, Any] | None:
+    """A numpy view of host data ``obj``, or ``None`` if it is device memory."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif isinstance(obj, HostBuffer):
+        arr = obj.array
+    elif isinstance(obj, RegisteredHost):
+        arr = obj.array
+    elif hasattr(obj, "__cuda_array_interface__") or (
+        hasattr(obj, "ptr") and hasattr(obj, "nbytes") and not hasattr(obj, "__array__")
+    ):
+        return None
+    else:
+        arr = np.asarray(obj)
+    if arr.dtype.hasobject:
+        raise TypeError("object arrays cannot be copied to or from pinned memory")
+    return arr
+
+
+def _check_same(a: Any, b: Any, a_name: str, b_name: str) -> None:
+    if a.dtype != b.dtype:
+        raise ValueError(f"dtype mismatch: {a_name} is {a.dtype}, {b_name} is {b.dtype}")
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(
+            f"shape mismatch: {a_name} has shape {tuple(a.shape)}, {b_name} {tuple(b.shape)}"
+        )
+
+
+# -- registration ----------------------------------------------------------------------
+
+# Live registrations made by register_host: base address -> (end, flags).
+_registered: dict[int, tuple[int, int]] = {}
+_reg_lock = threading.Lock()
+
+
+def registered_flags(ptr: int, nbytes: int) -> int | None:
+    """Flags of the live :func:`register_host` range holding ``[ptr, ptr+nbytes)``, or None."""
+    if not _registered:
+        return None
+    end = ptr + nbytes
+    for start, (stop, flags) in list(_registered.items()):
+        if start <= ptr and end <= stop:
+            return flags
+    return None
+
+
+def _unregister(ptr: int) -> None:
+    """``cuMemHostUnregister`` (the release function of a RegisteredHost's finalizer)."""
+    with _reg_lock:
+        _registered.pop(ptr, None)
+    ensure_context()
+    _driver.call("cuMemHostUnregister", ptr)
+
+
+class RegisteredHost(Resource):
+    """Host memory page-locked by :func:`register_host` until :meth:`close`.
+
+    It keeps the registered array alive. Closing it (or leaving its ``with``
+    block, or dropping it) unregisters the memory; the array stays valid,
+    ordinary pageable memory.
+    """
+
+    _array: np.ndarray[Any, Any]
+    _ptr: int
+    _nbytes: int
+    _flags: HostRegisterFlags
+    _dptr: int | None
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("use cuda_memkit.register_host(array) to register host memory")
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """The registered array (for ``READ_ONLY`` registrations, a read-only view)."""
+        self._check_open()
+        return self._array
+
+    @property
+    def ptr(self) -> int:
+        """Host address of the registered range."""
+        self._check_open()
+        return self._ptr
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the registered range in bytes."""
+        return self._nbytes
+
+    @property
+    def flags(self) -> HostRegisterFlags:
+        """The registration flags."""
+        return self._flags
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the device may only read the range (``READ_ONLY``)."""
+        return bool(self._flags & HostRegisterFlags.READ_ONLY)
+
+    @property
+    def device_ptr(self) -> int:
+        """The device address of a ``DEVICEMAP`` registration (``cuMemHostGetDevicePointer``).
+
+        Raises
+        ------
+        ValueError
+            If the range was not registered with ``HostRegisterFlags.DEVICEMAP``.
+        """
+        self._check_open()
+        if not self._flags & HostRegisterFlags.DEVICEMAP:
+            raise ValueError(
+                "this registration is not mapped into the device address space; register "
+                "with flags=HostRegisterFlags.DEVICEMAP to get a device pointer"
+            )
+        if self._dptr is None:
+            if self._nbytes == 0:
+                self._dptr = 0
+            else:
+                ensure_context()
+                self._dptr = int(_driver.call("cuMemHostGetDevicePointer", self._ptr, 0))
+        return self._dptr
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
+        return f"<RegisteredHost {state} nbytes={self._nbytes} flags={self._flags!r}>"
+
+
+def register_host(
+    array: Any, *, flags: HostRegisterFlags | int = HostRegisterFlags.DEFAULT
+) -> RegisteredHost:
+    """Page-lock an existing host array (``cuMemHostRegister``) while the result is open.
+
+    Registration makes copies from and to the array as fast, and as truly
+    asynchronous, as from a :class:`HostBuffer`. It costs about as much as a
+    pinned allocation, so register long-lived arrays, not per transfer.
+
+    Parameters
+    ----------
+    array : numpy array or buffer
+        C- or Fortran-contiguous memory (anything with the buffer protocol).
+        A read-only array needs ``flags=HostRegisterFlags.READ_ONLY``.
+    flags : HostRegisterFlags, default DEFAULT
+        Registration flags.
+
+    Returns
+    -------
+    RegisteredHost
+        A context manager; leaving it (or ``close()``, or garbage collection)
+        unregisters the memory. A zero-size array registers nothing.
+
+    Raises
+    ------
+    TypeError
+        If ``array`` is not host memory, or holds Python objects.
+    ValueError
+        If it is not contiguous, read-only without ``READ_ONLY``, or the flags
+        have unknown bits (all before any driver call).
+    CudaHostMemoryAlreadyRegisteredError
+        If (part of) the range is already registered or pinned.
+    CudaNotSupportedError
+        If ``READ_ONLY`` registration is not supported by the device.
+
+    Examples
+    --------
+    >>> a = np.ones(1 << 20, np.float32)
+    >>> with cm.register_host(a):
+    ...     cm.copy(dev, a, stream=s)           # async: `a` is pinned now
+    ...     s.synchronize()
+    """
+    import numpy as np
+
+    fl = _check_flags(flags, HostRegisterFlags, _REGISTER_BITS)
+    if isinstance(array, np.ndarray):
+        arr = array
+    else:
+        if hasattr(array, "__cuda_array_interface__") or isinstance(array, HostBuffer):
+            raise TypeError(
+                f"register_host() takes pageable host memory, not {type(array).__name__}"
+            )
+        try:
+            arr = np.asarray(memoryview(array))
+        except TypeError:
+            raise TypeError(
+                "register_host() needs a numpy array or an object with the buffer protocol, "
+                f"not {type(array).__name__}"
+            ) from None
+    if arr.dtype.hasobject:
+        raise TypeError("an array of Python objects cannot be registered")
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        raise ValueError(
+            "register_host() needs contiguous memory; this array is a strided view. "
+            "Register its base array, or np.ascontiguousarray(a)"
+        )
+    read_only = bool(fl & HostRegisterFlags.READ_ONLY)
+    if not arr.flags.writeable and not read_only:
+        raise ValueError(
+            "the array is read-only, but a registration lets the device write to it; "
+            "pass flags=HostRegisterFlags.READ_ONLY"
+        )
+    if read_only and arr.flags.writeable:
+        view = arr.view()
+        view.flags.writeable = False
+    else:
+        view = arr
+    self = RegisteredHost.__new__(RegisteredHost)
+    self._array = view
+    self._nbytes = int(arr.nbytes)
+    self._flags = HostRegisterFlags(fl)
+    self._dptr = None
+    if self._nbytes == 0:
+        self._ptr = _address(arr)
+        self._open(None)
+        return self
+    ptr = _address(arr)
+    ensure_context()
+    _driver.call("cuMemHostRegister", ptr, self._nbytes, fl)
+    self._ptr = ptr
+    with _reg_lock:
+        _registered[ptr] = (ptr + self._nbytes, fl)
+    self._open(make_finalizer(self, f"registration 0x{ptr:x}", _unregister, ptr))
+    return self
