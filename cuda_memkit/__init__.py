@@ -41,6 +41,16 @@ from ._pinned import (
 
 # -- managed exports (issue 4) --
 # -- vmm exports (issue 5) --
+from ._vmm import (
+    Access,
+    AddressRange,
+    GrowableBuffer,
+    HandleType,
+    Mapping,
+    PhysicalMemory,
+    granularity,
+)
+
 # -- pool exports (issue 6) --
 
 __version__ = "0.1.0"
@@ -82,6 +92,13 @@ __all__ = [
     "register_host",
     # -- managed names (issue 4) --
     # -- vmm names (issue 5) --
+    "Access",
+    "AddressRange",
+    "GrowableBuffer",
+    "HandleType",
+    "Mapping",
+    "PhysicalMemory",
+    "granularity",
     # -- pool names (issue 6) --
 ]
 

@@ -1,0 +1,1169 @@
+"""Virtual memory management (VMM): reserve, create, map, grant access; grow in place.
+
+The driver's VMM API splits an allocation into independent pieces:
+
+1. :meth:`AddressRange.reserve` reserves device virtual addresses
+   (``cuMemAddressReserve``) — no memory yet;
+2. :meth:`PhysicalMemory.create` creates physical memory on a device or on the
+   host (``cuMemCreate``) — no address yet;
+3. :meth:`AddressRange.map` maps the physical memory at an offset of the range
+   (``cuMemMap``), giving a :class:`Mapping`;
+4. :meth:`Mapping.set_access` grants devices :class:`Access` to it
+   (``cuMemSetAccess``); a fresh mapping is accessible to no one.
+
+:class:`GrowableBuffer` does all four for you: it reserves once and maps or
+unmaps chunks as it is resized, so its pointer never moves.
+
+Teardown order
+--------------
+The driver always sees *unmap → release → address free*, whatever order Python
+drops or closes the objects in:
+
+* a :class:`Mapping` holds references to its range and its physical memory, so
+  reference counting frees it first;
+* closing a :class:`PhysicalMemory` that is still mapped closes the object at
+  once and **defers** ``cuMemRelease`` until its last mapping is unmapped;
+* closing an :class:`AddressRange` that still has mappings **unmaps them
+  first** (those :class:`Mapping` objects become closed), then frees it;
+* when the objects die together in a reference cycle, whichever finalizer runs
+  first performs the whole sequence in order.
+
+Each finalizer holds small state records of plain ints, never the objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, Union
+
+from cuda.bindings import driver as _cu
+
+from . import _driver
+from ._device import (
+    Device,
+    Location,
+    LocationType,
+    _check_ordinal,
+    as_location,
+    ensure_context,
+    primary_context,
+)
+from ._errors import ClosedError, CudaError, MemkitWarning
+from ._interop import DL_CUDA, DeviceMemoryMixin
+from ._resource import Resource, State, make_finalizer
+
+__all__ = [
+    "Access",
+    "AddressRange",
+    "GrowableBuffer",
+    "HandleType",
+    "Mapping",
+    "PhysicalMemory",
+    "granularity",
+]
+
+_PINNED = _cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+_GRAN_MIN = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+_GRAN_REC = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+
+
+class Access(enum.IntEnum):
+    """Access a location has to a mapping (values of ``CUmemAccess_flags``)."""
+
+    NONE = 0
+    READ = 1
+    READWRITE = 3
+
+
+class HandleType(enum.IntEnum):
+    """Shareable handle type of physical memory (``CUmemAllocationHandleType``).
+
+    ``POSIX_FD`` is what :meth:`PhysicalMemory.export` produces on Linux.
+    """
+
+    NONE = 0
+    POSIX_FD = 1
+    FABRIC = 8
+
+
+TargetLike = Union[Location, Device, int]  # noqa: UP007 (a runtime alias)
+"""A device ordinal, :class:`Device` or :class:`Location`."""
+
+# -- argument checks ------------------------------------------------------------
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+
+
+def _positive(name: str, value: object) -> int:
+    v = _int(name, value)
+    if v <= 0:
+        raise ValueError(f"{name} must be > 0, got {v}")
+    return v
+
+
+def _nonneg(name: str, value: object) -> int:
+    v = _int(name, value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    return v
+
+
+def _multiple(name: str, value: int, gran: int) -> None:
+    if value % gran:
+        raise ValueError(
+            f"{name} ({value} bytes) is not a multiple of the allocation granularity "
+            f"({gran} bytes); round it up with granularity()"
+        )
+
+
+def _as_handle_type(value: object) -> HandleType:
+    if value is None:
+        return HandleType.NONE
+    if isinstance(value, HandleType):
+        return value
+    if isinstance(value, str):
+        try:
+            return HandleType[value.upper()]
+        except KeyError:
+            raise ValueError(f"unknown handle type {value!r}") from None
+    if isinstance(value, bool):
+        raise TypeError("handle_type cannot be a bool")
+    if isinstance(value, (int, _cu.CUmemAllocationHandleType)):
+        try:
+            return HandleType(int(value))
+        except ValueError:
+            raise ValueError(f"unsupported handle type {value!r}") from None
+    raise TypeError(f"handle_type must be a HandleType, not {type(value).__name__}")
+
+
+def _as_access(value: object) -> Access:
+    if isinstance(value, Access):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, _cu.CUmemAccess_flags)):
+        raise TypeError(f"access must be an Access, not {type(value).__name__}")
+    try:
+        return Access(int(value))
+    except ValueError:
+        raise ValueError(f"invalid access {value!r}; use Access.NONE/READ/READWRITE") from None
+
+
+def _targets(targets: TargetLike | Iterable[TargetLike]) -> list[Location]:
+    if isinstance(targets, (Location, Device, int)):
+        items: list[Any] = [targets]
+    elif isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
+        raise TypeError(
+            "targets must be a device ordinal, Device, Location or an iterable of them, "
+            f"not {type(targets).__name__}"
+        )
+    else:
+        items = list(targets)
+    if not items:
+        raise ValueError("no target devices given")
+    out: dict[tuple[int, int], Location] = {}
+    for item in items:
+        loc = as_location(item)
+        out[(int(loc.type), loc.id)] = loc
+    return list(out.values())
+
+
+def _descs(locs: Iterable[Location], access: Access) -> list[_cu.CUmemAccessDesc]:
+    out = []
+    for loc in locs:
+        d = _cu.CUmemAccessDesc()
+        d.location = loc.to_cu()
+        d.flags = _cu.CUmemAccess_flags(int(access))
+        out.append(d)
+    return out
+
+
+def _prop(loc: Location, handle_type: HandleType) -> _cu.CUmemAllocationProp:
+    p = _cu.CUmemAllocationProp()
+    p.type = _PINNED
+    p.location = loc.to_cu()
+    p.requestedHandleTypes = _cu.CUmemAllocationHandleType(int(handle_type))
+    return p
+
+
+def _round_up(n: int, g: int) -> int:
+    return -(-n // g) * g
+
+
+# -- granularity -------------------------------------------------------------------
+
+_gran_cache: dict[tuple[str, int, int, bool, int], int] = {}
+
+
+def granularity(
+    device: TargetLike = 0, *, recommended: bool = False, handle_type: object = None
+) -> int:
+    """Return the allocation granularity for physical memory at ``device``.
+
+    Sizes and offsets of :class:`PhysicalMemory`, :class:`AddressRange` and
+    mappings must be multiples of the minimum granularity; the recommended one
+    may perform better. Values are cached (they never change).
+
+    Parameters
+    ----------
+    device : int, Device or Location, default 0
+        Where the memory would live: a device, or a host location
+        (``Location.host()``, ``Location.host_numa(n)``).
+    recommended : bool, default False
+        Return the recommended instead of the minimum granularity.
+    handle_type : HandleType, optional
+        The shareable handle type the memory would be created with.
+
+    Returns
+    -------
+    int
+        Bytes (2 MiB on an H100).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments (before any driver call).
+    """
+    if not isinstance(recommended, bool):
+        raise TypeError("recommended must be a bool")
+    loc = as_location(device)
+    ht = _as_handle_type(handle_type)
+    key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
+    g = _gran_cache.get(key)
+    if g is None:
+        ensure_context(None)
+        g = int(_driver.call("cuMemGetAllocationGranularity", _prop(loc, ht),
+                             _GRAN_REC if recommended else _GRAN_MIN))
+        _gran_cache[key] = g
+    return g
+
+
+# -- transactions ------------------------------------------------------------------
+
+
+class _Undo:
+    """Undo log of a multi-step operation.
+
+    Push the undo of each step right after the step succeeded; if the block
+    raises, the undos run in reverse order (their own failures become
+    warnings, the original error propagates). On success nothing runs.
+    """
+
+    __slots__ = ("_steps",)
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def push(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._steps.append((fn, args))
+
+    def __enter__(self) -> _Undo:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        steps, self._steps = self._steps, []
+        if exc_type is not None:
+            for fn, args in reversed(steps):
+                try:
+                    fn(*args)
+                except CudaError as err:
+                    warnings.warn(f"cuda_memkit: undoing a failed step also failed: {err}",
+                                  MemkitWarning, stacklevel=2)
+
+
+# -- ledger: plain state records shared by the finalizers ---------------------------
+
+# One lock for every ledger mutation (finalizers may run on any thread).
+_lock = threading.RLock()
+
+
+def _dead() -> None:
+    return None
+
+
+class _RangeState:
+    __slots__ = ("free_wanted", "freed", "maps", "owner", "ptr", "size")
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.maps: set[_MapState] = set()
+        self.free_wanted = False
+        self.freed = False
+        self.owner: Callable[[], object] = _dead
+
+
+class _PhysState:
+    __slots__ = ("handle", "maps", "owner", "release_wanted", "released", "size")
+
+    def __init__(self, handle: int, size: int) -> None:
+        self.handle = handle
+        self.size = size
+        self.maps: set[_MapState] = set()
+        self.release_wanted = False
+        self.released = False
+        self.owner: Callable[[], object] = _dead
+
+
+class _MapState:
+    __slots__ = ("owner", "ps", "ptr", "rs", "size", "unmapped")
+
+    def __init__(self, ptr: int, size: int, rs: _RangeState, ps: _PhysState) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.rs = rs
+        self.ps = ps
+        self.unmapped = False
+        self.owner: Callable[[], object] = _dead
+
+
+#: Live reservations by start address (for fixed-address collision checks).
+_live_ranges: dict[int, _RangeState] = {}
+
+
+def _unmap(ms: _MapState) -> None:
+    if ms.unmapped:
+        return
+    _driver.call("cuMemUnmap", ms.ptr, ms.size)
+    ms.unmapped = True
+    ms.rs.maps.discard(ms)
+    ms.ps.maps.discard(ms)
+
+
+def _settle_phys(ps: _PhysState) -> None:
+    """Release ``ps`` if it was closed (or its owner is gone) and is unmapped."""
+    if ps.released or ps.maps:
+        return
+    if ps.release_wanted or ps.owner() is None:
+        ps.released = True
+        _driver.call("cuMemRelease", ps.handle)
+
+
+def _settle_range(rs: _RangeState) -> None:
+    """Free ``rs`` if it was closed (or its owner is gone) and is unmapped."""
+    if rs.freed or rs.maps:
+        return
+    if rs.free_wanted or rs.owner() is None:
+        rs.freed = True
+        _live_ranges.pop(rs.ptr, None)
+        _driver.call("cuMemAddressFree", rs.ptr, rs.size)
+
+
+def _fin_mapping(ms: _MapState) -> None:
+    with _lock:
+        ensure_context(None)
+        _unmap(ms)
+        _settle_phys(ms.ps)
+        _settle_range(ms.rs)
+
+
+def _fin_phys(ps: _PhysState) -> None:
+    with _lock:
+        ps.release_wanted = True
+        ranges = []
+        for ms in sorted(ps.maps, key=lambda s: s.ptr):
+            if ms.owner() is None:  # dying with us (a reference cycle)
+                ensure_context(None)
+                _unmap(ms)
+                ranges.append(ms.rs)
+        if not ps.maps:
+            ensure_context(None)
+            _settle_phys(ps)
+        for rs in ranges:
+            _settle_range(rs)
+
+
+def _fin_range(rs: _RangeState) -> None:
+    with _lock:
+        ensure_context(None)
+        rs.free_wanted = True
+        phys = []
+        for ms in sorted(rs.maps, key=lambda s: s.ptr):
+            _unmap(ms)
+            phys.append(ms.ps)
+        for ps in phys:
+            _settle_phys(ps)
+        _settle_range(rs)
+
+
+def _release_handle(handle: int) -> None:
+    _driver.call("cuMemRelease", handle)
+
+
+def _free_range(ptr: int, size: int) -> None:
+    _driver.call("cuMemAddressFree", ptr, size)
+
+
+def _unmap_raw(ptr: int, size: int) -> None:
+    _driver.call("cuMemUnmap", ptr, size)
+
+
+# -- address ranges -------------------------------------------------------------------
+
+
+class AddressRange(Resource):
+    """A reservation of device virtual addresses (``cuMemAddressReserve``).
+
+    Create with :meth:`reserve`; put memory in it with :meth:`map`. Closing it
+    unmaps the mappings still in it (they become closed), then frees the
+    reservation.
+
+    Examples
+    --------
+    >>> g = granularity(0)
+    >>> with AddressRange.reserve(4 * g) as vr, PhysicalMemory.create(g) as pm:
+    ...     m = vr.map(pm, offset=g)
+    ...     m.set_access(0, Access.READWRITE)
+    ...     m.close()
+    """
+
+    _rs: _RangeState
+    _alignment: int
+
+    def __init__(self) -> None:
+        raise TypeError("use AddressRange.reserve(size) to create an AddressRange")
+
+    @classmethod
+    def reserve(cls, size: int, *, alignment: int = 0, fixed_address: int = 0) -> AddressRange:
+        """Reserve ``size`` bytes of device virtual address space.
+
+        Parameters
+        ----------
+        size : int
+            Bytes; a positive multiple of :func:`granularity` of the current
+            device.
+        alignment : int, default 0
+            Alignment of the start address: 0 (the granularity) or a power of two.
+        fixed_address : int, default 0
+            Ask for this start address (a multiple of the granularity). If it
+            is taken, :class:`ValueError` is raised and nothing stays reserved.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For bad arguments, before the reservation is attempted; a
+            ``fixed_address`` that collides with another reservation.
+        CudaError
+            If the driver refuses (e.g. ``CudaOutOfMemoryError`` when the
+            address space is exhausted).
+        """
+        size = _positive("size", size)
+        alignment = _nonneg("alignment", alignment)
+        if alignment & (alignment - 1):
+            raise ValueError(f"alignment must be 0 or a power of two, got {alignment}")
+        fixed = _nonneg("fixed_address", fixed_address)
+        ordinal = ensure_context(None)
+        gran = granularity(ordinal)
+        _multiple("size", size, gran)
+        if fixed:
+            _multiple("fixed_address", fixed, gran)
+            if alignment and fixed % alignment:
+                raise ValueError(f"fixed_address 0x{fixed:x} is not aligned to {alignment}")
+            with _lock:
+                for rs in _live_ranges.values():
+                    if rs.ptr < fixed + size and fixed < rs.ptr + rs.size:
+                        raise ValueError(
+                            f"fixed_address range 0x{fixed:x}+{size} collides with the "
+                            f"reserved range 0x{rs.ptr:x}+{rs.size}"
+                        )
+        with _Undo() as undo:
+            ptr = int(_driver.call("cuMemAddressReserve", size, alignment, fixed, 0))
+            undo.push(_free_range, ptr, size)
+            if fixed and ptr != fixed:
+                raise ValueError(
+                    f"address 0x{fixed:x} is not available (the driver offered 0x{ptr:x}); "
+                    "the range collides with memory reserved or allocated elsewhere"
+                )
+            self = cls.__new__(cls)
+            rs = _RangeState(ptr, size)
+            self._rs = rs
+            self._alignment = alignment
+            self._open(make_finalizer(self, f"address range 0x{ptr:x}", _fin_range, rs))
+            rs.owner = weakref.ref(self)
+            with _lock:
+                _live_ranges[ptr] = rs
+        return self
+
+    @property
+    def ptr(self) -> int:
+        """Start address of the reservation."""
+        self._check_open()
+        return self._rs.ptr
+
+    @property
+    def size(self) -> int:
+        """Bytes reserved."""
+        return self._rs.size
+
+    @property
+    def alignment(self) -> int:
+        """The alignment requested at :meth:`reserve` (0: the granularity)."""
+        return self._alignment
+
+    @property
+    def mappings(self) -> list[Mapping]:
+        """The live :class:`Mapping` objects in this range, by address."""
+        with _lock:
+            states = sorted(self._rs.maps, key=lambda s: s.ptr)
+        out = []
+        for ms in states:
+            m = ms.owner()
+            if isinstance(m, Mapping):
+                out.append(m)
+        return out
+
+    def map(self, physical: PhysicalMemory, *, offset: int = 0) -> Mapping:
+        """Map all of ``physical`` at ``offset`` bytes into this range (``cuMemMap``).
+
+        The mapping is accessible to no one until :meth:`Mapping.set_access`.
+
+        Parameters
+        ----------
+        physical : PhysicalMemory
+            The memory to map (it stays alive while mapped).
+        offset : int, default 0
+            Where in the range, a multiple of the granularity.
+
+        Returns
+        -------
+        Mapping
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a bad offset or one where the memory does not fit in the range.
+        ClosedError
+            If the range or ``physical`` is closed.
+        CudaError
+            From the driver, e.g. when part of that address span is already mapped.
+        """
+        self._check_open()
+        if not isinstance(physical, PhysicalMemory):
+            raise TypeError(f"expected a PhysicalMemory, not {type(physical).__name__}")
+        physical._check_open()
+        offset = _nonneg("offset", offset)
+        _multiple("offset", offset, physical.granularity)
+        size = physical.size
+        if offset + size > self._rs.size:
+            raise ValueError(
+                f"a physical allocation of {size} bytes at offset {offset} does not fit in "
+                f"the range of {self._rs.size} bytes"
+            )
+        ensure_context(None)
+        ptr = self._rs.ptr + offset
+        with _Undo() as undo:
+            _driver.call("cuMemMap", ptr, size, 0, physical._ps.handle, 0)
+            undo.push(_unmap_raw, ptr, size)
+            return Mapping._new(self, physical, offset)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self._rs.ptr:x}"
+        return f"<AddressRange {state} size={self._rs.size}>"
+
+
+# -- physical memory -----------------------------------------------------------------
+
+
+class PhysicalMemory(Resource):
+    """Physical memory from ``cuMemCreate``, on a device or on the host.
+
+    Create with :meth:`create` or :meth:`import_`; map with
+    :meth:`AddressRange.map`. Closing it while it is mapped closes the object
+    and defers ``cuMemRelease`` until its last mapping is unmapped.
+    """
+
+    _ps: _PhysState
+    _location: Location
+    _handle_type: HandleType
+    _granularity: int
+
+    def __init__(self) -> None:
+        raise TypeError("use PhysicalMemory.create(size) or PhysicalMemory.import_(fd, size)")
+
+    @classmethod
+    def create(
+        cls,
+        size: int,
+        *,
+        device: TargetLike = 0,
+        handle_type: object = None,
+        location: TargetLike | None = None,
+    ) -> PhysicalMemory:
+        """Create ``size`` bytes of physical memory.
+
+        Parameters
+        ----------
+        size : int
+            A positive multiple of :func:`granularity` for that location.
+        device : int or Device, default 0
+            The device whose memory it is.
+        handle_type : HandleType, optional
+            ``HandleType.POSIX_FD`` to allow :meth:`export`.
+        location : Location, optional
+            Instead of ``device``: e.g. ``Location.host()`` or
+            ``Location.host_numa(0)`` for host memory, where the driver
+            supports it.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For bad arguments, before any allocation.
+        CudaError
+            From ``cuMemCreate`` (e.g. ``CudaOutOfMemoryError``,
+            ``CudaNotSupportedError`` for an unsupported location).
+        """
+        size = _positive("size", size)
+        ht = _as_handle_type(handle_type)
+        loc = as_location(location if location is not None else device)
+        gran = granularity(loc, handle_type=ht)
+        _multiple("size", size, gran)
+        ensure_context(None)
+        handle = int(_driver.call("cuMemCreate", size, _prop(loc, ht), 0))
+        with _Undo() as undo:
+            undo.push(_release_handle, handle)
+            return cls._wrap(handle, size, loc, ht, gran)
+
+    @classmethod
+    def import_(cls, fd: int, size: int, *, handle_type: object = HandleType.POSIX_FD
+                ) -> PhysicalMemory:
+        """Import physical memory another process exported (``cuMemImportFromShareableHandle``).
+
+        Parameters
+        ----------
+        fd : int
+            An open POSIX file descriptor from :meth:`export` (received, e.g.,
+            over a Unix socket with ``socket.recv_fds``). It stays yours: close
+            it when you no longer need it.
+        size : int
+            The exported allocation's size (the descriptor does not carry it).
+        handle_type : HandleType, default POSIX_FD
+            Only ``POSIX_FD`` is supported.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a bad or closed descriptor or a bad size (before the import).
+        CudaError
+            From the driver (e.g. a descriptor that names no CUDA memory).
+        """
+        fd = _nonneg("fd", fd)
+        size = _positive("size", size)
+        ht = _as_handle_type(handle_type)
+        if ht is not HandleType.POSIX_FD:
+            raise ValueError("only HandleType.POSIX_FD can be imported")
+        try:
+            os.fstat(fd)
+        except OSError as exc:
+            raise ValueError(f"file descriptor {fd} is not open ({exc.strerror})") from None
+        ensure_context(None)
+        handle = int(_driver.call(
+            "cuMemImportFromShareableHandle", fd,
+            _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        with _Undo() as undo:
+            undo.push(_release_handle, handle)
+            prop = _driver.call("cuMemGetAllocationPropertiesFromHandle", handle)
+            loc = Location.from_cu(int(prop.location.type), int(prop.location.id))
+            if loc is None:
+                loc = Location.device(0)
+            gran = granularity(loc, handle_type=ht)
+            _multiple("size", size, gran)
+            return cls._wrap(handle, size, loc, ht, gran)
+
+    @classmethod
+    def _wrap(cls, handle: int, size: int, loc: Location, ht: HandleType,
+              gran: int) -> PhysicalMemory:
+        self = cls.__new__(cls)
+        ps = _PhysState(handle, size)
+        self._ps = ps
+        self._location = loc
+        self._handle_type = ht
+        self._granularity = gran
+        self._open(make_finalizer(self, f"physical memory 0x{handle:x}", _fin_phys, ps))
+        ps.owner = weakref.ref(self)
+        return self
+
+    @property
+    def handle(self) -> int:
+        """The ``CUmemGenericAllocationHandle`` as an int."""
+        self._check_open()
+        return self._ps.handle
+
+    @property
+    def size(self) -> int:
+        """Bytes of physical memory."""
+        return self._ps.size
+
+    nbytes = size
+
+    @property
+    def location(self) -> Location:
+        """Where the memory lives."""
+        return self._location
+
+    @property
+    def device(self) -> int | None:
+        """The device ordinal for device memory, ``None`` for host memory."""
+        loc = self._location
+        return loc.id if loc.type is LocationType.DEVICE else None
+
+    @property
+    def handle_type(self) -> HandleType:
+        """The shareable handle type it was created with."""
+        return self._handle_type
+
+    @property
+    def granularity(self) -> int:
+        """The minimum granularity for this memory's location and handle type."""
+        return self._granularity
+
+    @property
+    def mappings(self) -> list[Mapping]:
+        """The live :class:`Mapping` objects of this memory."""
+        with _lock:
+            states = sorted(self._ps.maps, key=lambda s: s.ptr)
+        return [m for m in (s.owner() for s in states) if isinstance(m, Mapping)]
+
+    def export(self, handle_type: object = None) -> int:
+        """Export as a POSIX file descriptor for another process (``cuMemExportToShareableHandle``).
+
+        The descriptor is yours: send it (``socket.send_fds``) and close it
+        with ``os.close``. The receiver calls :meth:`import_` with it and the
+        size.
+
+        Parameters
+        ----------
+        handle_type : HandleType, optional
+            Default: the type the memory was created with. Only ``POSIX_FD``.
+
+        Raises
+        ------
+        ValueError
+            If the memory was created without ``handle_type=HandleType.POSIX_FD``.
+        ClosedError
+            If closed.
+        """
+        self._check_open()
+        ht = self._handle_type if handle_type is None else _as_handle_type(handle_type)
+        if ht is HandleType.NONE or not int(self._handle_type) & int(ht):
+            raise ValueError(
+                "this memory was created without an export handle type; create it with "
+                "PhysicalMemory.create(..., handle_type=HandleType.POSIX_FD)"
+            )
+        if ht is not HandleType.POSIX_FD:
+            raise ValueError("export() supports HandleType.POSIX_FD only")
+        fd = _driver.call("cuMemExportToShareableHandle", self._ps.handle,
+                          _cu.CUmemAllocationHandleType(int(ht)), 0)
+        return int(fd)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"handle=0x{self._ps.handle:x}"
+        return f"<PhysicalMemory {state} size={self._ps.size} on {self._location}>"
+
+
+# -- mappings ------------------------------------------------------------------------
+
+
+class Mapping(DeviceMemoryMixin, Resource):
+    """Physical memory mapped into an :class:`AddressRange` (from :meth:`AddressRange.map`).
+
+    Closing it unmaps it (``cuMemUnmap``). It is a device buffer (``ptr``,
+    ``nbytes``, ``__cuda_array_interface__``, DLPack) once access is granted.
+    """
+
+    _ms: _MapState
+    _physical: PhysicalMemory
+    _range: AddressRange
+    _offset: int
+    _device: int
+
+    def __init__(self) -> None:
+        raise TypeError("use AddressRange.map(physical) to create a Mapping")
+
+    @classmethod
+    def _new(cls, vrange: AddressRange, physical: PhysicalMemory, offset: int) -> Mapping:
+        self = cls.__new__(cls)
+        ms = _MapState(vrange._rs.ptr + offset, physical._ps.size, vrange._rs, physical._ps)
+        self._ms = ms
+        # Order matters: on refcount collection the physical memory is dropped
+        # (released) before the range (freed).
+        self._physical = physical
+        self._range = vrange
+        self._offset = offset
+        dev = physical.device
+        self._device = dev if dev is not None else ensure_context(None)
+        self._open(make_finalizer(self, f"mapping 0x{ms.ptr:x}", _fin_mapping, ms))
+        ms.owner = weakref.ref(self)
+        with _lock:
+            ms.rs.maps.add(ms)
+            ms.ps.maps.add(ms)
+        return self
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed or unmapped (e.g. by closing its range)."""
+        return self._state is State.CLOSED or self._ms.unmapped
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedError("Mapping is closed (unmapped); it cannot be used any more")
+
+    @property
+    def ptr(self) -> int:
+        """Device address of the mapped memory."""
+        self._check_open()
+        return self._ms.ptr
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes mapped."""
+        self._check_open()
+        return self._ms.size
+
+    @property
+    def size(self) -> int:
+        """Bytes mapped (also valid after close)."""
+        return self._ms.size
+
+    @property
+    def offset(self) -> int:
+        """Offset of the mapping in its range."""
+        return self._offset
+
+    @property
+    def range(self) -> AddressRange:
+        """The :class:`AddressRange` it is mapped in."""
+        return self._range
+
+    @property
+    def physical(self) -> PhysicalMemory:
+        """The :class:`PhysicalMemory` it maps."""
+        return self._physical
+
+    @property
+    def device(self) -> int:
+        """The device the memory belongs to (for host memory: the current one at map time)."""
+        return self._device
+
+    def _dl_device(self) -> tuple[int, int]:
+        return (DL_CUDA, self._device)
+
+    def set_access(self, targets: TargetLike | Iterable[TargetLike],
+                   access: Access = Access.READWRITE) -> None:
+        """Grant ``access`` to one or several devices/locations in one ``cuMemSetAccess``.
+
+        Parameters
+        ----------
+        targets : int, Device, Location or iterable of them
+            Who gets access.
+        access : Access, default READWRITE
+            ``Access.NONE`` revokes.
+
+        Raises
+        ------
+        ClosedError
+            If the mapping is closed.
+        TypeError, ValueError
+            For bad targets or access (before the driver call).
+        CudaError
+            From the driver (e.g. a device without peer access).
+        """
+        self._check_open()
+        acc = _as_access(access)
+        descs = _descs(_targets(targets), acc)
+        _driver.call("cuMemSetAccess", self._ms.ptr, self._ms.size, descs, len(descs))
+
+    def access(self, device: TargetLike | None = None) -> Access:
+        """Read back ``device``'s access (default: the memory's device; ``cuMemGetAccess``)."""
+        self._check_open()
+        loc = as_location(self._device if device is None else device)
+        flags = _driver.call("cuMemGetAccess", loc.to_cu(), self._ms.ptr)
+        return Access(int(flags))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self._ms.ptr:x}"
+        return f"<Mapping {state} size={self._ms.size} offset={self._offset}>"
+
+
+# -- growable buffer -------------------------------------------------------------------
+
+
+class _GrowState:
+    __slots__ = ("chunk", "handles", "ptr", "reserved")
+
+    def __init__(self, ptr: int, reserved: int, chunk: int) -> None:
+        self.ptr = ptr
+        self.reserved = reserved
+        self.chunk = chunk
+        self.handles: list[int] = []  # handle of chunk i, mapped at ptr + i*chunk
+
+
+def _shrink_to(gs: _GrowState, n: int) -> None:
+    """Unmap and release chunks ``n..`` (last first)."""
+    while len(gs.handles) > n:
+        i = len(gs.handles) - 1
+        _driver.call("cuMemUnmap", gs.ptr + i * gs.chunk, gs.chunk)
+        h = gs.handles.pop()
+        _driver.call("cuMemRelease", h)
+
+
+def _fin_growable(gs: _GrowState) -> None:
+    with _lock:
+        ensure_context(None)
+        first: CudaError | None = None
+        unmapped = 0
+        for i in reversed(range(len(gs.handles))):
+            try:
+                _driver.call("cuMemUnmap", gs.ptr + i * gs.chunk, gs.chunk)
+                unmapped += 1
+            except CudaError as exc:
+                first = first or exc
+        for h in reversed(gs.handles):
+            try:
+                _driver.call("cuMemRelease", h)
+            except CudaError as exc:
+                first = first or exc
+        all_unmapped = unmapped == len(gs.handles)
+        gs.handles.clear()
+        if all_unmapped:
+            try:
+                _driver.call("cuMemAddressFree", gs.ptr, gs.reserved)
+            except CudaError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+class GrowableBuffer(DeviceMemoryMixin, Resource):
+    """A device buffer that grows and shrinks in place: its pointer never moves.
+
+    It reserves ``max_size`` bytes of addresses once; :meth:`resize` maps new
+    chunks of physical memory at the end (contents are preserved) or unmaps
+    chunks past the new size. Every chunk, including chunks added later, is
+    accessible to ``device`` and to every device given in ``peers`` or
+    :meth:`grant_access`.
+
+    Parameters
+    ----------
+    max_size : int
+        The most bytes it can ever hold (rounded up to a whole chunk).
+    device : int or Device, default 0
+        The device whose memory backs it.
+    chunk : int, optional
+        Bytes mapped at a time: a multiple of :func:`granularity`; default the
+        recommended granularity.
+    peers : iterable of int or Device, optional
+        Other devices that get READWRITE access to every chunk.
+
+    Examples
+    --------
+    >>> buf = GrowableBuffer(1 << 30, chunk=32 << 20)
+    >>> buf.resize(100 << 20)          # maps 4 chunks
+    >>> p = buf.ptr
+    >>> buf.resize(600 << 20)          # maps 15 more; buf.ptr == p, data kept
+    >>> buf.capacity
+    629145600
+    """
+
+    def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
+                 peers: Iterable[Device | int] = ()) -> None:
+        max_size = _positive("max_size", max_size)
+        ordinal = _check_ordinal(device)
+        peer_list = [_check_ordinal(p, "peer") for p in peers]
+        gran = granularity(ordinal)
+        if chunk is None:
+            chunk = granularity(ordinal, recommended=True)
+        else:
+            chunk = _positive("chunk", chunk)
+            _multiple("chunk", chunk, gran)
+        reserved = _round_up(max_size, chunk)
+        primary_context(ordinal)
+        ensure_context(None)
+        self._device = ordinal
+        self._max_size = max_size
+        self._nbytes = 0
+        self._access: dict[int, Access] = {ordinal: Access.READWRITE}
+        for p in peer_list:
+            self._access[p] = Access.READWRITE
+        self._prop = _prop(Location.device(ordinal), HandleType.NONE)
+        self._descs = self._make_descs()
+        ptr = int(_driver.call("cuMemAddressReserve", reserved, 0, 0, 0))
+        with _Undo() as undo:
+            undo.push(_free_range, ptr, reserved)
+            gs = _GrowState(ptr, reserved, chunk)
+            self._gs = gs
+            self._open(make_finalizer(self, f"growable buffer 0x{ptr:x}", _fin_growable, gs))
+
+    def _make_descs(self) -> list[_cu.CUmemAccessDesc]:
+        out = []
+        for dev, acc in self._access.items():
+            if acc is not Access.NONE:
+                out.extend(_descs([Location.device(dev)], acc))
+        return out
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def ptr(self) -> int:
+        """Start address; the same for the buffer's whole life."""
+        self._check_open()
+        return self._gs.ptr
+
+    @property
+    def nbytes(self) -> int:
+        """The current size in bytes (as last passed to :meth:`resize`)."""
+        self._check_open()
+        return self._nbytes
+
+    @property
+    def capacity(self) -> int:
+        """Bytes currently mapped: ``nbytes`` rounded up to whole chunks."""
+        return len(self._gs.handles) * self._gs.chunk
+
+    @property
+    def max_size(self) -> int:
+        """The most bytes :meth:`resize` accepts."""
+        return self._max_size
+
+    @property
+    def reserved(self) -> int:
+        """Bytes of address space reserved (``max_size`` rounded up to a chunk)."""
+        return self._gs.reserved
+
+    @property
+    def chunk_size(self) -> int:
+        """Bytes mapped at a time."""
+        return self._gs.chunk
+
+    @property
+    def device(self) -> int:
+        """The device whose memory backs the buffer."""
+        return self._device
+
+    @property
+    def peers(self) -> tuple[int, ...]:
+        """Other devices with access to every chunk."""
+        return tuple(d for d, a in self._access.items()
+                     if d != self._device and a is not Access.NONE)
+
+    def _dl_device(self) -> tuple[int, int]:
+        return (DL_CUDA, self._device)
+
+    # -- operations ---------------------------------------------------------
+    def resize(self, nbytes: int) -> None:
+        """Grow or shrink to ``nbytes``, in place.
+
+        Growing maps (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) the
+        chunks needed; if any step fails, the chunks this call added are
+        removed again and the buffer is as before. Shrinking unmaps and
+        releases the chunks past the new size (their contents are lost).
+
+        Raises
+        ------
+        ValueError
+            If ``nbytes`` is negative or above ``max_size``.
+        ClosedError
+            If closed.
+        CudaOutOfMemoryError
+            If the device has no memory for the new chunks.
+        """
+        self._check_open()
+        n = _nonneg("nbytes", nbytes)
+        if n > self._max_size:
+            raise ValueError(f"cannot resize to {n} bytes; max_size is {self._max_size}")
+        gs = self._gs
+        need = -(-n // gs.chunk)
+        with _lock:
+            have = len(gs.handles)
+            if need > have:
+                self._grow(have, need)
+            elif need < have:
+                ensure_context(None)
+                _shrink_to(gs, need)
+            self._nbytes = n
+
+    def _grow(self, have: int, need: int) -> None:
+        gs = self._gs
+        chunk = gs.chunk
+        prop = self._prop
+        descs = self._descs
+        ndesc = len(descs)
+        create = _driver.function("cuMemCreate")
+        mmap = _driver.function("cuMemMap")
+        setacc = _driver.function("cuMemSetAccess")
+        check = _driver.check
+        ensure_context(None)
+        new: list[int] = []
+        with _Undo() as undo:
+            for i in range(have, need):
+                addr = gs.ptr + i * chunk
+                h = int(check("cuMemCreate", create(chunk, prop, 0)))
+                undo.push(_release_handle, h)
+                check("cuMemMap", mmap(addr, chunk, 0, h, 0))
+                undo.push(_unmap_raw, addr, chunk)
+                check("cuMemSetAccess", setacc(addr, chunk, descs, ndesc))
+                new.append(h)
+            gs.handles.extend(new)
+
+    def grant_access(self, devices: Device | int | Iterable[Device | int],
+                     access: Access = Access.READWRITE) -> None:
+        """Give ``devices`` ``access`` to every chunk, now and for chunks added later.
+
+        ``Access.NONE`` revokes. The owning device always keeps READWRITE.
+        If setting fails on some chunk, the chunks already changed are set back.
+
+        Raises
+        ------
+        ValueError
+            For a host location, or for changing the owning device's access.
+        CudaError
+            From the driver (e.g. a device that cannot access this one's memory).
+        """
+        self._check_open()
+        acc = _as_access(access)
+        locs = _targets(devices)
+        ordinals = []
+        for loc in locs:
+            if loc.type is not LocationType.DEVICE:
+                raise ValueError(f"grant_access takes devices, not {loc}")
+            if loc.id == self._device and acc is not Access.READWRITE:
+                raise ValueError("the owning device always keeps READWRITE access")
+            ordinals.append(loc.id)
+        descs = _descs(locs, acc)
+        gs = self._gs
+        with _lock:
+            ensure_context(None)
+            old = {d: self._access.get(d, Access.NONE) for d in ordinals}
+            with _Undo() as undo:
+                for i in range(len(gs.handles)):
+                    addr = gs.ptr + i * gs.chunk
+                    _driver.call("cuMemSetAccess", addr, gs.chunk, descs, len(descs))
+                    undo.push(self._restore_access, addr, old)
+            for d in ordinals:
+                self._access[d] = acc
+            self._descs = self._make_descs()
+
+    def _restore_access(self, addr: int, old: dict[int, Access]) -> None:
+        descs = []
+        for d, a in old.items():
+            descs.extend(_descs([Location.device(d)], a))
+        _driver.call("cuMemSetAccess", addr, self._gs.chunk, descs, len(descs))
+
+    def access(self, device: Device | int) -> Access:
+        """The access ``device`` has to every chunk."""
+        return self._access.get(_check_ordinal(device), Access.NONE)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<GrowableBuffer closed>"
+        return (f"<GrowableBuffer 0x{self._gs.ptr:x} nbytes={self._nbytes} "
+                f"capacity={self.capacity} max_size={self._max_size} device={self._device}>")
