@@ -29,6 +29,10 @@ from ._errors import (
     MemkitWarning,
 )
 
+# -- managed exports (issue 4) --
+from ._hints import ManagedMemoryHints, MigrationPolicy, PlanEntry, PlannedCall, PrefetchPlan
+from ._managed import AttachFlags, ManagedBuffer, MemAdvice, RangeInfo
+
 # -- pinned exports (issue 3) --
 from ._memory import DeviceBuffer, copy, copy_async
 from ._pinned import (
@@ -39,7 +43,6 @@ from ._pinned import (
     register_host,
 )
 
-# -- managed exports (issue 4) --
 # -- vmm exports (issue 5) --
 from ._vmm import (
     Access,
@@ -91,6 +94,15 @@ __all__ = [
     "copy_async",
     "register_host",
     # -- managed names (issue 4) --
+    "AttachFlags",
+    "ManagedBuffer",
+    "ManagedMemoryHints",
+    "MemAdvice",
+    "MigrationPolicy",
+    "PlanEntry",
+    "PlannedCall",
+    "PrefetchPlan",
+    "RangeInfo",
     # -- vmm names (issue 5) --
     "Access",
     "AddressRange",

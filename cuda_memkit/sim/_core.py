@@ -322,9 +322,14 @@ def cuMemFree(dptr: Any) -> None:
     m.need_ctx()
     addr = int(dptr)
     a = m.allocs.get(addr)
-    if a is None or a.kind != "device":
+    if a is None or a.kind not in ("device", "managed"):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     m.remove(a)
+    if a.kind == "managed":
+        from ._managed import release_managed
+
+        release_managed(m, a)
+        return
     m.uncharge(a.device, a.size)
 
 

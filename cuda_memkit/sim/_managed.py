@@ -1,5 +1,440 @@
-"""Simulated driver functions for the managed feature (filled in by its issue)."""
+"""Simulated managed memory: allocation, advice, prefetch, discard, range attributes.
+
+Covers ``cuMemAllocManaged``, ``cuStreamAttachMemAsync``, ``cuMemAdvise``,
+``cuMemPrefetchAsync``, the CUDA 13 batch calls and
+``cuMemRangeGetAttribute(s)``.
+
+Managed allocations are real, page-aligned host memory (host-visible, numpy
+views work) in the allocation table with kind ``"managed"``. Their hint state
+is kept per 4 KiB page in ``MACHINE.ext["managed.pages"]`` so range
+attributes answer for any sub-range exactly as the driver does: a value
+holds for a range only if every page in it agrees. Ranges are rounded out to
+whole pages, like the driver does.
+
+``MACHINE.batch_calls = False`` makes the three batch functions raise
+``FunctionNotFoundError`` (a driver older than CUDA 13.0).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+from . import _state as S
+from ._state import PAGE, Allocation, Fail, R, api
+
+__all__ = [
+    "cuMemAdvise",
+    "cuMemAllocManaged",
+    "cuMemDiscardAndPrefetchBatchAsync",
+    "cuMemDiscardBatchAsync",
+    "cuMemPrefetchAsync",
+    "cuMemPrefetchBatchAsync",
+    "cuMemRangeGetAttribute",
+    "cuMemRangeGetAttributes",
+    "cuStreamAttachMemAsync",
+]
+
+TABLE = "managed.pages"
+
+INVALID, DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT = 0, 1, 2, 3, 4
+ALL_KINDS = frozenset({DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT})
+ACCESS_KINDS = frozenset({DEVICE, HOST})
+DEVICE_CPU = -1
+DEVICE_INVALID = -2
+
+_A = cu.CUdevice_attribute
+_RA = cu.CUmem_range_attribute
+
+
+def M() -> S.Machine:
+    return S.MACHINE
+
+
+def _numa_nodes() -> frozenset[int]:
+    try:
+        names = os.listdir("/sys/devices/system/node")
+    except OSError:
+        return frozenset({0})
+    nodes = {int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()}
+    return frozenset(nodes or {0})
+
+
+NUMA_NODES = _numa_nodes()
+CURRENT_NODE = min(NUMA_NODES)
+
+
+@dataclass
+class Pages:
+    """Hint state of one managed allocation, one row per page."""
+
+    npages: int
+    ndev: int
+    attach: int
+    attach_stream: int = 0
+    read_mostly: np.ndarray = field(init=False)
+    pref: np.ndarray = field(init=False)  # (type, id) per page
+    accessed: np.ndarray = field(init=False)  # devices..., host
+    last: np.ndarray = field(init=False)  # (type, id) per page
+    discarded: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.npages
+        self.read_mostly = np.zeros(n, bool)
+        self.pref = np.zeros((n, 2), np.int32)
+        self.accessed = np.zeros((n, self.ndev + 1), bool)
+        self.last = np.zeros((n, 2), np.int32)
+        self.discarded = np.zeros(n, bool)
+
+
+def _table() -> dict[int, Pages]:
+    t: dict[int, Pages] = M().ext.setdefault(TABLE, {})
+    return t
+
+
+def release_managed(m: S.Machine, a: Allocation) -> None:
+    """Forget a managed allocation's state (called by ``cuMemFree``)."""
+    m.host_used -= a.size
+    t = m.ext.get(TABLE)
+    if t is not None:
+        t.pop(a.start, None)
+
+
+# -- argument helpers --------------------------------------------------------------
+
+
+def _location(loc: Any, kinds: frozenset[int]) -> tuple[int, int]:
+    """Resolve a ``CUmemLocation`` to a stored (type, id); HOST_NUMA_CURRENT → HOST_NUMA."""
+    if not isinstance(loc, cu.CUmemLocation):
+        raise TypeError(f"Argument 'location' has incorrect type (expected "
+                        f"cuda.bindings.driver.CUmemLocation, got {type(loc).__name__})")
+    t, i = int(loc.type), int(loc.id)
+    if t not in kinds:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if t == DEVICE:
+        d = M().device(i)
+        if not d.attrs.get(int(_A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)):
+            raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+        return DEVICE, i
+    if t == HOST:
+        return HOST, 0
+    if t == HOST_NUMA:
+        if i not in NUMA_NODES:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return HOST_NUMA, i
+    return HOST_NUMA, CURRENT_NODE
+
+
+def _range(ptr: Any, count: Any) -> tuple[Pages, int, int]:
+    """The page slice ``[p0, p1)`` of the managed allocation holding the range."""
+    addr, n = int(ptr), int(count)
+    if n <= 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    a = M().find(addr)
+    if a is None or a.kind != "managed" or not a.start <= addr < a.end:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    pages = _table()[a.start]
+    p0 = (addr - a.start) // PAGE
+    p1 = -(-(addr + n - a.start) // PAGE)
+    if p1 > pages.npages:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    return pages, p0, p1
+
+
+def _stream_ok(h_stream: Any) -> int:
+    m = M()
+    h = int(h_stream) if h_stream is not None else 0
+    if m.stream(h) is None:
+        m.need_ctx()
+    return h
+
+
+# -- allocation and attach ---------------------------------------------------------
+
+
+@api(1)
+def cuMemAllocManaged(bytesize: int, flags: int) -> cu.CUdeviceptr:
+    m = M()
+    ordinal = m.need_ctx()
+    size, f = int(bytesize), int(flags)
+    if size == 0 or f not in (1, 2):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if not m.devices[ordinal].attrs.get(int(_A.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)):
+        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
+    backing, addr = m.host_block(size)
+    m.host_used += size
+    m.add(Allocation(addr, size, "managed", ordinal, addr, backing, flags=f))
+    _table()[addr] = Pages(-(-size // PAGE), len(m.devices), f)
+    return cu.CUdeviceptr(addr)
+
+
+@api(0)
+def cuStreamAttachMemAsync(hStream: Any, dptr: Any, length: int, flags: int) -> None:
+    m = M()
+    h = _stream_ok(hStream)
+    f = int(flags)
+    if f not in (1, 2, 4):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if f == 4 and h in (0, 1):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    addr = int(dptr)
+    a = m.find(addr)
+    if a is None or a.kind != "managed" or not a.start <= addr < a.end:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if int(length) not in (0, a.size):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    pages = _table()[a.start]
+    pages.attach = f
+    pages.attach_stream = h
+
+
+# -- advice and prefetch -------------------------------------------------------------
+
+
+@api(0)
+def cuMemAdvise(devPtr: Any, count: int, advice: Any, location: Any) -> None:
+    if not isinstance(location, cu.CUmemLocation):
+        raise TypeError("Argument 'location' has incorrect type (expected "
+                        f"cuda.bindings.driver.CUmemLocation, got {type(location).__name__})")
+    adv = int(advice)
+    if not 1 <= adv <= 6:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    pg, p0, p1 = _range(devPtr, count)
+    if adv in (1, 2):
+        pg.read_mostly[p0:p1] = adv == 1
+    elif adv == 3:
+        pg.pref[p0:p1] = _location(location, ALL_KINDS)
+    elif adv == 4:
+        pg.pref[p0:p1] = (INVALID, 0)
+    else:
+        t, i = _location(location, ACCESS_KINDS)
+        pg.accessed[p0:p1, i if t == DEVICE else pg.ndev] = adv == 5
+
+
+@api(0)
+def cuMemPrefetchAsync(devPtr: Any, count: int, location: Any, flags: int, hStream: Any) -> None:
+    if not isinstance(location, cu.CUmemLocation):
+        raise TypeError("Argument 'location' has incorrect type (expected "
+                        f"cuda.bindings.driver.CUmemLocation, got {type(location).__name__})")
+    if int(flags) != 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    _stream_ok(hStream)
+    pg, p0, p1 = _range(devPtr, count)
+    dest = _location(location, ALL_KINDS)
+    pg.last[p0:p1] = dest
+    pg.discarded[p0:p1] = False
+
+
+# -- batch calls (CUDA >= 13.0) ---------------------------------------------------------
+
+
+def _need_batch(name: str) -> None:
+    if not S.MACHINE.batch_calls:
+        raise S.FunctionNotFoundError(f'Function "{name}" not found')
+
+
+def _list_arg(name: str, value: Any, count: Any, typ: type, typename: str) -> list[Any]:
+    """The bindings' own checks on a list argument (before any driver call)."""
+    items = [] if value is None else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, typ) for v in items):
+        raise TypeError(f"Argument '{name}' is not instance of type (expected "
+                        f"tuple[cydriver.{typename},] or list[cydriver.{typename},]")
+    if int(count) > len(items):
+        raise RuntimeError(f"List is too small: {len(items)} < {int(count)}")
+    return list(items)
+
+
+def _int_list(value: Any, count: Any) -> list[int]:
+    items = list(value) if value is not None else []
+    if int(count) > len(items):
+        raise RuntimeError(f"List is too small: {len(items)} < {int(count)}")
+    return [int(v) for v in items]
+
+
+def _batch_head(count: Any, flags: Any, hStream: Any) -> int:
+    n = int(count)
+    if int(flags) != 0 or n == 0:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    h = int(hStream) if hStream is not None else 0
+    if h in (0, 1):  # the legacy NULL stream is refused
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    _stream_ok(h)
+    return n
+
+
+def _batch_ranges(dptrs: list[Any], sizes: list[int], n: int) -> list[tuple[Pages, int, int]]:
+    return [_range(dptrs[k], sizes[k]) for k in range(n)]
+
+
+def _batch_dests(locs: list[Any], idxs: list[int], nlocs: Any, n: int) -> list[tuple[int, int]]:
+    k = int(nlocs)
+    if k == 0 or k > n:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    starts = idxs[:k]
+    if starts[0] != 0 or starts[-1] >= n or any(b <= a for a, b in itertools.pairwise(starts)):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    resolved = [_location(loc, ALL_KINDS) for loc in locs[:k]]
+    out: list[tuple[int, int]] = []
+    bounds = [*starts, n]
+    for j in range(k):
+        out.extend([resolved[j]] * (bounds[j + 1] - bounds[j]))
+    return out
+
+
+@api(0)
+def _prefetch_batch(dptrs: list[Any], sizes: list[int], count: int, locs: list[Any],
+                    idxs: list[int], nlocs: int, flags: int, hStream: Any) -> None:
+    n = _batch_head(count, flags, hStream)
+    ranges = _batch_ranges(dptrs, sizes, n)
+    dests = _batch_dests(locs, idxs, nlocs, n)
+    for (pg, p0, p1), dest in zip(ranges, dests, strict=True):
+        pg.last[p0:p1] = dest
+        pg.discarded[p0:p1] = False
+
+
+@api(0)
+def _discard_batch(dptrs: list[Any], sizes: list[int], count: int, flags: int,
+                   hStream: Any) -> None:
+    n = _batch_head(count, flags, hStream)
+    for pg, p0, p1 in _batch_ranges(dptrs, sizes, n):
+        pg.discarded[p0:p1] = True
+
+
+@api(0)
+def _discard_prefetch_batch(dptrs: list[Any], sizes: list[int], count: int, locs: list[Any],
+                            idxs: list[int], nlocs: int, flags: int, hStream: Any) -> None:
+    n = _batch_head(count, flags, hStream)
+    ranges = _batch_ranges(dptrs, sizes, n)
+    dests = _batch_dests(locs, idxs, nlocs, n)
+    for (pg, p0, p1), dest in zip(ranges, dests, strict=True):
+        pg.last[p0:p1] = dest
+        pg.discarded[p0:p1] = False
+
+
+def cuMemPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
+                            prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
+                            hStream: Any) -> Any:
+    _need_batch("cuMemPrefetchBatchAsync")
+    d = _list_arg("dptrs", dptrs, count, cu.CUdeviceptr, "CUdeviceptr")
+    s = _int_list(sizes, count)
+    locs = _list_arg("prefetchLocs", prefetchLocs, numPrefetchLocs, cu.CUmemLocation,
+                     "CUmemLocation")
+    idxs = _int_list(prefetchLocIdxs, numPrefetchLocs)
+    return _prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags, hStream)
+
+
+def cuMemDiscardBatchAsync(dptrs: Any, sizes: Any, count: int, flags: int,
+                           hStream: Any) -> Any:
+    _need_batch("cuMemDiscardBatchAsync")
+    d = _list_arg("dptrs", dptrs, count, cu.CUdeviceptr, "CUdeviceptr")
+    s = _int_list(sizes, count)
+    return _discard_batch(d, s, count, flags, hStream)
+
+
+def cuMemDiscardAndPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
+                                      prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
+                                      hStream: Any) -> Any:
+    _need_batch("cuMemDiscardAndPrefetchBatchAsync")
+    d = _list_arg("dptrs", dptrs, count, cu.CUdeviceptr, "CUdeviceptr")
+    s = _int_list(sizes, count)
+    locs = _list_arg("prefetchLocs", prefetchLocs, numPrefetchLocs, cu.CUmemLocation,
+                     "CUmemLocation")
+    idxs = _int_list(prefetchLocIdxs, numPrefetchLocs)
+    return _discard_prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags,
+                                   hStream)
+
+
+# -- range attributes ----------------------------------------------------------------
+
+
+def _uniform(rows: np.ndarray) -> tuple[int, int]:
+    """The (type, id) every page shares, or (INVALID, 0)."""
+    first = rows[0]
+    if (rows == first).all():
+        return int(first[0]), int(first[1])
+    return INVALID, 0
+
+
+def _legacy(t: int, i: int) -> int:
+    if t == DEVICE:
+        return i
+    if t in (HOST, HOST_NUMA):
+        return DEVICE_CPU
+    return DEVICE_INVALID
+
+
+def _loc_id(t: int, i: int) -> int:
+    if t in (DEVICE, HOST_NUMA):
+        return i
+    return DEVICE_CPU if t == HOST else DEVICE_INVALID
+
+
+def _attribute(pg: Pages, p0: int, p1: int, attr: int, size: int) -> Any:
+    if attr == int(_RA.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY):
+        return int(pg.read_mostly[p0:p1].all())
+    if attr == int(_RA.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY):
+        every: np.ndarray = np.asarray(pg.accessed[p0:p1].all(axis=0))
+        ids = [d for d in range(pg.ndev) if every[d]]
+        if every[pg.ndev]:
+            ids.append(DEVICE_CPU)
+        slots = size // 4
+        return (ids + [DEVICE_INVALID] * slots)[:slots]
+    pref = _uniform(pg.pref[p0:p1])
+    last = _uniform(pg.last[p0:p1])
+    table = {
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION): _legacy(*pref),
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE): pref[0],
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID): _loc_id(*pref),
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION): _legacy(*last),
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE): last[0],
+        int(_RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID): _loc_id(*last),
+    }
+    return table[attr]
+
+
+def _check_size(attr: int, size: int) -> None:
+    known = {int(a) for a in _RA}
+    if attr not in known:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if attr == int(_RA.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY):
+        if size <= 0 or size % 4:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    elif size != 4:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+
+
+@api(1)
+def _range_attribute(size: int, attr: int, devPtr: Any, count: int) -> Any:
+    _check_size(attr, size)
+    pg, p0, p1 = _range(devPtr, count)
+    return _attribute(pg, p0, p1, attr, size)
+
+
+def cuMemRangeGetAttribute(dataSize: int, attribute: Any, devPtr: Any,
+                           count: int) -> Any:
+    attr = int(attribute.value)  # the bindings read .value (an int raises AttributeError)
+    return _range_attribute(int(dataSize), attr, devPtr, count)
+
+
+@api(1)
+def _range_attributes(sizes: list[int], attrs: list[int], devPtr: Any, count: int) -> list[Any]:
+    if not attrs:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    for a, s in zip(attrs, sizes, strict=True):
+        _check_size(a, s)
+    pg, p0, p1 = _range(devPtr, count)
+    return [_attribute(pg, p0, p1, a, s) for a, s in zip(attrs, sizes, strict=True)]
+
+
+def cuMemRangeGetAttributes(dataSizes: Any, attributes: Any, numAttributes: int, devPtr: Any,
+                            count: int) -> Any:
+    attrs = _list_arg("attributes", attributes, numAttributes, cu.CUmem_range_attribute,
+                      "CUmem_range_attribute")
+    sizes = _int_list(dataSizes, numAttributes)
+    k = int(numAttributes)
+    return _range_attributes(sizes[:k], [int(a) for a in attrs[:k]], devPtr, count)

@@ -1,0 +1,871 @@
+"""Migration policies, a hints builder and batched, coalescing prefetch plans.
+
+* :class:`MigrationPolicy`: a declarative set of advice (read-mostly, a
+  preferred location, accessed-by processors) listing the exact
+  ``(MemAdvice, Location)`` pairs it issues.
+* :class:`ManagedMemoryHints`: a builder over a managed range (a
+  :class:`~cuda_memkit.ManagedBuffer` or a raw pointer checked to lie inside
+  a managed allocation).
+* :class:`PrefetchPlan`: prefetch and discard entries collected first,
+  validated all together, coalesced and issued as a few batch calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _device
+from ._device import Location, LocationType, StreamLike, as_location, stream_handle
+from ._errors import ClosedError
+from ._managed import (
+    _ACCESS_KINDS,
+    BATCH_API,
+    ManagedBuffer,
+    MemAdvice,
+    Range,
+    RangeInfo,
+    _index,
+    advice_location,
+    as_advice,
+    check_location,
+    issue_advise,
+    issue_prefetch,
+    issue_step,
+    managed_extent,
+    query_range,
+    raw_range,
+    span,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._device import LocationLike
+
+__all__ = ["ManagedMemoryHints", "MigrationPolicy", "PlanEntry", "PlannedCall", "PrefetchPlan"]
+
+
+def _loc_key(loc: Location) -> tuple[int, int]:
+    return (int(loc.type), loc.id)
+
+
+def _loc_expr(loc: Location) -> str:
+    if loc.type is LocationType.DEVICE:
+        return f"Location.device({loc.id})"
+    if loc.type is LocationType.HOST:
+        return "Location.host()"
+    if loc.type is LocationType.HOST_NUMA:
+        return f"Location.host_numa({loc.id})"
+    return "Location.host_numa_current()"
+
+
+# -- MigrationPolicy -----------------------------------------------------------------
+
+
+class MigrationPolicy:
+    """A declarative migration policy: the advice a managed range should get.
+
+    Build with :meth:`default`, :meth:`read_mostly`, :meth:`prefer_device`,
+    :meth:`prefer_host` or :meth:`prefer`, add processors with
+    :meth:`with_accessed_by`, and merge policies with ``|``. :attr:`advice`
+    lists the ``(MemAdvice, Location or None)`` pairs that
+    :meth:`ManagedMemoryHints.apply_policy` issues, in order. Policies are
+    immutable, hashable and compare by value.
+
+    Parameters
+    ----------
+    read_mostly : bool, default False
+        Issue ``SET_READ_MOSTLY``.
+    preferred_location : Location, Device or int, optional
+        Issue ``SET_PREFERRED_LOCATION`` for it.
+    accessed_by : iterable of Location, Device or int
+        Issue ``SET_ACCESSED_BY`` for each (devices or the host).
+
+    Examples
+    --------
+    >>> MigrationPolicy.prefer_device(0).with_accessed_by(Location.host()).advice
+    ((<MemAdvice.SET_PREFERRED_LOCATION: 3>, Location(type=<LocationType.DEVICE: 1>, id=0)),
+     (<MemAdvice.SET_ACCESSED_BY: 5>, Location(type=<LocationType.HOST: 2>, id=0)))
+    """
+
+    __slots__ = ("_accessed_by", "_preferred", "_read_mostly")
+
+    _read_mostly: bool
+    _preferred: Location | None
+    _accessed_by: tuple[Location, ...]
+
+    def __init__(self, *, read_mostly: bool = False,
+                 preferred_location: LocationLike | None = None,
+                 accessed_by: Iterable[LocationLike] = ()) -> None:
+        if not isinstance(read_mostly, bool):
+            raise TypeError("read_mostly must be a bool")
+        preferred = None if preferred_location is None else as_location(preferred_location)
+        if isinstance(accessed_by, (Location, int)) or hasattr(accessed_by, "ordinal"):
+            raise TypeError("accessed_by must be an iterable of locations")
+        access: set[Location] = set()
+        for where in accessed_by:
+            loc = as_location(where)
+            if loc.type not in _ACCESS_KINDS:
+                raise ValueError(f"accessed-by must be a device or the host, not {loc}")
+            access.add(loc)
+        self._read_mostly = read_mostly
+        self._preferred = preferred
+        self._accessed_by = tuple(sorted(access, key=_loc_key))
+
+    # -- constructors ----------------------------------------------------------
+    @classmethod
+    def default(cls) -> MigrationPolicy:
+        """No advice: the driver's default migration on page faults (issues nothing)."""
+        return cls()
+
+    @classmethod
+    def read_mostly(cls) -> MigrationPolicy:
+        """``SET_READ_MOSTLY``: readers get read-only copies; writes collapse them."""
+        return cls(read_mostly=True)
+
+    @classmethod
+    def prefer_device(cls, device: _device.Device | int) -> MigrationPolicy:
+        """``SET_PREFERRED_LOCATION`` device ``device``."""
+        return cls(preferred_location=Location.device(device))
+
+    @classmethod
+    def prefer_host(cls) -> MigrationPolicy:
+        """``SET_PREFERRED_LOCATION`` the host location (``CU_MEM_LOCATION_TYPE_HOST``)."""
+        return cls(preferred_location=Location.host())
+
+    @classmethod
+    def prefer(cls, location: LocationLike) -> MigrationPolicy:
+        """``SET_PREFERRED_LOCATION`` any location (e.g. a host NUMA node)."""
+        return cls(preferred_location=location)
+
+    def with_accessed_by(self, *locations: LocationLike) -> MigrationPolicy:
+        """Return a copy that also sets ``SET_ACCESSED_BY`` for ``locations``."""
+        return MigrationPolicy(read_mostly=self._read_mostly,
+                               preferred_location=self._preferred,
+                               accessed_by=(*self._accessed_by, *locations))
+
+    def __or__(self, other: object) -> MigrationPolicy:
+        """Merge two policies (their preferred locations must agree)."""
+        if not isinstance(other, MigrationPolicy):
+            return NotImplemented
+        a, b = self._preferred, other._preferred
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"cannot merge policies preferring {a} and {b}")
+        return MigrationPolicy(read_mostly=self._read_mostly or other._read_mostly,
+                               preferred_location=a if a is not None else b,
+                               accessed_by=(*self._accessed_by, *other._accessed_by))
+
+    # -- what it issues --------------------------------------------------------
+    @property
+    def is_read_mostly(self) -> bool:
+        """Whether the policy sets read-mostly."""
+        return self._read_mostly
+
+    @property
+    def preferred_location(self) -> Location | None:
+        """The preferred location the policy sets, if any."""
+        return self._preferred
+
+    @property
+    def accessed_by(self) -> tuple[Location, ...]:
+        """The processors the policy marks as accessing the range."""
+        return self._accessed_by
+
+    @property
+    def is_default(self) -> bool:
+        """Whether the policy issues nothing."""
+        return not self.advice
+
+    @property
+    def advice(self) -> tuple[tuple[MemAdvice, Location | None], ...]:
+        """The ``(advice, location)`` pairs issued, in order (location ``None`` when ignored)."""
+        pairs: list[tuple[MemAdvice, Location | None]] = []
+        if self._read_mostly:
+            pairs.append((MemAdvice.SET_READ_MOSTLY, None))
+        if self._preferred is not None:
+            pairs.append((MemAdvice.SET_PREFERRED_LOCATION, self._preferred))
+        pairs.extend((MemAdvice.SET_ACCESSED_BY, loc) for loc in self._accessed_by)
+        return tuple(pairs)
+
+    def _key(self) -> tuple[object, ...]:
+        return (self._read_mostly, self._preferred, self._accessed_by)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MigrationPolicy):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("MigrationPolicy", *self._key()))
+
+    def __repr__(self) -> str:
+        parts: list[str] = []
+        if self._read_mostly:
+            parts.append("MigrationPolicy.read_mostly()")
+        p = self._preferred
+        if p is not None:
+            if p.type is LocationType.DEVICE:
+                parts.append(f"MigrationPolicy.prefer_device({p.id})")
+            elif p.type is LocationType.HOST:
+                parts.append("MigrationPolicy.prefer_host()")
+            else:
+                parts.append(f"MigrationPolicy.prefer({_loc_expr(p)})")
+        text = " | ".join(parts) if parts else "MigrationPolicy.default()"
+        if self._accessed_by:
+            if len(parts) > 1:
+                text = f"({text})"
+            text += f".with_accessed_by({', '.join(map(_loc_expr, self._accessed_by))})"
+        return text
+
+    def __str__(self) -> str:
+        words = []
+        if self._read_mostly:
+            words.append("read-mostly")
+        if self._preferred is not None:
+            words.append(f"prefer {self._preferred}")
+        if self._accessed_by:
+            words.append("accessed by " + ", ".join(map(str, self._accessed_by)))
+        return "; ".join(words) or "default (no advice)"
+
+
+# -- ManagedMemoryHints ----------------------------------------------------------------
+
+
+class ManagedMemoryHints:
+    """A builder of advice and prefetches for one managed range.
+
+    ``ManagedMemoryHints(ptr, nbytes)`` takes a raw pointer, checked with
+    ``cuPointerGetAttribute`` to lie (with all ``nbytes`` bytes) inside one
+    managed allocation before anything is issued, and again before every
+    call. :meth:`for_buffer` takes a :class:`ManagedBuffer` (and keeps it
+    alive). Every method issues its driver call at once and returns the
+    builder, so calls chain.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a pointer outside managed memory, a zero size or a range that
+        leaves the allocation.
+
+    Examples
+    --------
+    >>> (ManagedMemoryHints.for_buffer(buf)
+    ...     .set_read_mostly()
+    ...     .set_accessed_by(Location.device(0))
+    ...     .prefetch_to(Location.device(0), stream))
+    """
+
+    __slots__ = ("_buffer", "_nbytes", "_offset", "_ptr")
+
+    _buffer: ManagedBuffer | None
+    _offset: int
+    _ptr: int
+    _nbytes: int
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        if isinstance(ptr, ManagedBuffer):
+            raise TypeError("use ManagedMemoryHints.for_buffer(buf) for a ManagedBuffer")
+        if nbytes is None:
+            raise TypeError("nbytes is required with a raw pointer")
+        p, n = raw_range(ptr, nbytes)
+        self._buffer = None
+        self._offset = 0
+        self._ptr = p
+        self._nbytes = n
+
+    @classmethod
+    def for_buffer(cls, buffer: ManagedBuffer, *, offset: int = 0,
+                   nbytes: int | None = None) -> ManagedMemoryHints:
+        """Hints for ``buffer`` or its byte sub-range ``[offset, offset + nbytes)``."""
+        if not isinstance(buffer, ManagedBuffer):
+            raise TypeError(f"for_buffer() needs a ManagedBuffer, not {type(buffer).__name__}; "
+                            "use ManagedMemoryHints(ptr, nbytes) for a raw pointer")
+        off, n = span(offset, nbytes, buffer.nbytes, what="ManagedBuffer")
+        self = cls.__new__(cls)
+        self._buffer = buffer
+        self._offset = off
+        self._ptr = buffer.ptr + off
+        self._nbytes = n
+        return self
+
+    @property
+    def ptr(self) -> int:
+        """Start of the range."""
+        return self._ptr
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the range in bytes."""
+        return self._nbytes
+
+    def __repr__(self) -> str:
+        return f"<ManagedMemoryHints 0x{self._ptr:x} +{self._nbytes}>"
+
+    def _target(self) -> tuple[int, int]:
+        if self._buffer is not None:
+            self._buffer._check_open()
+        else:
+            raw_range(self._ptr, self._nbytes)
+        _device.ensure_context()
+        return self._ptr, self._nbytes
+
+    def _sub(self, offset: object, nbytes: object) -> tuple[int, int]:
+        ptr, total = self._target()
+        off, n = span(offset, nbytes, total, what="hinted range")
+        return ptr + off, n
+
+    # -- advice ----------------------------------------------------------------
+    def advise(self, advice: MemAdvice, location: LocationLike | None = None) -> Self:
+        """Issue ``cuMemAdvise(advice, location)`` on the range."""
+        adv = as_advice(advice)
+        loc = advice_location(adv, location)
+        ptr, n = self._target()
+        issue_advise(ptr, n, adv, loc)
+        return self
+
+    def set_read_mostly(self) -> Self:
+        """``SET_READ_MOSTLY``."""
+        return self.advise(MemAdvice.SET_READ_MOSTLY)
+
+    def unset_read_mostly(self) -> Self:
+        """``UNSET_READ_MOSTLY``."""
+        return self.advise(MemAdvice.UNSET_READ_MOSTLY)
+
+    def set_preferred_location(self, location: LocationLike) -> Self:
+        """``SET_PREFERRED_LOCATION`` (a device, the host or a host NUMA node)."""
+        return self.advise(MemAdvice.SET_PREFERRED_LOCATION, location)
+
+    def unset_preferred_location(self) -> Self:
+        """``UNSET_PREFERRED_LOCATION``."""
+        return self.advise(MemAdvice.UNSET_PREFERRED_LOCATION)
+
+    def set_accessed_by(self, location: LocationLike) -> Self:
+        """``SET_ACCESSED_BY`` a device or the host."""
+        return self.advise(MemAdvice.SET_ACCESSED_BY, location)
+
+    def unset_accessed_by(self, location: LocationLike) -> Self:
+        """``UNSET_ACCESSED_BY`` a device or the host."""
+        return self.advise(MemAdvice.UNSET_ACCESSED_BY, location)
+
+    def apply_policy(self, policy: MigrationPolicy) -> Self:
+        """Issue every pair of ``policy.advice`` (nothing for the default policy).
+
+        All locations are checked before the first call is made.
+        """
+        if not isinstance(policy, MigrationPolicy):
+            raise TypeError(f"expected a MigrationPolicy, not {type(policy).__name__}")
+        pairs = [(adv, advice_location(adv, loc)) for adv, loc in policy.advice]
+        if not pairs:
+            return self
+        ptr, n = self._target()
+        for adv, loc in pairs:
+            issue_advise(ptr, n, adv, loc)
+        return self
+
+    def reset(self) -> Self:
+        """Undo all advice on the range.
+
+        Unsets read-mostly, the preferred location and every accessed-by the
+        driver reports for the whole range.
+        """
+        ptr, n = self._target()
+        info = query_range(ptr, n)
+        issue_advise(ptr, n, MemAdvice.UNSET_READ_MOSTLY, None)
+        issue_advise(ptr, n, MemAdvice.UNSET_PREFERRED_LOCATION, None)
+        for loc in info.accessed_by:
+            issue_advise(ptr, n, MemAdvice.UNSET_ACCESSED_BY, loc)
+        return self
+
+    # -- prefetch ----------------------------------------------------------------
+    def prefetch_to(self, location: LocationLike, stream: StreamLike = None) -> Self:
+        """Prefetch the whole range to ``location`` on ``stream``."""
+        loc = check_location(location, what="prefetch destination")
+        h = stream_handle(stream)
+        ptr, n = self._target()
+        issue_prefetch(ptr, n, loc, h)
+        return self
+
+    def prefetch_range(self, offset: int, nbytes: int, location: LocationLike,
+                       stream: StreamLike = None) -> Self:
+        """Prefetch ``[offset, offset + nbytes)`` of the range (bounds-checked)."""
+        if nbytes is None:
+            raise TypeError("nbytes is required")
+        loc = check_location(location, what="prefetch destination")
+        h = stream_handle(stream)
+        ptr, n = self._sub(offset, nbytes)
+        issue_prefetch(ptr, n, loc, h)
+        return self
+
+    def discard(self, stream: StreamLike = None) -> Self:
+        """Discard the range's contents (see :meth:`ManagedBuffer.discard`)."""
+        h = stream_handle(stream)
+        ptr, n = self._target()
+        issue_step("discard", [(ptr, n, None)], h)
+        return self
+
+    def range_info(self) -> RangeInfo:
+        """The driver's view of the range (:class:`RangeInfo`)."""
+        ptr, n = self._target()
+        return query_range(ptr, n)
+
+
+# -- PrefetchPlan --------------------------------------------------------------------
+
+PREFETCH = "prefetch"
+DISCARD = "discard"
+DISCARD_AND_PREFETCH = "discard_and_prefetch"
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One entry of a :class:`PrefetchPlan`, as added.
+
+    Attributes
+    ----------
+    op : str
+        ``"prefetch"``, ``"discard"`` or ``"discard_and_prefetch"``.
+    base : int
+        The buffer's address, or the raw pointer given.
+    offset : int
+        Byte offset from ``base``.
+    nbytes : int or None
+        Size; ``None`` (raw pointers only) means "to the end of the
+        allocation", resolved by :meth:`PrefetchPlan.validate`.
+    location : Location or None
+        Destination (``None`` for discards).
+    target : object
+        The buffer (kept alive by the plan) or the raw pointer.
+    """
+
+    op: str
+    base: int
+    offset: int
+    nbytes: int | None
+    location: Location | None
+    target: object = field(repr=False, compare=False)
+
+    @property
+    def ptr(self) -> int:
+        """Start address of the entry's range."""
+        return self.base + self.offset
+
+    def __str__(self) -> str:
+        size = "…end" if self.nbytes is None else f"+{self.nbytes}"
+        dest = f" → {self.location}" if self.location is not None else ""
+        return f"{self.op} 0x{self.ptr:x} {size}{dest}"
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A driver call a plan makes (see :meth:`PrefetchPlan.dry_run`).
+
+    Attributes
+    ----------
+    api : str
+        The driver function, e.g. ``"cuMemPrefetchBatchAsync"``.
+    ranges : tuple of (int, int, Location or None)
+        ``(ptr, nbytes, destination)`` of each range in the call.
+    stream : int
+        The stream handle given to ``execute``.
+    note : str
+        How the call is made, where that is not obvious.
+    """
+
+    api: str
+    ranges: tuple[Range, ...]
+    stream: int
+    note: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes covered by the call."""
+        return sum(n for _p, n, _l in self.ranges)
+
+    def __str__(self) -> str:
+        groups: dict[str, int] = {}
+        for _p, _n, loc in self.ranges:
+            key = str(loc) if loc is not None else "discard"
+            groups[key] = groups.get(key, 0) + 1
+        dest = ", ".join(f"{k}: {v}" for k, v in groups.items())
+        count = len(self.ranges)
+        text = (f"{self.api}({count} range{'s' if count != 1 else ''}, {self.nbytes} bytes; "
+                f"{dest}; stream 0x{self.stream:x})")
+        return f"{text}  # {self.note}" if self.note else text
+
+
+@dataclass
+class _Compiled:
+    buffers: tuple[ManagedBuffer, ...]
+    raw_allocs: tuple[tuple[int, int], ...]
+    steps: list[tuple[str, list[Range]]]
+
+
+Interval = tuple[int, int]
+
+
+def _merge(intervals: list[tuple[int, int, int]]) -> list[Interval]:
+    """Coalesce ``(alloc, start, end)`` intervals that touch or overlap within an allocation."""
+    out: list[Interval] = []
+    cur_alloc = -1
+    for alloc, start, end in sorted(intervals):
+        if out and alloc == cur_alloc and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+            cur_alloc = alloc
+    return out
+
+
+def _intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo = max(a[i][0], b[j][0])
+        hi = min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+class PrefetchPlan:
+    """Prefetches and discards collected first, then validated and issued together.
+
+    :meth:`add` and :meth:`discard` record entries (each returns the plan, so
+    calls chain); nothing is issued until :meth:`execute`, which
+
+    1. validates every entry (:meth:`validate`: ranges inside open buffers or
+       managed allocations, sizes > 0, destinations that exist, no range sent
+       to two destinations): **all or nothing**, one bad entry and no call is
+       made;
+    2. coalesces adjacent or overlapping ranges of one allocation with the
+       same destination (4096 contiguous 128 KiB entries become one range);
+    3. issues, in this order: the discards that are not also prefetched
+       (``cuMemDiscardBatchAsync``), ranges both discarded and prefetched
+       (``cuMemDiscardAndPrefetchBatchAsync``), then the prefetches, grouped by
+       destination in one ``cuMemPrefetchBatchAsync`` (a single remaining
+       range uses ``cuMemPrefetchAsync``).
+
+    **Order of mixed entries.** A plan is a set, not a sequence: every discard
+    takes effect before any prefetch, whatever order they were added in. A
+    range that is both discarded and prefetched is discarded and then
+    populated at the destination without migrating its old contents.
+
+    **Streams.** The batch calls refuse the legacy default stream; for it
+    (``None``, 0 or ``Stream.legacy_default()``) they run on a private
+    stream that waits for the legacy stream's earlier work and that the legacy
+    stream then waits for, so the plan is still ordered on the legacy stream.
+
+    **Older drivers.** Without the batch calls (before CUDA 13.0) prefetches
+    become a loop of ``cuMemPrefetchAsync`` calls and discards are skipped
+    (a discard is advisory).
+
+    The validated, coalesced form is cached until the next :meth:`add` /
+    :meth:`discard`; executing again only re-checks that the buffers are open
+    (and that raw pointers are still managed memory).
+
+    Examples
+    --------
+    >>> plan = PrefetchPlan()
+    >>> for i in range(64):
+    ...     plan.add(buf, Location.device(0), offset=i * chunk, nbytes=chunk)
+    >>> [str(c) for c in plan.dry_run(stream)]   # one coalesced range
+    ['cuMemPrefetchAsync(1 range, 536870912 bytes; device 0: 1; stream 0x...)']
+    >>> plan.execute(stream)
+    """
+
+    __slots__ = ("_compiled", "_entries")
+
+    def __init__(self) -> None:
+        self._entries: list[PlanEntry] = []
+        self._compiled: _Compiled | None = None
+
+    # -- building ------------------------------------------------------------------
+    def _entry(self, op: str, target: object, to: LocationLike | None, offset: object,
+               nbytes: object) -> Self:
+        loc = None if to is None else as_location(to)
+        if isinstance(target, ManagedBuffer):
+            off, n = span(offset, nbytes, target.nbytes, what="ManagedBuffer")
+            entry = PlanEntry(op, target.ptr, off, n, loc, target)
+        else:
+            if isinstance(target, bool):
+                raise TypeError("a plan target cannot be a bool")
+            if isinstance(target, int):
+                base = target
+                off = _index(offset, "offset")
+                if off < 0:
+                    raise ValueError(f"offset must be >= 0, got {off}")
+                size: int | None = None
+                if nbytes is not None:
+                    size = _index(nbytes, "nbytes")
+                    if size <= 0:
+                        raise ValueError(f"nbytes must be > 0, got {size}")
+            elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
+                base = int(target.ptr)
+                off, size = span(offset, nbytes, int(target.nbytes),
+                                 what=type(target).__name__)
+            else:
+                raise TypeError("a plan target must be a ManagedBuffer, a buffer with .ptr and "
+                                f".nbytes, or an int pointer, not {type(target).__name__}")
+            if base <= 0:
+                raise ValueError(f"0x{base:x} is not a managed-memory pointer")
+            entry = PlanEntry(op, base, off, size, loc, target)
+        self._entries.append(entry)
+        self._compiled = None
+        return self
+
+    def add(self, target: ManagedBuffer | int | Any, to: LocationLike, *, offset: int = 0,
+            nbytes: int | None = None) -> Self:
+        """Add a prefetch of ``target``'s ``[offset, offset + nbytes)`` to ``to``.
+
+        Parameters
+        ----------
+        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
+            The memory. A raw int pointer is checked at :meth:`validate` to lie
+            inside a managed allocation; its ``nbytes=None`` means "to the end
+            of that allocation".
+        to : Location, Device or int
+            The destination.
+        offset, nbytes : int
+            The byte sub-range (default: all of it).
+
+        Returns
+        -------
+        PrefetchPlan
+            The plan, for chaining.
+
+        Raises
+        ------
+        TypeError, ValueError, ClosedError
+            For what can be checked without the driver (types, zero sizes,
+            bounds of buffers, closed buffers).
+        """
+        if to is None:
+            raise TypeError("add() needs a destination")
+        return self._entry(PREFETCH, target, to, offset, nbytes)
+
+    def discard(self, target: ManagedBuffer | int | Any, *, offset: int = 0,
+                nbytes: int | None = None) -> Self:
+        """Add a discard of ``target``'s range (contents no longer needed).
+
+        Discards take effect before every prefetch of the plan (see the class
+        notes); a range both discarded and prefetched is issued as
+        discard-and-prefetch.
+        """
+        return self._entry(DISCARD, target, None, offset, nbytes)
+
+    def discard_and_prefetch(self, target: ManagedBuffer | int | Any, to: LocationLike, *,
+                             offset: int = 0, nbytes: int | None = None) -> Self:
+        """Add a discard of the range followed by a prefetch to ``to``."""
+        if to is None:
+            raise TypeError("discard_and_prefetch() needs a destination")
+        return self._entry(DISCARD_AND_PREFETCH, target, to, offset, nbytes)
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        self._entries.clear()
+        self._compiled = None
+
+    # -- inspection ----------------------------------------------------------------
+    @property
+    def entries(self) -> tuple[PlanEntry, ...]:
+        """The entries in the order they were added."""
+        return tuple(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[PlanEntry]:
+        return iter(tuple(self._entries))
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    # -- validation and coalescing ------------------------------------------------
+    def _compile(self) -> _Compiled:
+        ndev = _device.device_count()
+        buffers: dict[int, ManagedBuffer] = {}
+        raw: list[tuple[int, int]] = []
+        order: dict[Location, int] = {}
+        prefetch: dict[Location, list[tuple[int, int, int]]] = {}
+        discard: list[tuple[int, int, int]] = []
+        for i, e in enumerate(self._entries):
+            try:
+                t = e.target
+                if isinstance(t, ManagedBuffer):
+                    t._check_open()
+                    buffers[id(t)] = t
+                    alloc, ptr, n = t.ptr, e.ptr, e.nbytes
+                    assert n is not None
+                else:
+                    for start, size in raw:
+                        if start <= e.ptr < start + size:
+                            break
+                    else:
+                        start, size = managed_extent(e.ptr)
+                        raw.append((start, size))
+                    off, n = span(e.ptr - start, e.nbytes, size,
+                                  what=f"managed allocation at 0x{start:x}")
+                    alloc, ptr = start, start + off
+                loc = e.location
+                if loc is not None:
+                    check_location(loc, what="prefetch destination", ndevices=ndev)
+                    order.setdefault(loc, len(order))
+                    prefetch.setdefault(loc, []).append((alloc, ptr, ptr + n))
+                if e.op != PREFETCH:
+                    discard.append((alloc, ptr, ptr + n))
+            except ClosedError as exc:
+                raise ClosedError(f"plan entry {i} ({e}): {exc}") from exc
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"plan entry {i} ({e}): {exc}") from exc
+        merged = {loc: _merge(iv) for loc, iv in prefetch.items()}
+        flat = sorted(((s, e, loc) for loc, ivs in merged.items() for s, e in ivs),
+                      key=lambda x: (x[0], x[1]))
+        reach, reach_loc = -1, None
+        for lo, hi, loc in flat:
+            if lo < reach and loc != reach_loc:
+                raise ValueError(f"plan sends overlapping ranges to {reach_loc} and {loc} "
+                                 f"(at 0x{lo:x}); a batch is unordered, so this is ambiguous")
+            if hi > reach:
+                reach, reach_loc = hi, loc
+        dmerged = _merge(discard)
+        steps: list[tuple[str, list[Range]]] = []
+        covered = sorted(iv for ivs in merged.values() for iv in ivs)
+        only_discard = _subtract(dmerged, covered)
+        if only_discard:
+            steps.append((DISCARD, [(s, e - s, None) for s, e in only_discard]))
+        dp: list[Range] = []
+        pf: list[Range] = []
+        for loc in sorted(merged, key=order.__getitem__):
+            dp.extend((s, e - s, loc) for s, e in _intersect(merged[loc], dmerged))
+            pf.extend((s, e - s, loc) for s, e in _subtract(merged[loc], dmerged))
+        if dp:
+            steps.append((DISCARD_AND_PREFETCH, dp))
+        if pf:
+            steps.append((PREFETCH, pf))
+        return _Compiled(tuple(buffers.values()), tuple(raw), steps)
+
+    def _compiled_checked(self) -> _Compiled:
+        c = self._compiled
+        if c is None:
+            c = self._compiled = self._compile()
+            return c
+        for buf in c.buffers:
+            if buf.closed:
+                self._compiled = None
+                return self._compiled_checked()  # re-validate to name the entry
+        for start, size in c.raw_allocs:
+            try:
+                same = managed_extent(start) == (start, size)
+            except ValueError:
+                same = False
+            if not same:
+                self._compiled = None
+                return self._compiled_checked()
+        return c
+
+    def validate(self) -> None:
+        """Check every entry without issuing anything.
+
+        Raises
+        ------
+        ValueError
+            Naming the first bad entry: a range outside its buffer or
+            allocation, a pointer that is not managed memory, a destination
+            that does not exist, or overlapping ranges sent to two
+            destinations.
+        ClosedError
+            If an entry's buffer is closed.
+        """
+        self._compiled = None
+        self._compiled = self._compile()
+
+    # -- issuing -------------------------------------------------------------------
+    def _calls(self, c: _Compiled, stream: int, batch: bool | None) -> list[PlannedCall]:
+        calls: list[PlannedCall] = []
+        legacy = stream in (0, 1)
+        for kind, ranges in c.steps:
+            if batch is not False and (kind != PREFETCH or len(ranges) > 1):
+                note = ("on a private stream ordered after and before the legacy default "
+                        "stream" if legacy else "")
+                calls.append(PlannedCall(BATCH_API[kind], tuple(ranges), stream, note))
+            elif kind == DISCARD:
+                calls.append(PlannedCall(BATCH_API[kind], tuple(ranges), stream,
+                                         "skipped: no batch calls (a discard is advisory)"))
+            else:
+                calls.extend(PlannedCall("cuMemPrefetchAsync", ((p, n, loc),), stream)
+                             for p, n, loc in ranges)
+        return calls
+
+    def dry_run(self, stream: StreamLike = None, *, batch: bool | None = None
+                ) -> list[PlannedCall]:
+        """Return the driver calls :meth:`execute` would make, without making them.
+
+        Validates the plan (and raises like :meth:`validate`). With
+        ``batch=None`` the batch calls are assumed present; ``batch=False``
+        shows the fallback of single calls.
+        """
+        h = stream_handle(stream)
+        if not self._entries:
+            return []
+        return self._calls(self._compiled_checked(), h, batch)
+
+    def execute(self, stream: StreamLike = None, *, batch: bool | None = None) -> None:
+        """Validate, coalesce and issue the plan on ``stream``.
+
+        Parameters
+        ----------
+        stream : StreamLike, default None
+            The stream (``None``: the legacy default stream, see the class notes).
+        batch : bool, optional
+            ``None``: use the batch calls where the driver has them, else fall
+            back; ``False``: always single calls; ``True``: raise
+            :class:`CudaDriverNotFoundError` if the driver lacks them.
+
+        An empty plan is a no-op (no driver call).
+        """
+        h = stream_handle(stream)
+        if not self._entries:
+            return
+        c = self._compiled_checked()
+        _device.ensure_context()
+        for kind, ranges in c.steps:
+            if not issue_step(kind, ranges, h, batch):
+                batch = False
+
+    def __repr__(self) -> str:
+        n = len(self._entries)
+        head = f"<PrefetchPlan {n} entr{'y' if n == 1 else 'ies'}"
+        if not n:
+            return head + ">"
+        try:
+            calls = self.dry_run(0x0)
+        except Exception as exc:  # repr must not raise
+            return f"{head}, not valid: {exc}>"
+        text = "; ".join(f"{c.api}({len(c.ranges)} range{'s' if len(c.ranges) != 1 else ''}, "
+                         f"{c.nbytes} bytes)" for c in calls)
+        return f"{head} → {text}>"
