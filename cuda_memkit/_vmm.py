@@ -16,17 +16,18 @@ unmaps chunks as it is resized, so its pointer never moves.
 
 Teardown order
 --------------
-The driver always sees *unmap → release → address free*, whatever order Python
-drops or closes the objects in:
+The driver never sees a release or a free before the unmap of what was mapped:
 
 * a :class:`Mapping` holds references to its range and its physical memory, so
-  reference counting frees it first;
+  reference counting unmaps it first; when the three go together (a scope
+  ends, a reference cycle is collected — whichever finalizer runs first does
+  all of it) the driver sees *unmap → release → address free*;
+* once unmapped, a range and a physical allocation are independent: each is
+  returned when it is closed or dropped;
 * closing a :class:`PhysicalMemory` that is still mapped closes the object at
   once and **defers** ``cuMemRelease`` until its last mapping is unmapped;
 * closing an :class:`AddressRange` that still has mappings **unmaps them
-  first** (those :class:`Mapping` objects become closed), then frees it;
-* when the objects die together in a reference cycle, whichever finalizer runs
-  first performs the whole sequence in order.
+  first** (those :class:`Mapping` objects become closed), then frees it.
 
 Each finalizer holds small state records of plain ints, never the objects.
 """

@@ -14,6 +14,7 @@ from cuda.bindings import driver as cu
 from . import _state as S
 from ._errors_table import ERROR_STRINGS
 from ._state import Allocation, Fail, R, SimEvent, SimStream, api, host_address, memmove
+from ._vmm import move_runs, real_runs
 
 __all__ = [
     "cuCtxGetCurrent",
@@ -359,9 +360,12 @@ def _copy(dst: int, src: int, n: int) -> None:
     n = int(n)
     if n < 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    d = m.real(dst, n)
-    s = m.real(src, n)
-    memmove(d, s, n)
+    d = real_runs(dst, n)  # several runs only across adjacent VMM mappings
+    s = real_runs(src, n)
+    if len(d) == 1 and len(s) == 1:
+        memmove(d[0][0], s[0][0], n)
+    else:
+        move_runs(d, s, n)
 
 
 def _device_side(addr: Any, n: int) -> int:
@@ -439,10 +443,10 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
         return
     if addr % width:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    real = m.real(_device_side(addr, n), n * width)
     dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
-    arr = np.ctypeslib.as_array((__import__("ctypes").c_char * (n * width)).from_address(real))
-    arr.view(dtype)[:] = value
+    for real, k in real_runs(_device_side(addr, n), n * width):
+        arr = np.ctypeslib.as_array((__import__("ctypes").c_char * k).from_address(real))
+        arr.view(dtype)[:] = value
 
 
 @api(0)

@@ -546,3 +546,45 @@ def cuMemImportFromShareableHandle(
             return cu.CUmemGenericAllocationHandle(_new_handle(p))
     raise Fail(MISUSE["import_foreign_fd"])
 
+
+
+# -- copies across adjacent mappings (used by _core's copies and memsets) ---------------
+
+
+def real_runs(addr: int, n: int) -> list[tuple[int, int]]:
+    """Translate ``[addr, addr+n)`` to ``(real address, length)`` runs.
+
+    Anything but a VMM mapping is one run (``Machine.real``); a range that
+    starts in a mapping may continue into the mappings right after it, as
+    on the GPU, where adjacent mappings form one contiguous device range.
+    """
+    m = S.MACHINE
+    a = m.find(addr) if n > 0 else None
+    if a is None or a.kind != "vmm" or addr + n <= a.end:
+        return [(m.real(addr, n), n)]
+    runs: list[tuple[int, int]] = []
+    while n > 0:
+        a = m.find(addr)
+        if a is None or a.kind != "vmm" or not a.start <= addr < a.end or a.host == 0:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        k = min(n, a.end - addr)
+        runs.append((a.host + (addr - a.start), k))
+        addr += k
+        n -= k
+    return runs
+
+
+def move_runs(dst: list[tuple[int, int]], src: list[tuple[int, int]], n: int) -> None:
+    """Copy ``n`` bytes from the ``src`` runs to the ``dst`` runs (through a buffer)."""
+    import ctypes
+
+    tmp = ctypes.create_string_buffer(n)
+    base = ctypes.addressof(tmp)
+    pos = 0
+    for real, k in src:
+        ctypes.memmove(base + pos, real, k)
+        pos += k
+    pos = 0
+    for real, k in dst:
+        ctypes.memmove(real, base + pos, k)
+        pos += k
