@@ -387,8 +387,9 @@ def test_drop_order_refcount(g: int, spy: Spy, order: tuple[str, ...]) -> None:
 
 def test_drop_together(g: int, spy: Spy) -> None:
     def scope() -> None:
-        r, p, m = _trio(g)
+        objs = _trio(g)
         spy.calls.clear()
+        assert len(objs) == 3
 
     scope()
     assert spy.teardown() == list(TEARDOWN)

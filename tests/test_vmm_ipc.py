@@ -212,7 +212,7 @@ def test_two_processes(g: int, backend: str) -> None:
         finally:
             os.close(fd)
         try:
-            out, err = proc.communicate(timeout=120)
+            _, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
