@@ -1,0 +1,293 @@
+"""Pinned host memory and host registration through the gateway: exact class and CUresult.
+
+Expected answers are the H100's, as recorded by ``scripts/gpu_probe.py`` in
+``h100_probe.json`` (cases ``B_hostalloc_flags``, ``B_freehost_misuse``,
+``B_host_register``, ``B_register_readonly_write``, ``A_pointer_attributes``,
+``A_no_context_thread``). They run on whichever backend is active; the
+simulator must agree. Cases the probe ran in a subprocess because they might
+poison the context (double frees, writes through read-only registrations) are
+not repeated here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as cu
+
+import cuda_memkit as cm
+from cuda_memkit import _driver
+from cuda_memkit._device import ensure_context
+
+R = cu.CUresult
+P = cu.CUpointer_attribute
+PAGE = 4096
+KiB = 1 << 10
+MiB = 1 << 20
+REG_N = 64 * KiB
+MEMORYTYPE_HOST = int(cu.CUmemorytype.CU_MEMORYTYPE_HOST)
+
+
+def expect(cls: type[cm.CudaError], code: R, api: str, *args: Any) -> cm.CudaError:
+    with pytest.raises(cls) as info:
+        _driver.call(api, *args)
+    err = info.value
+    assert type(err) is cls
+    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
+    assert err.api == api
+    return err
+
+
+@pytest.fixture(autouse=True)
+def ctx() -> None:
+    ensure_context(0)
+
+
+def host_buf(nbytes: int, offset: int = 0) -> tuple[np.ndarray, int]:
+    """A pageable, page-aligned numpy buffer and its address (+offset)."""
+    a = np.zeros(nbytes + 2 * PAGE, np.uint8)
+    addr = a.ctypes.data
+    return a, addr + (-addr) % PAGE + offset
+
+
+@pytest.fixture
+def pinned() -> Iterator[int]:
+    p = int(_driver.call("cuMemHostAlloc", MiB, 0))
+    yield p
+    _driver.call("cuMemFreeHost", p)
+
+
+@pytest.fixture
+def dptr() -> Iterator[int]:
+    p = int(_driver.call("cuMemAlloc", MiB))
+    yield p
+    _driver.call("cuMemFree", p)
+
+
+def memory_type(ptr: int) -> int:
+    return int(_driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr))
+
+
+def in_fresh_thread(fn: Callable[[], Any]) -> Any:
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed back to the test thread
+            box.append((False, exc))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+# -- cuMemHostAlloc / cuMemFreeHost --------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", range(8))
+def test_hostalloc_valid_flags(flags: int) -> None:
+    h = int(_driver.call("cuMemHostAlloc", 4096, flags))
+    try:
+        assert h % PAGE == 0
+        assert int(_driver.call("cuMemHostGetFlags", h)) == flags
+        assert memory_type(h) == MEMORYTYPE_HOST
+        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+               "cuMemHostGetDevicePointer", h, 1)
+        dev = int(_driver.call("cuMemHostGetDevicePointer", h, 0))
+        assert dev == h
+    finally:
+        assert _driver.call("cuMemFreeHost", h) is None
+
+
+@pytest.mark.parametrize("flags", [0x8, 0x100])
+def test_hostalloc_unknown_flags(flags: int) -> None:
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc", 4096, flags)
+
+
+def test_hostalloc_zero_bytes() -> None:
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc", 0, 0)
+
+
+def test_hostalloc_too_large_is_oom() -> None:
+    expect(cm.CudaOutOfMemoryError, R.CUDA_ERROR_OUT_OF_MEMORY, "cuMemHostAlloc", 1 << 50, 0)
+
+
+def test_alloc_host_has_no_flags() -> None:
+    h = int(_driver.call("cuMemAllocHost", 4096))
+    try:
+        assert int(_driver.call("cuMemHostGetFlags", h)) == 0
+    finally:
+        _driver.call("cuMemFreeHost", h)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemAllocHost", 0)
+
+
+def test_hostalloc_without_context() -> None:
+    def body() -> None:
+        expect(cm.CudaInvalidContextError, R.CUDA_ERROR_INVALID_CONTEXT,
+               "cuMemHostAlloc", 4096, 0)
+
+    in_fresh_thread(body)
+
+
+def test_freehost_of_pageable_memory() -> None:
+    arr, addr = host_buf(PAGE)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost", addr)
+    del arr
+
+
+def test_pinned_memory_through_unified_addressing(pinned: int, dptr: int) -> None:
+    _driver.call("cuMemsetD8", pinned, 0x42, 4096)
+    assert ctypes.string_at(pinned, 4) == b"\x42" * 4
+    _driver.call("cuMemcpyHtoD", dptr, pinned, MiB)
+    _driver.call("cuMemcpyDtoD", dptr, pinned, 4096)
+    _driver.call("cuMemcpy", dptr, pinned + 100, 1000)
+
+
+def test_device_pointer_and_flags_of_interior_pointers(pinned: int) -> None:
+    dev = int(_driver.call("cuMemHostGetDevicePointer", pinned + 100, 0))
+    assert dev - pinned == 100
+    assert int(_driver.call("cuMemHostGetFlags", pinned + 100)) == 0
+
+
+def test_device_pointer_and_flags_of_pageable_memory() -> None:
+    arr, addr = host_buf(PAGE)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+           "cuMemHostGetDevicePointer", addr, 0)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostGetFlags", addr)
+    del arr
+
+
+# -- cuMemHostRegister / cuMemHostUnregister ---------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [0, 1, 2, 3, 8])
+def test_register_valid_flags(flags: int) -> None:
+    arr, addr = host_buf(REG_N)
+    _driver.call("cuMemHostRegister", addr, REG_N, flags)
+    try:
+        assert memory_type(addr) == MEMORYTYPE_HOST
+        assert int(_driver.call("cuMemHostGetDevicePointer", addr, 0)) == addr
+    finally:
+        assert _driver.call("cuMemHostUnregister", addr) is None
+    del arr
+
+
+def test_register_unknown_flags() -> None:
+    arr, addr = host_buf(REG_N)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+           "cuMemHostRegister", addr, REG_N, 0x10)
+    del arr
+
+
+def test_register_iomemory_on_ram() -> None:
+    arr, addr = host_buf(REG_N)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+           "cuMemHostRegister", addr, REG_N, 0x4)
+    del arr
+
+
+def test_get_flags_of_registered_memory() -> None:
+    arr, addr = host_buf(REG_N)
+    _driver.call("cuMemHostRegister", addr, REG_N, 1)
+    try:
+        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostGetFlags", addr)
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
+
+
+@pytest.mark.parametrize("flags", [0, 1, 2, 8])
+def test_register_unaligned(flags: int) -> None:
+    arr, addr = host_buf(REG_N, offset=100)
+    _driver.call("cuMemHostRegister", addr, REG_N - 200, flags)
+    try:
+        assert int(_driver.call("cuMemHostGetDevicePointer", addr, 0)) == addr
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
+
+
+def test_register_twice_and_overlapping() -> None:
+    arr, addr = host_buf(4 * REG_N)
+    _driver.call("cuMemHostRegister", addr, REG_N, 0)
+    try:
+        code = R.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        cls = cm.CudaHostMemoryAlreadyRegisteredError
+        expect(cls, code, "cuMemHostRegister", addr, REG_N, 0)
+        expect(cls, code, "cuMemHostRegister", addr + PAGE, REG_N, 0)
+        expect(cls, code, "cuMemHostRegister", addr + REG_N - PAGE, REG_N, 0)
+        _driver.call("cuMemHostRegister", addr + REG_N, REG_N, 0)  # adjacent is fine
+        _driver.call("cuMemHostUnregister", addr + REG_N)
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
+
+
+def test_register_size_zero_and_null() -> None:
+    arr, addr = host_buf(REG_N)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister", addr, 0, 0)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister", 0, REG_N, 0)
+    del arr
+
+
+def test_registered_memory_data_path(dptr: int) -> None:
+    arr, addr = host_buf(REG_N)
+    _driver.call("cuMemHostRegister", addr, REG_N, 0)
+    try:
+        _driver.call("cuMemsetD8", dptr, 0x33, REG_N)
+        _driver.call("cuMemcpyDtoD", addr, dptr, 128)
+        view = arr[addr - arr.ctypes.data:][:REG_N]
+        assert (view[:128] == 0x33).all()
+        assert (view[128:] == 0).all()
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
+
+
+def test_unregister_misuse() -> None:
+    arr, addr = host_buf(REG_N)
+    code = R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    cls = cm.CudaHostMemoryNotRegisteredError
+    _driver.call("cuMemHostRegister", addr, REG_N, 0)
+    expect(cls, code, "cuMemHostUnregister", addr + PAGE)  # interior
+    _driver.call("cuMemHostUnregister", addr)
+    expect(cls, code, "cuMemHostUnregister", addr)  # twice
+    a2, addr2 = host_buf(PAGE)
+    expect(cls, code, "cuMemHostUnregister", addr2)  # never registered
+    del arr, a2
+
+
+def test_register_hostalloc_memory() -> None:
+    h = int(_driver.call("cuMemHostAlloc", REG_N, 0))
+    try:
+        expect(cm.CudaHostMemoryAlreadyRegisteredError,
+               R.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "cuMemHostRegister", h, REG_N, 0)
+        expect(cm.CudaHostMemoryNotRegisteredError, R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
+               "cuMemHostUnregister", h)
+    finally:
+        _driver.call("cuMemFreeHost", h)
+
+
+def test_read_only_registration_is_readable(dptr: int) -> None:
+    arr, addr = host_buf(REG_N)
+    arr[:] = 0x11
+    _driver.call("cuMemHostRegister", addr, REG_N, 8)
+    try:
+        dev = int(_driver.call("cuMemHostGetDevicePointer", addr, 0))
+        _driver.call("cuMemcpyDtoD", dptr, dev, 4096)
+        out = np.zeros(4, np.uint8)
+        _driver.call("cuMemcpyDtoH", out, dptr, 4)
+        assert out.tolist() == [0x11] * 4
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
