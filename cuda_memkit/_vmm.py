@@ -202,6 +202,12 @@ def _round_up(n: int, g: int) -> int:
     return -(-n // g) * g
 
 
+def _need_ctx() -> None:
+    """Give the calling thread a current context (device 0's primary) if it has none."""
+    if not int(_driver.check("cuCtxGetCurrent", _driver.function("cuCtxGetCurrent")())):
+        ensure_context(None)
+
+
 # -- granularity -------------------------------------------------------------------
 
 _gran_cache: dict[tuple[str, int, int, bool, int], int] = {}
@@ -243,7 +249,7 @@ def granularity(
     key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
     g = _gran_cache.get(key)
     if g is None:
-        ensure_context(None)
+        _need_ctx()
         g = int(_driver.call("cuMemGetAllocationGranularity", _prop(loc, ht),
                              _GRAN_REC if recommended else _GRAN_MIN))
         _gran_cache[key] = g
@@ -363,7 +369,7 @@ def _settle_range(rs: _RangeState) -> None:
 
 def _fin_mapping(ms: _MapState) -> None:
     with _lock:
-        ensure_context(None)
+        _need_ctx()
         _unmap(ms)
         _settle_phys(ms.ps)
         _settle_range(ms.rs)
@@ -375,11 +381,11 @@ def _fin_phys(ps: _PhysState) -> None:
         ranges = []
         for ms in sorted(ps.maps, key=lambda s: s.ptr):
             if ms.owner() is None:  # dying with us (a reference cycle)
-                ensure_context(None)
+                _need_ctx()
                 _unmap(ms)
                 ranges.append(ms.rs)
         if not ps.maps:
-            ensure_context(None)
+            _need_ctx()
             _settle_phys(ps)
         for rs in ranges:
             _settle_range(rs)
@@ -387,7 +393,7 @@ def _fin_phys(ps: _PhysState) -> None:
 
 def _fin_range(rs: _RangeState) -> None:
     with _lock:
-        ensure_context(None)
+        _need_ctx()
         rs.free_wanted = True
         phys = []
         for ms in sorted(rs.maps, key=lambda s: s.ptr):
@@ -561,7 +567,7 @@ class AddressRange(Resource):
                 f"a physical allocation of {size} bytes at offset {offset} does not fit in "
                 f"the range of {self._rs.size} bytes"
             )
-        ensure_context(None)
+        _need_ctx()
         ptr = self._rs.ptr + offset
         with _Undo() as undo:
             _driver.call("cuMemMap", ptr, size, 0, physical._ps.handle, 0)
@@ -629,7 +635,7 @@ class PhysicalMemory(Resource):
         loc = as_location(location if location is not None else device)
         gran = granularity(loc, handle_type=ht)
         _multiple("size", size, gran)
-        ensure_context(None)
+        _need_ctx()
         handle = int(_driver.call("cuMemCreate", size, _prop(loc, ht), 0))
         with _Undo() as undo:
             undo.push(_release_handle, handle)
@@ -667,7 +673,7 @@ class PhysicalMemory(Resource):
             os.fstat(fd)
         except OSError as exc:
             raise ValueError(f"file descriptor {fd} is not open ({exc.strerror})") from None
-        ensure_context(None)
+        _need_ctx()
         handle = int(_driver.call(
             "cuMemImportFromShareableHandle", fd,
             _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
@@ -920,7 +926,7 @@ def _shrink_to(gs: _GrowState, n: int) -> None:
 
 def _fin_growable(gs: _GrowState) -> None:
     with _lock:
-        ensure_context(None)
+        _need_ctx()
         first: CudaError | None = None
         unmapped = 0
         for i in reversed(range(len(gs.handles))):
@@ -989,7 +995,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
             _multiple("chunk", chunk, gran)
         reserved = _round_up(max_size, chunk)
         primary_context(ordinal)
-        ensure_context(None)
+        _need_ctx()
         self._device = ordinal
         self._max_size = max_size
         self._nbytes = 0
@@ -1088,7 +1094,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
             if need > have:
                 self._grow(have, need)
             elif need < have:
-                ensure_context(None)
+                _need_ctx()
                 _shrink_to(gs, need)
             self._nbytes = n
 
@@ -1102,7 +1108,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         mmap = _driver.function("cuMemMap")
         setacc = _driver.function("cuMemSetAccess")
         check = _driver.check
-        ensure_context(None)
+        _need_ctx()
         new: list[int] = []
         with _Undo() as undo:
             for i in range(have, need):
@@ -1142,7 +1148,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         descs = _descs(locs, acc)
         gs = self._gs
         with _lock:
-            ensure_context(None)
+            _need_ctx()
             old = {d: self._access.get(d, Access.NONE) for d in ordinals}
             with _Undo() as undo:
                 for i in range(len(gs.handles)):
