@@ -342,9 +342,11 @@ def copy(
 ) -> Any:
     """Copy bytes from ``src`` to ``dst``, between any kinds of memory.
 
-    Without ``stream`` the copy is synchronous (``cuMemcpy``): host memory
-    may be reused as soon as it returns. With ``stream`` it is ordered on that
-    stream and returns at once (see :func:`copy_async`).
+    Without ``stream`` the copy is synchronous: it is complete when ``copy``
+    returns (``cuMemcpy``, plus a wait on the legacy default stream when the
+    destination may be device memory, since ``cuMemcpy`` returns early there).
+    With ``stream`` it is ordered on that stream and returns at once (see
+    :func:`copy_async`).
 
     Parameters
     ----------
@@ -387,6 +389,11 @@ def copy(
     if n:
         _need_context()
         _driver.call("cuMemcpy", d[0], s[0], n)
+        if d[3] != _HOST and type(dst) not in _HOST_TYPES:
+            # cuMemcpy returns before a copy into device memory is done (device to
+            # device, or staged from pageable memory): wait, so that "synchronous"
+            # holds for work on any stream.
+            _driver.call("cuStreamSynchronize", 0)
     return dst
 
 
@@ -448,6 +455,9 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != _RAW or d[3] != _RAW:
         _keep_alive(stream, (dst, src))
+
+
+_HOST_TYPES = (HostBuffer, RegisteredHost)
 
 
 # -- DeviceBuffer ------------------------------------------------------------------------
@@ -588,7 +598,10 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         return out
 
     def memset(self, value: int = 0, *, stream: StreamLike = None) -> None:
-        """Set every byte to ``value`` (``cuMemsetD8``, or ``cuMemsetD8Async`` on ``stream``).
+        """Set every byte to ``value``.
+
+        Without ``stream`` it is synchronous (``cuMemsetD8`` and a wait); with
+        ``stream``, ordered on it (``cuMemsetD8Async``).
 
         Raises
         ------
@@ -605,6 +618,7 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         if stream is None:
             _need_context()
             _driver.call("cuMemsetD8", ptr, value, self._nbytes)
+            _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
         else:
             h = stream_handle(stream)
             _need_context()

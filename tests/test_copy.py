@@ -238,6 +238,7 @@ def test_raw_pointers_are_trusted(dev: cm.DeviceBuffer, stream: cm.Stream,
 def test_legacy_and_int_streams(dev: cm.DeviceBuffer, stream: cm.Stream) -> None:
     with cm.HostBuffer.from_array(np.full(N, 2.0, np.float32)) as h:
         cm.copy_async(dev, h, stream=None)
+        cm.Device(0).synchronize()  # `stream` is non-blocking: it does not wait for legacy
         cm.copy_async(h, dev, stream=stream.handle)
         stream.synchronize()
         cm.Device(0).synchronize()
@@ -413,3 +414,13 @@ def test_cupy_interop(backend: str) -> None:
         cm.copy(x, h)
         assert float(x.sum()) == N
     del x
+
+
+def test_sync_copies_are_complete_on_return(dev: cm.DeviceBuffer, data: np.ndarray,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    with cm.HostBuffer.from_array(data) as h, record_calls(monkeypatch) as calls:
+        cm.copy(dev, h)  # into device memory: cuMemcpy may return early, so wait
+        assert [c[0] for c in calls][-2:] == ["cuMemcpy", "cuStreamSynchronize"]
+        del calls[:]
+        cm.copy(h, dev)  # into host memory: cuMemcpy returns when done
+        assert "cuStreamSynchronize" not in [c[0] for c in calls]
