@@ -988,6 +988,8 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         ordinal = _check_ordinal(device)
         peer_list = [_check_ordinal(p, "peer") for p in peers]
         gran = granularity(ordinal)
+        for p in peer_list:
+            Device(p)  # CudaInvalidDeviceError for a device that does not exist
         if chunk is None:
             chunk = granularity(ordinal, recommended=True)
         else:

@@ -117,6 +117,11 @@ def test_bad_input(g: int, args: tuple[Any, ...], kwargs: dict[str, Any],
         cm.GrowableBuffer(*args, **kwargs)
 
 
+def test_peer_that_does_not_exist(g: int) -> None:
+    with pytest.raises(cm.CudaInvalidDeviceError):
+        cm.GrowableBuffer(g, peers=[cm.device_count() + 3])
+
+
 def test_resize_bad_input(g: int) -> None:
     with cm.GrowableBuffer(4 * g) as buf:
         with pytest.raises(ValueError):
