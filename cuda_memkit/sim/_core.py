@@ -121,8 +121,9 @@ def cuDeviceGet(ordinal: int) -> cu.CUdevice:
 
 @api(1)
 def cuDeviceGetName(length: int, dev: Any) -> bytes:
-    name = M().device(dev).name.encode()
-    return name[: max(int(length) - 1, 0)]
+    n = int(length)
+    name = M().device(dev).name.encode()[: max(n - 1, 0)]
+    return name + b"\x00" * (n - len(name))  # the driver fills all `length` bytes
 
 
 @api(1)
@@ -133,11 +134,10 @@ def cuDeviceTotalMem(dev: Any) -> int:
 @api(1)
 def cuDeviceGetAttribute(attrib: Any, dev: Any) -> int:
     d = M().device(dev)
-    try:
-        key = int(cu.CUdevice_attribute(int(attrib)))
-    except ValueError:
-        raise Fail(R.CUDA_ERROR_INVALID_VALUE) from None
-    return d.attrs.get(key, 0)
+    value = d.attrs.get(int(attrib))
+    if value is None:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    return value
 
 
 @api(1)
@@ -214,6 +214,8 @@ def cuStreamCreateWithPriority(flags: int, priority: int) -> cu.CUstream:
 @api(0)
 def cuStreamDestroy(stream: Any) -> None:
     m = M()
+    if int(stream or 0) in (0, 1, 2):
+        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
     s = m.stream(stream)
     if s is None:
         raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
@@ -245,8 +247,7 @@ def cuStreamGetDevice(stream: Any) -> cu.CUdevice:
 @api(0)
 def cuStreamWaitEvent(stream: Any, event: Any, flags: int) -> None:
     _stream_or_ctx(stream)
-    if int(event) not in M().events:
-        raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    _event(event)
 
 
 @api(1)
@@ -261,9 +262,12 @@ def cuEventCreate(flags: int) -> cu.CUevent:
 
 
 def _event(event: Any) -> SimEvent:
-    ev = M().events.get(int(event) if event is not None else 0)
-    if ev is None:
+    h = int(event) if event is not None else 0
+    if h == 0:
         raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+    ev = M().events.get(h)
+    if ev is None:  # a destroyed event: the H100 says its context is gone
+        raise Fail(R.CUDA_ERROR_CONTEXT_IS_DESTROYED)
     return ev
 
 
@@ -320,11 +324,13 @@ def cuMemAlloc(bytesize: int) -> cu.CUdeviceptr:
 @api(0)
 def cuMemFree(dptr: Any) -> None:
     m = M()
-    m.need_ctx()
     addr = int(dptr)
+    if addr == 0:
+        return  # freeing NULL succeeds, as on the H100
     a = m.allocs.get(addr)
     if a is None or a.kind not in ("device", "managed"):
-        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # checked before the context, as on the H100
+    m.need_ctx()
     m.remove(a)
     if a.kind == "managed":
         from ._managed import release_managed
@@ -423,12 +429,16 @@ def cuMemcpyDtoDAsync(dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: A
 # -- memset -----------------------------------------------------------------------
 
 
+_CTYPE = {8: "unsigned char", 16: "unsigned short", 32: "unsigned int"}
+
+
 def _check_unsigned(value: Any, bits: int) -> int:
+    """Reject values the bindings' C conversion rejects, with its messages."""
     v = int(value)
     if v < 0:
-        raise OverflowError(f"can't convert negative value to unsigned int{bits}")
+        raise OverflowError(f"can't convert negative value to {_CTYPE[bits]}")
     if v >= 1 << bits:
-        raise OverflowError(f"value too large to convert to uint{bits}")
+        raise OverflowError(f"value too large to convert to {_CTYPE[bits]}")
     return v
 
 

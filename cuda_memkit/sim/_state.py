@@ -94,36 +94,15 @@ class SimEvent:
 
 
 def _default_attrs() -> dict[int, int]:
-    A = cu.CUdevice_attribute
-    values = {
-        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
-        A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
-        A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
-        A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
-        A.CU_DEVICE_ATTRIBUTE_WARP_SIZE: 32,
-        A.CU_DEVICE_ATTRIBUTE_INTEGRATED: 0,
-        A.CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: 1,
-        A.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
-        A.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: 1,
-        A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: 1,
-        A.CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: 0,
-        A.CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: 1,
-        A.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: 1,
-        A.CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: 1,
-        A.CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: 5,
-        A.CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: 0,
-        A.CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: 1,
-        A.CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: 0,
-        A.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: 0,
-    }
-    return {int(k): v for k, v in values.items()}
+    """Attributes of an H100 as the probe read them (unknown ones are rejected)."""
+    from ._device_attrs import H100_ATTRIBUTES
+
+    out = {}
+    for name, value in H100_ATTRIBUTES.items():
+        member = getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}", None)
+        if member is not None:
+            out[int(member)] = value
+    return out
 
 
 class Machine:
@@ -194,13 +173,17 @@ class Machine:
 
     # -- streams ---------------------------------------------------------------
     def stream(self, handle: Any) -> SimStream | None:
-        """Resolve a stream argument; ``None`` for the default streams."""
+        """Resolve a stream argument; ``None`` for the default streams.
+
+        The H100 answers ``CUDA_ERROR_INVALID_CONTEXT`` for a destroyed (or
+        never created) stream handle.
+        """
         h = int(handle) if handle is not None else 0
         if h in (0, 1, 2):
             return None
         s = self.streams.get(h)
         if s is None:
-            raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
+            raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
         return s
 
     # -- allocation table ------------------------------------------------------

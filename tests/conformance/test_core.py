@@ -75,9 +75,27 @@ def test_device_get_past_count() -> None:
            cm.device_count())
 
 
-def test_device_get_negative_is_rejected() -> None:
-    with pytest.raises((cm.CudaInvalidDeviceError, OverflowError)):
-        _driver.call("cuDeviceGet", -1)
+def test_device_get_negative() -> None:
+    expect(cm.CudaInvalidDeviceError, R.CUDA_ERROR_INVALID_DEVICE, "cuDeviceGet", -1)
+
+
+def test_device_name_fills_the_buffer() -> None:
+    raw = _driver.call("cuDeviceGetName", 64, cu.CUdevice(0))
+    assert len(raw) == 64
+    assert raw.split(b"\x00", 1)[0]
+
+
+def test_device_attribute_unknown() -> None:
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuDeviceGetAttribute",
+           9999, cu.CUdevice(0))
+
+
+def test_peer_access_with_itself_is_false() -> None:
+    assert _driver.call("cuDeviceCanAccessPeer", cu.CUdevice(0), cu.CUdevice(0)) == 0
+
+
+def test_cuinit_bad_flags() -> None:
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuInit", 1)
 
 
 def test_no_context_on_a_fresh_thread() -> None:
@@ -115,6 +133,15 @@ def test_alloc_too_large_is_oom() -> None:
 
 def test_free_unknown_pointer() -> None:
     expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemFree", 0x1234000)
+
+
+def test_free_null_succeeds() -> None:
+    assert _driver.call("cuMemFree", 0) is None
+
+
+def test_free_unknown_pointer_needs_no_context() -> None:
+    in_fresh_thread(lambda: expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+                                   "cuMemFree", 0x1234000))
 
 
 def test_double_free() -> None:
@@ -164,10 +191,27 @@ def test_pointer_attribute_of_pageable_host_memory() -> None:
 
 
 def test_memset_value_out_of_range_is_rejected_by_the_bindings(dptr: int) -> None:
-    with pytest.raises(OverflowError):
+    with pytest.raises(OverflowError, match="value too large to convert to unsigned char"):
         _driver.call("cuMemsetD8", dptr, 256, 16)
-    with pytest.raises(OverflowError):
+    with pytest.raises(OverflowError, match="can't convert negative value to unsigned char"):
         _driver.call("cuMemsetD8", dptr, -1, 16)
+    with pytest.raises(OverflowError, match="unsigned short"):
+        _driver.call("cuMemsetD16", dptr, 65536, 16)
+    with pytest.raises(OverflowError, match="unsigned int"):
+        _driver.call("cuMemsetD32", dptr, 1 << 32, 16)
+
+
+def test_memset_null_and_pageable_pointers() -> None:
+    host = np.zeros(16, np.uint8)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemsetD8", 0, 1, 16)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemsetD8",
+           host.ctypes.data, 1, 16)
+    assert not host.any()
+
+
+def test_memset_without_context() -> None:
+    in_fresh_thread(lambda: expect(cm.CudaInvalidContextError, R.CUDA_ERROR_INVALID_CONTEXT,
+                                   "cuMemsetD8", 0x1234000, 1, 16))
 
 
 def test_memset_past_the_end(dptr: int) -> None:
@@ -191,6 +235,16 @@ def test_memset_then_read_back(dptr: int) -> None:
 def test_copy_past_the_end(dptr: int) -> None:
     src = np.zeros(8192, np.uint8)
     expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemcpyHtoD", dptr, src, 8192)
+
+
+def test_device_copies_refuse_host_addresses(dptr: int) -> None:
+    host = np.zeros(64, np.uint8)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemcpyHtoD",
+           host.ctypes.data, host, 64)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoH",
+           host, host.ctypes.data, 64)
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemcpyDtoD",
+           dptr, 0x1234000, 64)
 
 
 def test_zero_byte_copies_succeed(dptr: int) -> None:
@@ -221,6 +275,18 @@ def test_stream_create_bad_flags() -> None:
     expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuStreamCreate", 8)
 
 
+def test_stream_destroy_default_stream() -> None:
+    expect(cm.CudaInvalidHandleError, R.CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy", 0)
+
+
+def test_destroyed_stream_reports_invalid_context() -> None:
+    s = _driver.call("cuStreamCreate", 1)
+    _driver.call("cuStreamDestroy", s)
+    # (a second cuStreamDestroy crashes the real driver: never done)
+    for api in ("cuStreamSynchronize", "cuStreamQuery"):
+        expect(cm.CudaInvalidContextError, R.CUDA_ERROR_INVALID_CONTEXT, api, s)
+
+
 def test_stream_create_and_destroy() -> None:
     s = _driver.call("cuStreamCreate", 1)
     assert _driver.call("cuStreamQuery", s) is None
@@ -238,6 +304,15 @@ def test_event_record_and_elapsed_time() -> None:
     for h in (a, b):
         _driver.call("cuEventDestroy", h)
     _driver.call("cuStreamDestroy", s)
+
+
+def test_event_misuse() -> None:
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuEventCreate", 0x100)
+    expect(cm.CudaInvalidHandleError, R.CUDA_ERROR_INVALID_HANDLE, "cuEventQuery", 0)
+    ev = _driver.call("cuEventCreate", 0)
+    assert _driver.call("cuEventQuery", ev) is None  # never recorded: complete
+    _driver.call("cuEventDestroy", ev)
+    expect(cm.CudaError, R.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuEventDestroy", ev)
 
 
 def test_elapsed_time_without_timing() -> None:
