@@ -388,11 +388,13 @@ def issue_step(kind: str, ranges: Sequence[Range], stream: int,
 # -- range attributes ------------------------------------------------------------
 
 _RA = _cu.CUmem_range_attribute
-_QUERY = (
+_LEGACY_QUERY = (
     ("read_mostly", _RA.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY),
     ("preferred_location", _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION),
     ("accessed_by", _RA.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY),
     ("last_prefetch_location", _RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION),
+)
+_TYPED_QUERY = (
     ("preferred_location_type", _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE),
     ("preferred_location_id", _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID),
     ("last_prefetch_location_type", _RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE),
@@ -408,11 +410,15 @@ def _legacy_location(value: int) -> Location | None:
     return None
 
 
-def _typed_location(loc_type: int, loc_id: int, legacy: int) -> Location | None:
+def _typed_location(raw: dict[str, Any], prefix: str) -> Location | None:
+    legacy = _legacy_location(raw[prefix])
+    loc_type = raw.get(f"{prefix}_type")
+    if loc_type is None:  # bindings that cannot read the typed attributes
+        return legacy
     if loc_type == 0:
         return None
-    loc = Location.from_cu(loc_type, loc_id)
-    return loc if loc is not None else _legacy_location(legacy)
+    loc = Location.from_cu(loc_type, raw[f"{prefix}_id"])
+    return loc if loc is not None else legacy
 
 
 @dataclass(frozen=True)
@@ -436,11 +442,17 @@ class RangeInfo:
         Where every page was last explicitly prefetched to
         (``LAST_PREFETCH_LOCATION_TYPE`` / ``_ID``), else ``None``.
     raw : dict
-        Every attribute as the driver returned it, by name (``"read_mostly"``,
-        ``"preferred_location"`` (a legacy device id, -1 for the CPU, -2 for
-        none), ``"accessed_by"``, ``"last_prefetch_location"``,
-        ``"preferred_location_type"``, ``"preferred_location_id"``,
-        ``"last_prefetch_location_type"``, ``"last_prefetch_location_id"``).
+        Every attribute as the driver returned it, by name: ``"read_mostly"``,
+        ``"preferred_location"`` and ``"last_prefetch_location"`` (a device id,
+        -1 for any host location, -2 for none), ``"accessed_by"`` (a list of
+        those), and, where the installed cuda.bindings can read them,
+        ``"preferred_location_type"`` / ``"_id"`` and
+        ``"last_prefetch_location_type"`` / ``"_id"``.
+
+    Notes
+    -----
+    With cuda.bindings 13.3 (which cannot read the typed attributes) a host
+    NUMA node reads as :meth:`Location.host`.
     """
 
     read_mostly: bool
@@ -451,24 +463,35 @@ class RangeInfo:
 
 
 def query_range(ptr: int, nbytes: int) -> RangeInfo:
-    """Read every range attribute of a checked managed range in one call."""
+    """Read every range attribute of a checked managed range.
+
+    One ``cuMemRangeGetAttributes`` call reads the four classic attributes; a
+    second reads the typed ones (``*_LOCATION_TYPE`` / ``*_LOCATION_ID``, which
+    tell a host NUMA node from the host). cuda.bindings 13.3 cannot read the
+    typed ones (``TypeError: Unsupported attribute``); then locations come from
+    the classic attributes alone, where every host kind reads as the host.
+    """
     slots = _device.device_count() + 1
-    sizes = [4 * slots if name == "accessed_by" else 4 for name, _a in _QUERY]
-    attrs = [a for _n, a in _QUERY]
+    sizes = [4 * slots if name == "accessed_by" else 4 for name, _a in _LEGACY_QUERY]
+    attrs = [a for _n, a in _LEGACY_QUERY]
     values = _driver.call("cuMemRangeGetAttributes", sizes, attrs, len(attrs), ptr, nbytes)
     raw: dict[str, Any] = {}
-    for (name, _a), value in zip(_QUERY, values, strict=True):
+    for (name, _a), value in zip(_LEGACY_QUERY, values, strict=True):
         raw[name] = [int(v) for v in value] if name == "accessed_by" else int(value)
+    try:
+        typed = _driver.call("cuMemRangeGetAttributes", [4] * len(_TYPED_QUERY),
+                             [a for _n, a in _TYPED_QUERY], len(_TYPED_QUERY), ptr, nbytes)
+    except TypeError:
+        pass
+    else:
+        for (name, _a), value in zip(_TYPED_QUERY, typed, strict=True):
+            raw[name] = int(value)
     accessed = {loc for loc in map(_legacy_location, raw["accessed_by"]) if loc is not None}
     return RangeInfo(
         read_mostly=bool(raw["read_mostly"]),
-        preferred_location=_typed_location(raw["preferred_location_type"],
-                                           raw["preferred_location_id"],
-                                           raw["preferred_location"]),
+        preferred_location=_typed_location(raw, "preferred_location"),
         accessed_by=tuple(sorted(accessed, key=lambda loc: (int(loc.type), loc.id))),
-        last_prefetch_location=_typed_location(raw["last_prefetch_location_type"],
-                                               raw["last_prefetch_location_id"],
-                                               raw["last_prefetch_location"]),
+        last_prefetch_location=_typed_location(raw, "last_prefetch_location"),
         raw=raw,
     )
 

@@ -482,3 +482,33 @@ def test_simulator_keeps_advice_per_page() -> None:
         assert b.range_info(PAGE, PAGE).read_mostly
         assert not b.range_info(0, PAGE).read_mostly
         assert not b.range_info(2 * PAGE, PAGE).read_mostly
+
+
+@pytest.fixture(params=[True, False], ids=["typed-attributes", "bindings-13.3"])
+def typed_attributes(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Run with and without bindings that read the typed range attributes."""
+    from cuda_memkit.sim import _managed as sim_managed
+
+    saved = sim_managed.TYPED_RANGE_ATTRIBUTES
+    sim_managed.TYPED_RANGE_ATTRIBUTES = request.param
+    try:
+        yield request.param
+    finally:
+        sim_managed.TYPED_RANGE_ATTRIBUTES = saved
+
+
+@pytest.mark.sim_only
+def test_range_info_with_and_without_typed_attributes(typed_attributes: bool,
+                                                      buf: cm.ManagedBuffer,
+                                                      stream: cm.Stream) -> None:
+    numa = cm.Location.host_numa(0)
+    buf.advise(A.SET_PREFERRED_LOCATION, numa)
+    buf.prefetch(D0, stream=stream)
+    info = buf.range_info()
+    assert info.last_prefetch_location == D0
+    assert ("preferred_location_type" in info.raw) is typed_attributes
+    # Only the typed attributes tell a NUMA node from the host.
+    assert info.preferred_location == (numa if typed_attributes else HOST)
+    assert info.raw["preferred_location"] == -1
+    buf.advise(A.SET_PREFERRED_LOCATION, D0, nbytes=PAGE)
+    assert buf.range_info().preferred_location is None

@@ -17,7 +17,6 @@ whole pages, like the driver does.
 
 from __future__ import annotations
 
-import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +46,9 @@ ALL_KINDS = frozenset({DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT})
 ACCESS_KINDS = frozenset({DEVICE, HOST})
 DEVICE_CPU = -1
 DEVICE_INVALID = -2
+
+#: Managed allocations on the H100 start on 2 MiB boundaries.
+MANAGED_ALIGN = 2 << 20
 
 _A = cu.CUdevice_attribute
 _RA = cu.CUmem_range_attribute
@@ -108,18 +110,22 @@ def release_managed(m: S.Machine, a: Allocation) -> None:
 # -- argument helpers --------------------------------------------------------------
 
 
-def _location(loc: Any, kinds: frozenset[int]) -> tuple[int, int]:
-    """Resolve a ``CUmemLocation`` to a stored (type, id); HOST_NUMA_CURRENT → HOST_NUMA."""
-    if not isinstance(loc, cu.CUmemLocation):
-        raise TypeError(f"Argument 'location' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUmemLocation, got {type(loc).__name__})")
-    t, i = int(loc.type), int(loc.id)
+def _location(loc: Any, kinds: frozenset[int],
+              bad_device: R = R.CUDA_ERROR_INVALID_VALUE) -> tuple[int, int]:
+    """Resolve a ``CUmemLocation`` to a stored (type, id); HOST_NUMA_CURRENT → HOST_NUMA.
+
+    A device that does not exist is ``bad_device``: the H100 answers
+    INVALID_DEVICE from ``cuMemPrefetchAsync`` and INVALID_VALUE from
+    ``cuMemAdvise`` and the batch calls.
+    """
+    t, i = _loc_fields(loc)
     if t not in kinds:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if t == DEVICE:
-        d = M().device(i)
-        if not d.attrs.get(int(_A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)):
-            raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+        if not 0 <= i < len(M().devices):
+            raise Fail(bad_device)
+        if not M().devices[i].attrs.get(int(_A.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)):
+            raise Fail(bad_device)
         return DEVICE, i
     if t == HOST:
         return HOST, 0
@@ -128,6 +134,13 @@ def _location(loc: Any, kinds: frozenset[int]) -> tuple[int, int]:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         return HOST_NUMA, i
     return HOST_NUMA, CURRENT_NODE
+
+
+def _loc_fields(loc: Any) -> tuple[int, int]:
+    if not isinstance(loc, cu.CUmemLocation):
+        raise TypeError(f"Argument 'location' has incorrect type (expected "
+                        f"cuda.bindings.driver.CUmemLocation, got {type(loc).__name__})")
+    return int(loc.type), int(loc.id)
 
 
 def _range(ptr: Any, count: Any) -> tuple[Pages, int, int]:
@@ -166,7 +179,7 @@ def cuMemAllocManaged(bytesize: int, flags: int) -> cu.CUdeviceptr:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if not m.devices[ordinal].attrs.get(int(_A.CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)):
         raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
-    backing, addr = m.host_block(size)
+    backing, addr = m.host_block(size, MANAGED_ALIGN)
     m.host_used += size
     m.add(Allocation(addr, size, "managed", ordinal, addr, backing, flags=f))
     _table()[addr] = Pages(-(-size // PAGE), len(m.devices), f)
@@ -179,12 +192,13 @@ def cuStreamAttachMemAsync(hStream: Any, dptr: Any, length: int, flags: int) -> 
     h = _stream_ok(hStream)
     f = int(flags)
     if f not in (1, 2, 4):
+        # (the H100 crashes the process for flags 0 with length 0 or the full size)
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if f == 4 and h in (0, 1):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     addr = int(dptr)
-    a = m.find(addr)
-    if a is None or a.kind != "managed" or not a.start <= addr < a.end:
+    a = m.allocs.get(addr)  # the allocation's start: the H100 refuses interior pointers
+    if a is None or a.kind != "managed":
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if int(length) not in (0, a.size):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
@@ -198,13 +212,15 @@ def cuStreamAttachMemAsync(hStream: Any, dptr: Any, length: int, flags: int) -> 
 
 @api(0)
 def cuMemAdvise(devPtr: Any, count: int, advice: Any, location: Any) -> None:
-    if not isinstance(location, cu.CUmemLocation):
-        raise TypeError("Argument 'location' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUmemLocation, got {type(location).__name__})")
+    t, _i = _loc_fields(location)
     adv = int(advice)
     if not 1 <= adv <= 6:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     pg, p0, p1 = _range(devPtr, count)
+    if adv in (1, 2, 4) and t not in ALL_KINDS:
+        # The location is ignored for these, but its type must still be valid
+        # (the H100 refuses CU_MEM_LOCATION_TYPE_INVALID, accepts device 7).
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if adv in (1, 2):
         pg.read_mostly[p0:p1] = adv == 1
     elif adv == 3:
@@ -212,20 +228,18 @@ def cuMemAdvise(devPtr: Any, count: int, advice: Any, location: Any) -> None:
     elif adv == 4:
         pg.pref[p0:p1] = (INVALID, 0)
     else:
-        t, i = _location(location, ACCESS_KINDS)
-        pg.accessed[p0:p1, i if t == DEVICE else pg.ndev] = adv == 5
+        dt, di = _location(location, ACCESS_KINDS)
+        pg.accessed[p0:p1, di if dt == DEVICE else pg.ndev] = adv == 5
 
 
 @api(0)
 def cuMemPrefetchAsync(devPtr: Any, count: int, location: Any, flags: int, hStream: Any) -> None:
-    if not isinstance(location, cu.CUmemLocation):
-        raise TypeError("Argument 'location' has incorrect type (expected "
-                        f"cuda.bindings.driver.CUmemLocation, got {type(location).__name__})")
+    _loc_fields(location)
     if int(flags) != 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _stream_ok(hStream)
     pg, p0, p1 = _range(devPtr, count)
-    dest = _location(location, ALL_KINDS)
+    dest = _location(location, ALL_KINDS, R.CUDA_ERROR_INVALID_DEVICE)
     pg.last[p0:p1] = dest
     pg.discarded[p0:p1] = False
 
@@ -272,17 +286,23 @@ def _batch_ranges(dptrs: list[Any], sizes: list[int], n: int) -> list[tuple[Page
 
 
 def _batch_dests(locs: list[Any], idxs: list[int], nlocs: Any, n: int) -> list[tuple[int, int]]:
+    """Destination of each operation.
+
+    The H100 checks ``0 < numLocs <= count``, ``idxs[0] == 0`` and every index
+    ``< count``; it does not check that the indices increase.
+    """
     k = int(nlocs)
     if k == 0 or k > n:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     starts = idxs[:k]
-    if starts[0] != 0 or starts[-1] >= n or any(b <= a for a, b in itertools.pairwise(starts)):
+    if starts[0] != 0 or any(not 0 <= x < n for x in starts):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     resolved = [_location(loc, ALL_KINDS) for loc in locs[:k]]
-    out: list[tuple[int, int]] = []
-    bounds = [*starts, n]
+    out = [resolved[0]] * n
     for j in range(k):
-        out.extend([resolved[j]] * (bounds[j + 1] - bounds[j]))
+        end = starts[j + 1] if j + 1 < k else n
+        for op in range(starts[j], end):
+            out[op] = resolved[j]
     return out
 
 
@@ -415,9 +435,41 @@ def _range_attribute(size: int, attr: int, devPtr: Any, count: int) -> Any:
     return _attribute(pg, p0, p1, attr, size)
 
 
-def cuMemRangeGetAttribute(dataSize: int, attribute: Any, devPtr: Any,
-                           count: int) -> Any:
-    attr = int(attribute.value)  # the bindings read .value (an int raises AttributeError)
+#: Whether the installed cuda.bindings can read the ``*_TYPE`` / ``*_ID`` range
+#: attributes: 13.3 cannot (its helper raises ``TypeError: Unsupported attribute``
+#: before calling the driver, as the H100 probe recorded); later versions can.
+#: ``None``: find out on first use. Tests may set it.
+TYPED_RANGE_ATTRIBUTES: bool | None = None
+_TYPED = frozenset(int(a) for a in (
+    _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
+    _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
+    _RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
+    _RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
+))
+
+
+def _typed_supported() -> bool:
+    global TYPED_RANGE_ATTRIBUTES
+    if TYPED_RANGE_ATTRIBUTES is None:
+        try:  # the bindings build their result helper before touching the driver
+            cu.cuMemRangeGetAttribute(4, _RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE, 0, 0)
+            TYPED_RANGE_ATTRIBUTES = True
+        except TypeError:
+            TYPED_RANGE_ATTRIBUTES = False
+        except Exception:  # no libcuda: the helper accepted the attribute
+            TYPED_RANGE_ATTRIBUTES = True
+    return TYPED_RANGE_ATTRIBUTES
+
+
+def _bindings_accept(attr: Any) -> int:
+    a = int(attr.value)  # the bindings read .value (an int raises AttributeError)
+    if a in _TYPED and not _typed_supported():
+        raise TypeError(f"Unsupported attribute: {attr.name}")
+    return a
+
+
+def cuMemRangeGetAttribute(dataSize: int, attribute: Any, devPtr: Any, count: int) -> Any:
+    attr = _bindings_accept(attribute)
     return _range_attribute(int(dataSize), attr, devPtr, count)
 
 
@@ -437,4 +489,5 @@ def cuMemRangeGetAttributes(dataSizes: Any, attributes: Any, numAttributes: int,
                       "CUmem_range_attribute")
     sizes = _int_list(dataSizes, numAttributes)
     k = int(numAttributes)
-    return _range_attributes(sizes[:k], [int(a) for a in attrs[:k]], devPtr, count)
+    codes = [_bindings_accept(a) for a in attrs[:k]]
+    return _range_attributes(sizes[:k], codes, devPtr, count)
