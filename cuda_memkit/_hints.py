@@ -837,6 +837,8 @@ class PrefetchPlan:
     def execute(self, stream: StreamLike = None, *, batch: bool | None = None) -> None:
         """Validate, coalesce and issue the plan on ``stream``.
 
+        An empty plan is a no-op (no driver call).
+
         Parameters
         ----------
         stream : StreamLike, default None
@@ -846,7 +848,10 @@ class PrefetchPlan:
             back; ``False``: always single calls; ``True``: raise
             :class:`CudaDriverNotFoundError` if the driver lacks them.
 
-        An empty plan is a no-op (no driver call).
+        Raises
+        ------
+        ValueError, ClosedError
+            If an entry is bad (see :meth:`validate`); nothing is issued.
         """
         h = stream_handle(stream)
         if not self._entries:
