@@ -381,6 +381,12 @@ def test_prefetch_on_default_streams(undo: Undo, legacy: int) -> None:
 @pytest.mark.parametrize("size", [0, 1, 3, 4, 8, 12, 16])
 def test_range_attribute_data_sizes(undo: Undo, attr: RA, size: int) -> None:
     m = managed(undo, MiB)
+    if int(attr) >= int(RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE) and \
+            typed_of(m, MiB) is None:
+        # cuda.bindings 13.3 (the probe's) refuses the typed attributes before the driver
+        with pytest.raises(TypeError, match="Unsupported attribute"):
+            _driver.call("cuMemRangeGetAttribute", size, attr, m, MiB)
+        return
     accessed = attr == RA.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY
     ok = size in (ACCESSED_BY_SIZES_OK if accessed else SCALAR_SIZES_OK)
     value = outcome(OK if ok else INVALID, "cuMemRangeGetAttribute", size, attr, m, MiB)
