@@ -164,8 +164,8 @@ def main() -> None:
     for name, n, calls, _fn in cases:
         med = statistics.median(samples[name])
         row: dict[str, Any] = {"case": name, "entries": n, "driver_calls": calls,
-                               "median_ms": med, "ratio": med / base,
-                               "samples_ms": samples[name]}
+                               "median_ms": round(med, 3), "ratio": round(med / base, 3),
+                               "samples_ms": [round(x, 2) for x in samples[name]]}
         if name.startswith(("(b)", "(c)")):
             row["target"] = "<= 1.1x (a)"
             row["ok"] = med / base <= 1.1
