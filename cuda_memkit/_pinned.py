@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _driver
 from ._device import ensure_context
-from ._resource import Resource, State, host_array, make_finalizer
+from ._resource import Resource, State, _ArrayHolder, host_array, make_finalizer
 
 if TYPE_CHECKING:
     import numpy as np
@@ -668,7 +668,11 @@ def register_host(
         If it is not contiguous, read-only without ``READ_ONLY``, or the flags
         have unknown bits (all before any driver call).
     CudaHostMemoryAlreadyRegisteredError
-        If (part of) the range is already registered or pinned.
+        If (part of) the range is already registered.
+    CudaInvalidValueError
+        If the range is memory the driver allocated (e.g. pinned by another
+        library); views of cuda_memkit buffers are refused with ``ValueError``
+        before the driver is called.
     CudaNotSupportedError
         If ``READ_ONLY`` registration is not supported by the device.
 
@@ -698,6 +702,14 @@ def register_host(
             ) from None
     if arr.dtype.hasobject:
         raise TypeError("an array of Python objects cannot be registered")
+    base: Any = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if type(base) is _ArrayHolder and isinstance(base.owner, Resource):
+        raise ValueError(
+            f"this array is a view of a {type(base.owner).__name__}, memory the driver "
+            "already pins or manages; it needs no registration"
+        )
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise ValueError(
             "register_host() needs contiguous memory; this array is a strided view. "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 from typing import Any
@@ -202,6 +203,25 @@ def test_device_memory_is_not_host_memory(monkeypatch: pytest.MonkeyPatch) -> No
             cm.register_host(d)
         with pytest.raises(TypeError):
             cm.register_host(h)
+
+
+def test_views_of_pinned_buffers_need_no_registration(monkeypatch: pytest.MonkeyPatch) -> None:
+    with cm.HostBuffer.zeros(N) as h:
+        view = h.array
+        with no_driver_calls(monkeypatch), pytest.raises(ValueError, match="HostBuffer"):
+            cm.register_host(view[4096:])
+        del view
+
+
+def test_memory_pinned_by_the_driver_is_invalid() -> None:
+    ptr = int(_driver.call("cuMemHostAlloc", N, 0))
+    try:
+        arr = np.ctypeslib.as_array((ctypes.c_uint8 * N).from_address(ptr))
+        with pytest.raises(cm.CudaInvalidValueError) as info:
+            cm.register_host(arr)
+        assert info.value.api == "cuMemHostRegister"
+    finally:
+        _driver.call("cuMemFreeHost", ptr)
 
 
 @pytest.mark.parametrize("flags", [0x10, 0x100, -1, RF.READ_ONLY | 0x20])

@@ -352,7 +352,7 @@ def cuMemGetAddressRange(dptr: Any) -> tuple[cu.CUdeviceptr, int]:
     m = M()
     m.need_ctx()
     a = m.find(int(dptr))
-    if a is None or a.kind in ("registered",):
+    if a is None:
         raise Fail(R.CUDA_ERROR_NOT_FOUND)
     return cu.CUdeviceptr(a.start), a.size
 
@@ -366,12 +366,21 @@ def _copy(dst: int, src: int, n: int) -> None:
     n = int(n)
     if n < 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    _writable(dst, n)
     d = real_runs(dst, n)  # several runs only across adjacent VMM mappings
     s = real_runs(src, n)
     if len(d) == 1 and len(s) == 1:
         memmove(d[0][0], s[0][0], n)
     else:
         move_runs(d, s, n)
+
+
+def _writable(dst: int, n: int) -> None:
+    """Writes into a READ_ONLY host registration fail (the H100: INVALID_VALUE)."""
+    if n:
+        a = M().find(int(dst))
+        if a is not None and a.kind == "registered" and a.flags & 0x8:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
 
 
 def _device_side(addr: Any, n: int) -> int:
@@ -454,6 +463,7 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
     if addr % width:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    _writable(addr, n)
     for real, k in real_runs(_device_side(addr, n), n * width):
         arr = np.ctypeslib.as_array((__import__("ctypes").c_char * k).from_address(real))
         arr.view(dtype)[:] = value

@@ -37,28 +37,33 @@ REGISTER_FLAGS = 0x1 | 0x2 | 0x4 | 0x8
 REGISTER_IOMEMORY = 0x4
 REGISTER_READ_ONLY = 0x8
 
-# -- behaviour decided by the H100 probe --------------------------------------------
-#: ``cuMemHostAlloc(0, flags)``: the H100's driver returns a NULL pointer and
-#: CUDA_SUCCESS (``None`` here) or an error code.
-ZERO_SIZE_ALLOC: R | None = R.CUDA_ERROR_INVALID_VALUE
+# -- behaviour decided by the H100 probe (tests/conformance/h100_probe.json) ----------
+#: ``cuMemHostAlloc(0, flags)`` / ``cuMemAllocHost(0)``: CUDA_SUCCESS and a NULL
+#: pointer (``None``), or an error code (B_hostalloc_flags: success, NULL).
+ZERO_SIZE_ALLOC: R | None = None
 #: ``cuMemHostGetDevicePointer`` on memory allocated or registered without
-#: DEVICEMAP: with unified addressing every pinned range is mapped, so the driver
-#: answers with the host pointer (``None``) or refuses with this code.
+#: DEVICEMAP: with unified addressing every pinned range is mapped, and the driver
+#: answers with the host pointer (``None``) rather than an error (B_*: success).
 UNMAPPED_DEVICE_POINTER: R | None = None
-#: Bits ``cuMemHostGetFlags`` adds to the flags given at allocation (unified
-#: addressing implies DEVICEMAP on some drivers).
-IMPLIED_ALLOC_FLAGS = 0
-#: ``cuMemHostGetFlags`` on a registered (not allocated) range: the flags given to
-#: ``cuMemHostRegister`` (``None``) or an error code.
-GET_FLAGS_REGISTERED: R | None = R.CUDA_ERROR_INVALID_VALUE
-#: ``cuMemHostRegister`` over memory that ``cuMemHostAlloc`` returned.
-REGISTER_PINNED: R = R.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-#: ``cuMemHostRegister`` of ordinary RAM with CU_MEMHOSTREGISTER_IOMEMORY:
-#: ``None`` (accepted) or the error code.
+#: Bits ``cuMemHostGetFlags`` adds to the flags given at allocation or registration:
+#: unified addressing implies DEVICEMAP (B_hostalloc_flags: 0 -> 2, 1 -> 3, 4 -> 6).
+IMPLIED_FLAGS = 0x2
+#: Registration flags ``cuMemHostGetFlags`` reports (B_host_register: READ_ONLY is
+#: not reported, 8 -> 2).
+REPORTED_REGISTER_FLAGS = 0x1 | 0x2
+#: ``cuMemHostRegister`` over memory that ``cuMemHostAlloc`` returned (INVALID_VALUE,
+#: not ALREADY_REGISTERED).
+REGISTER_PINNED: R = R.CUDA_ERROR_INVALID_VALUE
+#: ``cuMemHostRegister`` of ordinary RAM with CU_MEMHOSTREGISTER_IOMEMORY.
 REGISTER_IOMEMORY_RAM: R | None = R.CUDA_ERROR_INVALID_VALUE
-#: ``cuMemHostUnregister`` of an address that is not the base of a registration.
+#: ``cuMemHostUnregister`` of an address the driver knows but that is not the base
+#: of a registration (interior pointer, cuMemHostAlloc memory, NULL).
+UNREGISTER_KNOWN: R = R.CUDA_ERROR_INVALID_VALUE
+#: ``cuMemHostUnregister`` of an address the driver does not know (never registered,
+#: or already unregistered).
 UNREGISTER_UNKNOWN: R = R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-#: ``cuMemFreeHost`` of an address that is not a live ``cuMemHostAlloc`` base.
+#: ``cuMemFreeHost`` of an address that is not a live ``cuMemHostAlloc`` base
+#: (double free, interior, pageable or device pointer); ``cuMemFreeHost(0)`` succeeds.
 FREE_UNKNOWN: R = R.CUDA_ERROR_INVALID_VALUE
 
 _HOST_KINDS = ("pinned", "registered", "host_pool")
@@ -132,6 +137,8 @@ def cuMemFreeHost(p: Any) -> None:
     m = M()
     m.need_ctx()
     addr = host_address(p)
+    if addr == 0:
+        return
     a = m.allocs.get(addr)
     if a is None or a.kind != "pinned":
         raise Fail(FREE_UNKNOWN)
@@ -164,10 +171,8 @@ def cuMemHostGetFlags(p: Any) -> int:
     M().need_ctx()
     a = _host_range(host_address(p))
     if a.kind == "registered":
-        if GET_FLAGS_REGISTERED is not None:
-            raise Fail(GET_FLAGS_REGISTERED)
-        return a.flags
-    return a.flags | IMPLIED_ALLOC_FLAGS
+        return (a.flags & REPORTED_REGISTER_FLAGS) | IMPLIED_FLAGS
+    return a.flags | IMPLIED_FLAGS
 
 
 # -- registration -------------------------------------------------------------------
@@ -207,6 +212,8 @@ def cuMemHostUnregister(p: Any) -> None:
     addr = host_address(p)
     a = m.allocs.get(addr)
     if a is None or a.kind != "registered":
+        if addr == 0 or m.find(addr) is not None:
+            raise Fail(UNREGISTER_KNOWN)
         raise Fail(UNREGISTER_UNKNOWN)
     m.remove(a)
     m.host_used -= a.size

@@ -98,8 +98,10 @@ def in_fresh_thread(fn: Callable[[], Any]) -> Any:
 def test_hostalloc_valid_flags(flags: int) -> None:
     h = int(_driver.call("cuMemHostAlloc", 4096, flags))
     try:
+        assert isinstance(h, int)
         assert h % PAGE == 0
-        assert int(_driver.call("cuMemHostGetFlags", h)) == flags
+        # unified addressing: every pinned allocation reports DEVICEMAP
+        assert int(_driver.call("cuMemHostGetFlags", h)) == flags | 0x2
         assert memory_type(h) == MEMORYTYPE_HOST
         expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
                "cuMemHostGetDevicePointer", h, 1)
@@ -114,21 +116,22 @@ def test_hostalloc_unknown_flags(flags: int) -> None:
     expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc", 4096, flags)
 
 
-def test_hostalloc_zero_bytes() -> None:
-    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostAlloc", 0, 0)
+def test_hostalloc_zero_bytes_is_null() -> None:
+    assert _driver.call("cuMemHostAlloc", 0, 0) == 0
+    assert _driver.call("cuMemAllocHost", 0) == 0
+    assert _driver.call("cuMemFreeHost", 0) is None
 
 
 def test_hostalloc_too_large_is_oom() -> None:
     expect(cm.CudaOutOfMemoryError, R.CUDA_ERROR_OUT_OF_MEMORY, "cuMemHostAlloc", 1 << 50, 0)
 
 
-def test_alloc_host_has_no_flags() -> None:
+def test_alloc_host_reports_devicemap() -> None:
     h = int(_driver.call("cuMemAllocHost", 4096))
     try:
-        assert int(_driver.call("cuMemHostGetFlags", h)) == 0
+        assert int(_driver.call("cuMemHostGetFlags", h)) == 0x2
     finally:
         _driver.call("cuMemFreeHost", h)
-    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemAllocHost", 0)
 
 
 def test_hostalloc_without_context() -> None:
@@ -139,10 +142,37 @@ def test_hostalloc_without_context() -> None:
     in_fresh_thread(body)
 
 
-def test_freehost_of_pageable_memory() -> None:
+def test_freehost_misuse(dptr: int) -> None:
+    inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
+    h = int(_driver.call("cuMemHostAlloc", 4096, 0))
+    _driver.call("cuMemFreeHost", h)
+    expect(*inval, "cuMemFreeHost", h)  # double free
     arr, addr = host_buf(PAGE)
-    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost", addr)
+    expect(*inval, "cuMemFreeHost", addr)  # pageable
+    expect(*inval, "cuMemFreeHost", dptr)  # device memory
+    h2 = int(_driver.call("cuMemHostAlloc", 4096, 0))
+    try:
+        expect(*inval, "cuMemFree", h2)  # pinned memory is not cuMemAlloc memory
+        expect(*inval, "cuMemFreeHost", h2 + 256)  # interior
+    finally:
+        _driver.call("cuMemFreeHost", h2)
     del arr
+
+
+def test_pointer_attributes_of_pinned_memory(pinned: int) -> None:
+    def attr(a: P, ptr: int = pinned) -> Any:
+        return _driver.call("cuPointerGetAttribute", a, ptr)
+
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_MEMORY_TYPE)) == MEMORYTYPE_HOST
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_DEVICE_POINTER)) == pinned
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_HOST_POINTER)) == pinned
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, pinned + 100)) == pinned
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_RANGE_SIZE)) == MiB
+    assert attr(P.CU_POINTER_ATTRIBUTE_MAPPED) is True
+    assert attr(P.CU_POINTER_ATTRIBUTE_IS_MANAGED) is False
+    assert int(attr(P.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)) == 0
+    base, size = _driver.call("cuMemGetAddressRange", pinned + 100)
+    assert (int(base), int(size)) == (pinned, MiB)
 
 
 def test_pinned_memory_through_unified_addressing(pinned: int, dptr: int) -> None:
@@ -156,7 +186,7 @@ def test_pinned_memory_through_unified_addressing(pinned: int, dptr: int) -> Non
 def test_device_pointer_and_flags_of_interior_pointers(pinned: int) -> None:
     dev = int(_driver.call("cuMemHostGetDevicePointer", pinned + 100, 0))
     assert dev - pinned == 100
-    assert int(_driver.call("cuMemHostGetFlags", pinned + 100)) == 0
+    assert int(_driver.call("cuMemHostGetFlags", pinned + 100)) == 0x2
 
 
 def test_device_pointer_and_flags_of_pageable_memory() -> None:
@@ -196,11 +226,30 @@ def test_register_iomemory_on_ram() -> None:
     del arr
 
 
-def test_get_flags_of_registered_memory() -> None:
+@pytest.mark.parametrize(("flags", "reported"), [(0, 2), (1, 3), (2, 2), (3, 3), (8, 2)])
+def test_get_flags_of_registered_memory(flags: int, reported: int) -> None:
     arr, addr = host_buf(REG_N)
-    _driver.call("cuMemHostRegister", addr, REG_N, 1)
+    _driver.call("cuMemHostRegister", addr, REG_N, flags)
     try:
-        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostGetFlags", addr)
+        # DEVICEMAP is implied, READ_ONLY is not reported
+        assert int(_driver.call("cuMemHostGetFlags", addr)) == reported
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr
+
+
+def test_pointer_attributes_of_registered_memory() -> None:
+    arr, addr = host_buf(REG_N)
+    _driver.call("cuMemHostRegister", addr, REG_N, 0)
+    try:
+        assert memory_type(addr) == MEMORYTYPE_HOST
+        assert int(_driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                addr)) == REG_N
+        assert int(_driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                addr + 8)) == addr + 8
+        assert _driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_MAPPED, addr) is True
+        base, size = _driver.call("cuMemGetAddressRange", addr + 100)
+        assert (int(base), int(size)) == (addr, REG_N)
     finally:
         _driver.call("cuMemHostUnregister", addr)
     del arr
@@ -233,10 +282,12 @@ def test_register_twice_and_overlapping() -> None:
     del arr
 
 
-def test_register_size_zero_and_null() -> None:
+def test_register_size_zero_null_and_device_memory(dptr: int) -> None:
     arr, addr = host_buf(REG_N)
-    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister", addr, 0, 0)
-    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostRegister", 0, REG_N, 0)
+    inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
+    expect(*inval, "cuMemHostRegister", addr, 0, 0)
+    expect(*inval, "cuMemHostRegister", 0, REG_N, 0)
+    expect(*inval, "cuMemHostRegister", dptr, 4096, 0)
     del arr
 
 
@@ -258,22 +309,23 @@ def test_unregister_misuse() -> None:
     arr, addr = host_buf(REG_N)
     code = R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
     cls = cm.CudaHostMemoryNotRegisteredError
+    inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
     _driver.call("cuMemHostRegister", addr, REG_N, 0)
-    expect(cls, code, "cuMemHostUnregister", addr + PAGE)  # interior
+    expect(*inval, "cuMemHostUnregister", addr + PAGE)  # interior: known, not a base
     _driver.call("cuMemHostUnregister", addr)
     expect(cls, code, "cuMemHostUnregister", addr)  # twice
     a2, addr2 = host_buf(PAGE)
     expect(cls, code, "cuMemHostUnregister", addr2)  # never registered
+    expect(*inval, "cuMemHostUnregister", 0)
     del arr, a2
 
 
 def test_register_hostalloc_memory() -> None:
     h = int(_driver.call("cuMemHostAlloc", REG_N, 0))
     try:
-        expect(cm.CudaHostMemoryAlreadyRegisteredError,
-               R.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "cuMemHostRegister", h, REG_N, 0)
-        expect(cm.CudaHostMemoryNotRegisteredError, R.CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-               "cuMemHostUnregister", h)
+        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+               "cuMemHostRegister", h, REG_N, 0)
+        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemHostUnregister", h)
     finally:
         _driver.call("cuMemFreeHost", h)
 
@@ -291,3 +343,20 @@ def test_read_only_registration_is_readable(dptr: int) -> None:
     finally:
         _driver.call("cuMemHostUnregister", addr)
     del arr
+
+
+def test_writes_through_a_read_only_registration_fail(dptr: int) -> None:
+    arr, addr = host_buf(REG_N)
+    view = arr[addr - arr.ctypes.data:][:REG_N]
+    view[:] = 0x11
+    _driver.call("cuMemHostRegister", addr, REG_N, 8)
+    try:
+        dev = int(_driver.call("cuMemHostGetDevicePointer", addr, 0))
+        inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
+        expect(*inval, "cuMemsetD8", dev, 0x22, 4096)
+        expect(*inval, "cuMemcpyHtoD", dev, np.zeros(16, np.uint8), 16)
+        _driver.call("cuCtxSynchronize")  # not a sticky error
+        assert (view == 0x11).all()
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    del arr, view
