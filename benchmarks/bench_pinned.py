@@ -22,6 +22,7 @@ simulator's (``--quick`` uses small sizes there).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -103,6 +104,7 @@ def main() -> None:
     reg = cm.register_host(reg_arr)
     for buf in (hb.array, wc.array):
         buf[:] = 1
+    ctypes.memset(raw_pinned, 1, nbytes)  # every host buffer touched alike
     check(raw.cuMemsetD8(dptr, 1, nbytes))
     dev.memset(1)
 
@@ -149,7 +151,7 @@ def main() -> None:
         rows.append({"case": f"{direction} {size} raw cuMemcpy*Async, raw pinned",
                      "gbps": ref, "ratio": 1.0, "target": "reference", "ok": None})
         labels = {"hostbuffer": ("copy(stream=) HostBuffer", ">= 0.97x"),
-                  "registered": ("copy(stream=) register_host numpy", ">= 0.97x"),
+                  "registered": ("copy(stream=) register_host numpy", "info"),
                   "writecombined": ("copy(stream=) HostBuffer WRITECOMBINED", "info"),
                   "pageable": ("raw cuMemcpy*Async, pageable numpy", "info")}
         for key, (label, target) in labels.items():
