@@ -52,6 +52,7 @@ from ._device import (
     LocationType,
     _check_ordinal,
     as_location,
+    device_count,
     ensure_context,
     primary_context,
 )
@@ -240,7 +241,8 @@ def granularity(
     Raises
     ------
     TypeError, ValueError
-        For bad arguments (before any driver call).
+        For bad arguments, including a device that does not exist (the driver
+        itself answers for any device).
     """
     if not isinstance(recommended, bool):
         raise TypeError("recommended must be a bool")
@@ -249,6 +251,8 @@ def granularity(
     key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
     g = _gran_cache.get(key)
     if g is None:
+        if loc.type is LocationType.DEVICE and loc.id >= device_count():
+            raise ValueError(f"there is no device {loc.id} ({device_count()} devices)")
         _need_ctx()
         g = int(_driver.call("cuMemGetAllocationGranularity", _prop(loc, ht),
                              _GRAN_REC if recommended else _GRAN_MIN))
@@ -453,8 +457,11 @@ class AddressRange(Resource):
         alignment : int, default 0
             Alignment of the start address: 0 (the granularity) or a power of two.
         fixed_address : int, default 0
-            Ask for this start address (a multiple of the granularity). If it
-            is taken, :class:`ValueError` is raised and nothing stays reserved.
+            Ask for this start address (a multiple of the granularity). The
+            driver treats it as a hint: if it places the range elsewhere
+            (the address is taken, or the driver declines, as the H100 does
+            for addresses far from those it has handed out),
+            :class:`ValueError` is raised and nothing stays reserved.
 
         Raises
         ------
@@ -683,9 +690,11 @@ class PhysicalMemory(Resource):
             loc = Location.from_cu(int(prop.location.type), int(prop.location.id))
             if loc is None:
                 loc = Location.device(0)
-            gran = granularity(loc, handle_type=ht)
+            # The H100 reports no handle types for an imported handle.
+            own = _as_handle_type(int(prop.requestedHandleTypes))
+            gran = granularity(loc, handle_type=own)
             _multiple("size", size, gran)
-            return cls._wrap(handle, size, loc, ht, gran)
+            return cls._wrap(handle, size, loc, own, gran)
 
     @classmethod
     def _wrap(cls, handle: int, size: int, loc: Location, ht: HandleType,

@@ -367,8 +367,8 @@ def _copy(dst: int, src: int, n: int) -> None:
     if n < 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _writable(dst, n)
-    d = real_runs(dst, n)  # several runs only across adjacent VMM mappings
-    s = real_runs(src, n)
+    d = real_runs(dst, n, True)  # several runs only across adjacent VMM mappings
+    s = real_runs(src, n, False)
     if len(d) == 1 and len(s) == 1:
         memmove(d[0][0], s[0][0], n)
     else:
@@ -464,7 +464,7 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
     _writable(addr, n)
-    for real, k in real_runs(_device_side(addr, n), n * width):
+    for real, k in real_runs(_device_side(addr, n), n * width, True):
         arr = np.ctypeslib.as_array((__import__("ctypes").c_char * k).from_address(real))
         arr.view(dtype)[:] = value
 

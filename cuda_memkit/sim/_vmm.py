@@ -21,7 +21,12 @@ Model
   inode. Only this process's simulator can import it. The simulated driver does
   not track when the descriptor is closed: an export does not keep memory alive.
 * Access flags are recorded per mapping and location and read back by
-  ``cuMemGetAccess``; copies do not check them.
+  ``cuMemGetAccess``. Copies and memsets through a mapping need access for the
+  current context's device (READ to read, READWRITE to write); without it they
+  fail with ``CUDA_ERROR_INVALID_VALUE``, as on the H100 (no fault).
+* Address hints (``cuMemAddressReserve(addr=...)``) are honoured only inside
+  address space the machine has already handed out (e.g. a freed range); the
+  H100 placed a range elsewhere when asked for a free address far away.
 
 The error codes for each misuse are in :data:`MISUSE`, chosen to match what the
 H100 returns (``tests/conformance/h100_probe.json``, section D).
@@ -60,23 +65,30 @@ MiB = 1 << 20
 GRANULARITY_MINIMUM = 2 * MiB
 GRANULARITY_RECOMMENDED = 2 * MiB
 
-#: CUresult for each misuse, as the H100 returns it.
+#: CUresult for each misuse, as the H100 returns it (h100_probe.json, section D).
+#: Not errors there: cuMemRelease of mapped memory (the memory lives until the
+#: last unmap) and cuMemUnmap of reserved addresses with nothing mapped.
 MISUSE: dict[str, cu.CUresult] = {
-    # cuMemMap onto a range that already has a mapping
+    # cuMemMap onto a range that already has a mapping (D_map_access)
     "double_map": R.CUDA_ERROR_INVALID_VALUE,
-    # cuMemUnmap of a reserved range with nothing mapped
-    "unmap_unmapped": R.CUDA_ERROR_INVALID_VALUE,
+    # cuMemMap with an offset, or a size other than the allocation's
+    "partial_map": R.CUDA_ERROR_NOT_SUPPORTED,
     # cuMemAddressFree of a reservation that still has mappings
     "free_while_mapped": R.CUDA_ERROR_INVALID_VALUE,
     # cuMemSetAccess / cuMemGetAccess on a reserved but unmapped range
     "access_unmapped": R.CUDA_ERROR_INVALID_VALUE,
     "get_access_unmapped": R.CUDA_ERROR_INVALID_VALUE,
+    # cuMemSetAccess for a host location on device memory
+    "access_host_on_device": R.CUDA_ERROR_NOT_SUPPORTED,
+    # copy or memset through a mapping the device has no access to (D_no_access_use)
+    "no_access_copy": R.CUDA_ERROR_INVALID_VALUE,
     # cuMemExportToShareableHandle of an allocation created without that type
     "export_without_type": R.CUDA_ERROR_INVALID_VALUE,
-    # cuMemImportFromShareableHandle of a descriptor that is not open
-    "import_closed_fd": R.CUDA_ERROR_INVALID_VALUE,
-    # cuMemImportFromShareableHandle of an open descriptor that is no export
-    "import_foreign_fd": R.CUDA_ERROR_INVALID_VALUE,
+    # cuMemImportFromShareableHandle of a closed, unknown or foreign descriptor
+    "import_closed_fd": R.CUDA_ERROR_UNKNOWN,
+    "import_foreign_fd": R.CUDA_ERROR_UNKNOWN,
+    # cuMemCreate with requestedHandleTypes FABRIC (no IMEX channel)
+    "create_fabric": R.CUDA_ERROR_NOT_PERMITTED,
 }
 
 _LT = cu.CUmemLocationType
@@ -112,6 +124,7 @@ class _Phys:
 class _Handle:
     phys: _Phys
     refs: int = 1
+    imported: bool = False  # imported handles report no requested handle types
 
 
 @dataclass(eq=False)
@@ -164,7 +177,10 @@ def _mappings() -> dict[int, _Map]:
 
 
 def _location(loc: Any) -> tuple[int, int]:
-    """Validate a CUmemLocation for an allocation; return (type, id)."""
+    """Validate a CUmemLocation for cuMemCreate; return (type, id).
+
+    As on the H100: HOST becomes HOST_NUMA 0; HOST_NUMA_CURRENT is refused.
+    """
     if loc is None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     t, i = int(loc.type), int(loc.id)
@@ -172,25 +188,23 @@ def _location(loc: Any) -> tuple[int, int]:
         if not 0 <= i < len(S.MACHINE.devices):
             raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
         return t, i
-    if t == _HOST_NUMA:
-        if i != 0:  # the simulated host has one NUMA node
-            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if t == _HOST_NUMA and i == 0:  # the simulated host has one NUMA node
         return t, 0
-    if t in (_HOST, _HOST_NUMA_CURRENT):
-        return t, 0
+    if t == _HOST:
+        return _HOST_NUMA, 0
     raise Fail(R.CUDA_ERROR_INVALID_VALUE)
 
 
 def _prop(prop: Any) -> tuple[int, int, int]:
-    """Validate a CUmemAllocationProp; return (location type, id, handle types)."""
+    """Validate a CUmemAllocationProp for cuMemCreate; return (loc type, id, handle types)."""
     if prop is None or int(prop.type) != _PINNED:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     t, i = _location(prop.location)
     types = int(prop.requestedHandleTypes)
-    if types & ~(_POSIX_FD | _FABRIC):
-        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)  # Windows handle types on Linux
     if types & _FABRIC:
-        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)  # no IMEX channel on a single H100
+        raise Fail(MISUSE["create_fabric"])
+    if types & ~_POSIX_FD:
+        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)  # Windows handle types on Linux
     return t, i, types
 
 
@@ -282,7 +296,10 @@ def _va_free(start: int, size: int) -> bool:
 
 @api(1)
 def cuMemGetAllocationGranularity(prop: Any, option: Any) -> int:
-    _prop(prop)
+    # The H100 answers for any properties (even an invalid type, device or
+    # location); only the option is checked.
+    if prop is None:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     opt = int(option)
     if opt == int(cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM):
         return GRANULARITY_MINIMUM
@@ -298,19 +315,17 @@ def cuMemGetAllocationGranularity(prop: Any, option: Any) -> int:
 def cuMemAddressReserve(size: int, alignment: int, addr: Any, flags: int) -> cu.CUdeviceptr:
     m = S.MACHINE
     size, alignment, hint = int(size), int(alignment), int(addr or 0)
-    if int(flags) != 0 or size <= 0 or size % S.PAGE:
+    if int(flags) != 0 or size <= 0 or size % GRANULARITY_MINIMUM:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if alignment < 0 or alignment & (alignment - 1):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    if hint % S.PAGE:
+    if hint % GRANULARITY_MINIMUM:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     align = max(alignment, GRANULARITY_MINIMUM)
-    span = -(-size // GRANULARITY_MINIMUM) * GRANULARITY_MINIMUM
-    if hint and hint % align == 0 and _va_free(hint, span):
-        va = hint  # the hint is honoured when that range is free
-        m._next_va = max(m._next_va, hint + span)  # keep later bump allocations clear of it
+    if hint and hint % align == 0 and hint + size <= m._next_va and _va_free(hint, size):
+        va = hint  # honoured only inside address space already handed out
     else:
-        va = m.reserve_va(span, align)
+        va = m.reserve_va(size, align)
     _ranges()[va] = _Range(va, size)
     return cu.CUdeviceptr(va)
 
@@ -365,24 +380,30 @@ def cuMemRetainAllocationHandle(addr: Any) -> cu.CUmemGenericAllocationHandle:
     mp = _mapping_at(int(addr))
     if mp is None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    entry = _handles().get(mp.handle)
+    handles = _handles()
+    entry = handles.get(mp.handle)
     if entry is not None and entry.phys is mp.phys:
         entry.refs += 1
-        mp.phys.handles += 1
-        return cu.CUmemGenericAllocationHandle(mp.handle)
-    return cu.CUmemGenericAllocationHandle(_new_handle(mp.phys))
+    elif entry is None:  # released while mapped: the H100 hands the same value back
+        handles[mp.handle] = _Handle(mp.phys)
+    else:
+        return cu.CUmemGenericAllocationHandle(_new_handle(mp.phys))
+    mp.phys.handles += 1
+    return cu.CUmemGenericAllocationHandle(mp.handle)
 
 
 @api(1)
 def cuMemGetAllocationPropertiesFromHandle(handle: Any) -> cu.CUmemAllocationProp:
-    p = _handle(handle).phys
+    entry = _handle(handle)
+    p = entry.phys
     prop = cu.CUmemAllocationProp()
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     loc = cu.CUmemLocation()
     loc.type = _LT(p.loc_type)
     loc.id = p.loc_id
     prop.location = loc
-    prop.requestedHandleTypes = cu.CUmemAllocationHandleType(p.handle_types)
+    types = 0 if entry.imported else p.handle_types
+    prop.requestedHandleTypes = cu.CUmemAllocationHandleType(types)
     return prop
 
 
@@ -393,11 +414,13 @@ def cuMemGetAllocationPropertiesFromHandle(handle: Any) -> cu.CUmemAllocationPro
 def cuMemMap(ptr: Any, size: int, offset: int, handle: Any, flags: int) -> None:
     m = S.MACHINE
     addr, size, offset = int(ptr), int(size), int(offset)
-    if int(flags) != 0 or offset != 0 or size <= 0:
+    if int(flags) != 0 or size <= 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     entry = _handle(handle)
     p = entry.phys
-    if addr % GRANULARITY_MINIMUM or size % GRANULARITY_MINIMUM or size > p.size:
+    if offset != 0 or size != p.size:
+        raise Fail(MISUSE["partial_map"])
+    if addr % GRANULARITY_MINIMUM:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     r = _find_range(addr, size)
     if r is None:
@@ -420,16 +443,16 @@ def cuMemMap(ptr: Any, size: int, offset: int, handle: Any, flags: int) -> None:
 def cuMemUnmap(ptr: Any, size: int) -> None:
     m = S.MACHINE
     addr, size = int(ptr), int(size)
-    if size <= 0:
+    if size <= 0 or addr % GRANULARITY_MINIMUM or size % GRANULARITY_MINIMUM:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     r = _find_range(addr, size)
     if r is None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    maps = _covering(r, addr, size)
-    if maps is None:
-        if not _has_mapping_in(r, addr, size):
-            raise Fail(MISUSE["unmap_unmapped"])
-        raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # a part of a mapping, or a gap
+    end = addr + size
+    maps = [r.maps[s] for s in r.starts if s < end and r.maps[s].end > addr]
+    if any(mp.start < addr or mp.end > end for mp in maps):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # it would cut a mapping
+    # Nothing mapped there at all is not an error on the H100.
     table = _mappings()
     for mp in maps:
         m.remove(mp.alloc)
@@ -443,15 +466,19 @@ def cuMemUnmap(ptr: Any, size: int) -> None:
 # -- access -----------------------------------------------------------------------------
 
 
-def _access_location(loc: Any, p: _Phys | None) -> tuple[int, int]:
+def _access_location(loc: Any, p: _Phys, *, getting: bool) -> tuple[int, int]:
+    """Validate an access location: (type, id) key of the access table."""
     if loc is None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     t, i = int(loc.type), int(loc.id)
     if t == _DEVICE:
         if not 0 <= i < len(S.MACHINE.devices):
-            raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+            # the H100: INVALID_DEVICE from cuMemGetAccess, INVALID_VALUE from cuMemSetAccess
+            raise Fail(R.CUDA_ERROR_INVALID_DEVICE if getting else R.CUDA_ERROR_INVALID_VALUE)
         return t, i
-    if t in _HOST_TYPES and (p is None or p.device < 0):
+    if t in _HOST_TYPES:
+        if not getting and p.device >= 0:
+            raise Fail(MISUSE["access_host_on_device"])
         return t, 0
     raise Fail(R.CUDA_ERROR_INVALID_VALUE)
 
@@ -476,8 +503,8 @@ def cuMemSetAccess(ptr: Any, size: int, desc: Any, count: int) -> None:
         if flags not in _ACCESS_FLAGS:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
         for mp in maps:
-            _access_location(d.location, mp.phys)
-        updates.append((_access_location(d.location, maps[0].phys), flags))
+            _access_location(d.location, mp.phys, getting=False)
+        updates.append((_access_location(d.location, maps[0].phys, getting=False), flags))
     for key, flags in updates:
         for mp in maps:
             mp.access[key] = flags
@@ -485,10 +512,20 @@ def cuMemSetAccess(ptr: Any, size: int, desc: Any, count: int) -> None:
 
 @api(1)
 def cuMemGetAccess(location: Any, ptr: Any) -> int:
-    mp = _mapping_at(int(ptr))
+    addr = int(ptr)
+    mp = _mapping_at(addr)
     if mp is None:
+        a = S.MACHINE.find(addr)
+        if a is not None and a.kind == "device" and a.start <= addr < a.end:
+            # cuMemAlloc memory: its device reads and writes it
+            if location is None or int(location.type) != _DEVICE:
+                return 0
+            i = int(location.id)
+            if not 0 <= i < len(S.MACHINE.devices):
+                raise Fail(R.CUDA_ERROR_INVALID_DEVICE)
+            return 3 if i == a.device else 0
         raise Fail(MISUSE["get_access_unmapped"])
-    key = _access_location(location, mp.phys)
+    key = _access_location(location, mp.phys, getting=True)
     return mp.access.get(key, 0)
 
 
@@ -516,10 +553,8 @@ def _fd_identity(fd: int) -> tuple[int, int] | None:
 def cuMemExportToShareableHandle(handle: Any, handleType: Any, flags: int) -> int:
     p = _handle(handle).phys
     kind = int(handleType)
-    if int(flags) != 0:
+    if int(flags) != 0 or kind != _POSIX_FD:  # NONE and FABRIC too, on the H100
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    if kind != _POSIX_FD:
-        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
     if not p.handle_types & _POSIX_FD:
         raise Fail(MISUSE["export_without_type"])
     fd = _fake_fd()
@@ -534,7 +569,7 @@ def cuMemImportFromShareableHandle(
     osHandle: Any, shHandleType: Any
 ) -> cu.CUmemGenericAllocationHandle:
     if int(shHandleType) != _POSIX_FD:
-        raise Fail(R.CUDA_ERROR_NOT_SUPPORTED)
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     fd = int(osHandle or 0)
     ident = _fd_identity(fd) if fd >= 0 else None
     if ident is None:
@@ -543,7 +578,9 @@ def cuMemImportFromShareableHandle(
     candidates += [mp.phys for mp in _mappings().values()]
     for p in candidates:
         if not p.freed and ident in p.exports:
-            return cu.CUmemGenericAllocationHandle(_new_handle(p))
+            h = _new_handle(p)
+            _handles()[h].imported = True
+            return cu.CUmemGenericAllocationHandle(h)
     raise Fail(MISUSE["import_foreign_fd"])
 
 
@@ -551,22 +588,37 @@ def cuMemImportFromShareableHandle(
 # -- copies across adjacent mappings (used by _core's copies and memsets) ---------------
 
 
-def real_runs(addr: int, n: int) -> list[tuple[int, int]]:
+def _check_access(a: Allocation, write: bool) -> None:
+    mp = a.extra.get("vmm_map")
+    if not isinstance(mp, _Map):
+        return
+    dev = S.MACHINE.ctx_device(S.MACHINE.current_ctx)
+    flags = mp.access.get((_DEVICE, dev if dev is not None else 0), 0)
+    if flags < (3 if write else 1):
+        raise Fail(MISUSE["no_access_copy"])
+
+
+def real_runs(addr: int, n: int, write: bool) -> list[tuple[int, int]]:
     """Translate ``[addr, addr+n)`` to ``(real address, length)`` runs.
 
     Anything but a VMM mapping is one run (``Machine.real``); a range that
     starts in a mapping may continue into the mappings right after it, as
     on the GPU, where adjacent mappings form one contiguous device range.
+    Mappings need access for the current device (READWRITE to ``write``).
     """
     m = S.MACHINE
     a = m.find(addr) if n > 0 else None
-    if a is None or a.kind != "vmm" or addr + n <= a.end:
+    if a is None or a.kind != "vmm":
+        return [(m.real(addr, n), n)]
+    if addr + n <= a.end:
+        _check_access(a, write)
         return [(m.real(addr, n), n)]
     runs: list[tuple[int, int]] = []
     while n > 0:
         a = m.find(addr)
         if a is None or a.kind != "vmm" or not a.start <= addr < a.end or a.host == 0:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        _check_access(a, write)
         k = min(n, a.end - addr)
         runs.append((a.host + (addr - a.start), k))
         addr += k
