@@ -7,6 +7,7 @@ whichever backend is active; the simulator must agree.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -459,3 +460,28 @@ def test_import_misuse(undo: Undo) -> None:
         os.close(fd)
     expect(INVALID, "cuMemImportFromShareableHandle", 9999,
            cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE)
+
+
+def test_vmm_needs_no_context() -> None:
+    """Granularity, reserve and create work on a thread without a current context."""
+    out: list[Any] = []
+
+    def body() -> None:
+        try:
+            assert int(_driver.call("cuCtxGetCurrent")) == 0
+            out.append(int(_driver.call("cuMemGetAllocationGranularity", prop(), MIN)))
+            va = int(_driver.call("cuMemAddressReserve", G, 0, 0, 0))
+            h = int(_driver.call("cuMemCreate", G, prop(), 0))
+            _driver.call("cuMemRelease", h)
+            _driver.call("cuMemAddressFree", va, G)
+            out.append(True)
+        except BaseException as exc:  # handed back to the test thread
+            out.append(exc)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    for item in out:
+        if isinstance(item, BaseException):
+            raise item
+    assert out == [G, True]
