@@ -298,8 +298,9 @@ def test_flags_of_the_wrong_type(flags: Any, monkeypatch: pytest.MonkeyPatch) ->
         cm.HostBuffer.empty(16, flags=flags)
 
 
-def test_pool_is_not_available_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    with no_driver_calls(monkeypatch), pytest.raises(NotImplementedError):
+def test_pool_must_be_a_pinned_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NotImplementedError until pinned pools are wired in, TypeError after
+    with no_driver_calls(monkeypatch), pytest.raises((NotImplementedError, TypeError)):
         cm.HostBuffer.empty(16, pool=object())
 
 
