@@ -30,6 +30,7 @@ The driver never sees a release or a free before the unmap of what was mapped:
   first** (those :class:`Mapping` objects become closed), then frees it.
 
 Each finalizer holds small state records of plain ints, never the objects.
+Finalizers need no current context (the VMM calls are device-level).
 """
 
 from __future__ import annotations
@@ -373,7 +374,6 @@ def _settle_range(rs: _RangeState) -> None:
 
 def _fin_mapping(ms: _MapState) -> None:
     with _lock:
-        _need_ctx()
         _unmap(ms)
         _settle_phys(ms.ps)
         _settle_range(ms.rs)
@@ -385,11 +385,9 @@ def _fin_phys(ps: _PhysState) -> None:
         ranges = []
         for ms in sorted(ps.maps, key=lambda s: s.ptr):
             if ms.owner() is None:  # dying with us (a reference cycle)
-                _need_ctx()
                 _unmap(ms)
                 ranges.append(ms.rs)
         if not ps.maps:
-            _need_ctx()
             _settle_phys(ps)
         for rs in ranges:
             _settle_range(rs)
@@ -397,7 +395,6 @@ def _fin_phys(ps: _PhysState) -> None:
 
 def _fin_range(rs: _RangeState) -> None:
     with _lock:
-        _need_ctx()
         rs.free_wanted = True
         phys = []
         for ms in sorted(rs.maps, key=lambda s: s.ptr):
@@ -935,7 +932,6 @@ def _shrink_to(gs: _GrowState, n: int) -> None:
 
 def _fin_growable(gs: _GrowState) -> None:
     with _lock:
-        _need_ctx()
         first: CudaError | None = None
         unmapped = 0
         for i in reversed(range(len(gs.handles))):

@@ -517,3 +517,28 @@ def test_undo_failure_becomes_warning() -> None:
     with pytest.raises(RuntimeError), pytest.warns(cm.MemkitWarning), _vmm._Undo() as undo:
         undo.push(bad)
         raise RuntimeError("boom")
+
+
+def test_close_on_a_thread_without_context(g: int, spy: Spy) -> None:
+    """Teardown makes no context current: the VMM calls are device-level."""
+    import threading
+
+    r, p, m = _trio(g)
+    buf = cm.GrowableBuffer(4 * g, chunk=g)
+    buf.resize(2 * g)
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            assert int(_driver.call("cuCtxGetCurrent")) == 0
+            for obj in (m, p, r, buf):
+                obj.close()
+        except BaseException as exc:  # handed back to the test thread
+            errors.append(exc)
+
+    spy.calls.clear()
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert spy.teardown()[:3] == ["cuMemUnmap", "cuMemRelease", "cuMemAddressFree"]
