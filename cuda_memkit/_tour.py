@@ -31,11 +31,75 @@ def _core_step(say: Say) -> None:
         say(f"driver errors are typed exceptions: {type(exc).__name__}: {exc}")
 
 
+def _pinned_step(say: Say) -> None:
+    import numpy as np
+
+    from ._memory import DeviceBuffer, copy
+    from ._pinned import HostAllocFlags, HostBuffer, register_host
+
+    with Stream() as s, HostBuffer.empty((1024, 256), np.float32) as host, \
+            DeviceBuffer.alloc(host.nbytes) as dev:
+        host.array[:] = np.arange(host.array.size, dtype=np.float32).reshape(host.shape)
+        copy(dev, host, stream=s)
+        back = HostBuffer.zeros(host.shape, np.float32, flags=HostAllocFlags.PORTABLE)
+        copy(back, dev, stream=s)
+        s.synchronize()
+        same = bool((back.array == host.array).all())
+        back.close()
+        say(f"pinned {host.nbytes >> 10} KiB -> device -> pinned round trip on a stream: "
+            f"{'identical' if same else 'DIFFERENT'}")
+    page = np.zeros(1 << 16, np.uint8)
+    with register_host(page) as reg:
+        say(f"registered a {page.nbytes >> 10} KiB numpy array in place (ptr 0x{reg.ptr:x})")
+
+
+def _managed_step(say: Say) -> None:
+    import numpy as np
+
+    from ._device import Location
+    from ._hints import MigrationPolicy, PrefetchPlan
+    from ._managed import ManagedBuffer, MemAdvice
+
+    with Stream() as s, ManagedBuffer.zeros(8 << 20, np.uint8) as buf:
+        buf.array[:] = 1  # the CPU writes through the same pointer the GPU uses
+        buf.advise(MemAdvice.SET_READ_MOSTLY, offset=0, nbytes=4 << 20)
+        info = buf.range_info(0, 4 << 20)
+        say(f"managed 8 MiB, read-mostly advised on the first half: {info.read_mostly}")
+        plan = PrefetchPlan()
+        for i in range(64):
+            plan.add(buf, Location.device(0), offset=i * (128 << 10), nbytes=128 << 10)
+        say(f"a plan of {len(plan)} adjacent 128 KiB prefetches compiles to "
+            f"{len(plan.dry_run(s))} driver call(s)")
+        plan.execute(s)
+        s.synchronize()
+        say(f"last prefetch location of the first 8 MiB: "
+            f"{buf.range_info(0, 8 << 20).last_prefetch_location}")
+        policy = MigrationPolicy.prefer_host()
+        say(f"{policy!r} issues {[(a.name, str(loc)) for a, loc in policy.advice]}")
+
+
+def _vmm_step(say: Say) -> None:
+    from ._vmm import GrowableBuffer, granularity
+
+    g = granularity(0)
+    with GrowableBuffer(1 << 30) as buf:
+        ptr = buf.ptr
+        for size in (8 << 20, 64 << 20, 256 << 20):
+            buf.resize(size)
+        say(f"granularity {g >> 20} MiB; a growable buffer went 8 -> 64 -> 256 MiB "
+            f"at one address: {buf.ptr == ptr} (capacity {buf.capacity >> 20} MiB)")
+        buf.resize(16 << 20)
+        say(f"shrunk back to {buf.nbytes >> 20} MiB, unmapping what is not needed")
+
+
 def steps() -> list[tuple[str, Step]]:
     """Return the tour's (title, step) pairs in order."""
-    out: list[tuple[str, Step]] = [("Devices, streams and errors", _core_step)]
-    # -- feature tour steps --
-    return out
+    return [
+        ("Devices, streams and errors", _core_step),
+        ("Pinned host memory and transfers", _pinned_step),
+        ("Managed memory, hints and prefetch plans", _managed_step),
+        ("Virtual memory: a buffer that grows in place", _vmm_step),
+    ]
 
 
 def doctor_checks() -> list[tuple[str, Callable[[], str]]]:
