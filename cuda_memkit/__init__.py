@@ -43,6 +43,9 @@ from ._pinned import (
     register_host,
 )
 
+# -- pool exports (issue 6) --
+from ._pool import MemoryPool, PoolBuffer, PoolStats
+
 # -- vmm exports (issue 5) --
 from ._vmm import (
     Access,
@@ -53,8 +56,6 @@ from ._vmm import (
     PhysicalMemory,
     granularity,
 )
-
-# -- pool exports (issue 6) --
 
 __version__ = "0.1.0"
 
@@ -112,6 +113,9 @@ __all__ = [
     "PhysicalMemory",
     "granularity",
     # -- pool names (issue 6) --
+    "MemoryPool",
+    "PoolBuffer",
+    "PoolStats",
 ]
 
 
