@@ -175,8 +175,9 @@ class Machine:
     def stream(self, handle: Any) -> SimStream | None:
         """Resolve a stream argument; ``None`` for the default streams.
 
-        The H100 answers ``CUDA_ERROR_INVALID_CONTEXT`` for a destroyed (or
-        never created) stream handle.
+        The H100 answered ``CUDA_ERROR_INVALID_CONTEXT`` for a destroyed stream
+        handle in an isolated process; in a longer-lived process using one can
+        crash it, so cuda_memkit never does and no conformance case tries.
         """
         h = int(handle) if handle is not None else 0
         if h in (0, 1, 2):

@@ -279,14 +279,6 @@ def test_stream_destroy_default_stream() -> None:
     expect(cm.CudaInvalidHandleError, R.CUDA_ERROR_INVALID_HANDLE, "cuStreamDestroy", 0)
 
 
-def test_destroyed_stream_reports_invalid_context() -> None:
-    s = _driver.call("cuStreamCreate", 1)
-    _driver.call("cuStreamDestroy", s)
-    # (a second cuStreamDestroy crashes the real driver: never done)
-    for api in ("cuStreamSynchronize", "cuStreamQuery"):
-        expect(cm.CudaInvalidContextError, R.CUDA_ERROR_INVALID_CONTEXT, api, s)
-
-
 def test_stream_create_and_destroy() -> None:
     s = _driver.call("cuStreamCreate", 1)
     assert _driver.call("cuStreamQuery", s) is None
