@@ -354,6 +354,14 @@ def cuMemGetAddressRange(dptr: Any) -> tuple[cu.CUdeviceptr, int]:
     a = m.find(int(dptr))
     if a is None:
         raise Fail(R.CUDA_ERROR_NOT_FOUND)
+    if a.kind == "vmm":
+        # The H100 finds a VMM mapping only once the device may access it.
+        from ._vmm import _check_access
+
+        try:
+            _check_access(a, write=False)
+        except Fail:
+            raise Fail(R.CUDA_ERROR_NOT_FOUND) from None
     return cu.CUdeviceptr(a.start), a.size
 
 

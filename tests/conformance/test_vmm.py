@@ -319,6 +319,11 @@ def test_unmap_returns_memory(undo: Undo) -> None:
 def test_address_range_of_a_mapping(undo: Undo) -> None:
     va = reserve(undo, 8 * G)
     mapped(undo, va, G, create(undo, G))
+    # GPU run 2: without access the driver does not find the mapping at all.
+    with pytest.raises(cm.CudaError) as info:
+        _driver.call("cuMemGetAddressRange", va + 100)
+    assert info.value.code == int(cu.CUresult.CUDA_ERROR_NOT_FOUND)
+    _driver.call("cuMemSetAccess", va, G, [desc()], 1)
     base, size = _driver.call("cuMemGetAddressRange", va + 100)
     assert int(base) == va and int(size) == G
 
