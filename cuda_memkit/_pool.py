@@ -170,7 +170,7 @@ def _release(dptr: Any, cus: Any, sref: object, pool: MemoryPool) -> None:
 
 
 def _free_failed(res: Any, dptr: Any, cus: Any, pool: MemoryPool) -> None:
-    if int(res[0]) == _INVALID_CONTEXT and not _driver.call("cuCtxGetCurrent"):
+    if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
         ensure_context(pool._device)  # a default stream on a thread with no context
         res = _FREE(dptr, cus)
         if not res[0]:
@@ -700,7 +700,7 @@ class MemoryPool(Resource):
         return buf
 
     def _alloc_failed(self, res: Any, nbytes: int, cupool: Any, cus: Any) -> Any:
-        if int(res[0]) == _INVALID_CONTEXT and not _driver.call("cuCtxGetCurrent"):
+        if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
             ensure_context(self._device)  # a default stream on a thread with no context
             res = _ALLOC(nbytes, cupool, cus)
             if not res[0]:
@@ -954,8 +954,7 @@ def _make_default_pinned() -> MemoryPool:
     global _pinned_default, _host_stream
     with _pinned_lock:
         pool = _pinned_default
-        gen = _generation()
-        if pool is not None and pool._gen is gen:
+        if pool is not None and pool._gen is _generation():
             return pool
         pool = MemoryPool(location=Location.host(),
                           release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
@@ -964,7 +963,7 @@ def _make_default_pinned() -> MemoryPool:
         except BaseException:
             pool.close()
             raise
-        pool._gen = gen
+        pool._gen = _generation()  # after the first driver call loaded the backend
         _host_stream = None
         _pinned_default = pool
         return pool

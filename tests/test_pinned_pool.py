@@ -1,0 +1,187 @@
+"""Pinned buffers from memory pools: HostBuffer.pooled and HostBuffer.empty(pool=...)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import cuda_memkit as cm
+from cuda_memkit import _pool
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_pinned() -> Iterator[cm.MemoryPool]:
+    """Make the process-wide pool (and its stream) before the leak check's snapshots."""
+    pool = cm.MemoryPool.default_pinned()
+    cm.HostBuffer.pooled(1).close()
+    pool.trim()
+    yield pool
+
+
+@pytest.fixture(autouse=True)
+def flush(default_pinned: cm.MemoryPool) -> Iterator[None]:
+    """Give cached blocks back after each test, so the leak check sees a clean pool."""
+    yield
+    gc.collect()
+    default_pinned.trim()
+
+
+@pytest.fixture
+def host_pool() -> Iterator[cm.MemoryPool]:
+    p = cm.MemoryPool(location=cm.Location.host())
+    yield p
+    p.close(force=True)
+
+
+def test_default_pinned_pool(default_pinned: cm.MemoryPool) -> None:
+    p = cm.MemoryPool.default_pinned()
+    assert p is default_pinned
+    assert p.is_host and p.location == cm.Location.host() and p.device is None
+    assert p.release_threshold == _pool.DEFAULT_PINNED_RELEASE_THRESHOLD
+    for i in range(cm.device_count()):
+        assert p.access(i) is cm.Access.READWRITE
+    p.close()
+    assert not p.closed  # shared by the process: close() does nothing
+
+
+def test_pooled_buffer() -> None:
+    h = cm.HostBuffer.pooled(4096)
+    assert h.ptr != 0 and h.nbytes == 4096 and h.shape == (4096,)
+    assert h.dtype == np.uint8 and h.flags == cm.HostAllocFlags.DEFAULT
+    h.array[:] = 9
+    assert np.asarray(h).sum() == 9 * 4096
+    h.close()
+    assert h.closed
+    with pytest.raises(cm.ClosedError):
+        _ = h.ptr
+    h.close()
+
+
+def test_blocks_are_recycled_by_size_class() -> None:
+    a = cm.HostBuffer.pooled(4096)
+    ptr = a.ptr
+    a.close()
+    b = cm.HostBuffer.pooled(3000)  # same power-of-two class
+    assert b.ptr == ptr and b.nbytes == 3000
+    c = cm.HostBuffer.pooled(4096)  # b holds the block: a new one
+    assert c.ptr != ptr
+    b.close()
+    c.close()
+
+
+def test_garbage_collection_returns_the_block() -> None:
+    ptr = cm.HostBuffer.pooled(8192).ptr  # collected at once
+    gc.collect()
+    h = cm.HostBuffer.pooled(8192)
+    assert h.ptr == ptr
+    h.close()
+
+
+def test_views_keep_the_block() -> None:
+    h = cm.HostBuffer.pooled(4096)
+    ptr = h.ptr
+    arr = h.array
+    h.close()
+    other = cm.HostBuffer.pooled(4096)
+    assert other.ptr != ptr  # still in use by the view
+    arr[:] = 1
+    del arr, h
+    gc.collect()
+    again = cm.HostBuffer.pooled(4096)
+    assert again.ptr == ptr
+    other.close()
+    again.close()
+
+
+def test_pooled_shapes_and_dtypes() -> None:
+    h = cm.HostBuffer.pooled((16, 16), np.float32)
+    assert h.shape == (16, 16) and h.dtype == np.float32 and h.nbytes == 1024
+    h.array[:] = 1.5
+    assert h.array.sum() == 1.5 * 256
+    h.close()
+    z = cm.HostBuffer.pooled(0)
+    assert z.ptr == 0 and z.nbytes == 0
+    z.close()
+    big = cm.HostBuffer.pooled(3 * MiB)  # above the cache's block size: straight to the pool
+    big.array[-1] = 1
+    big.close()
+
+
+def test_empty_zeros_from_array_with_a_pool(host_pool: cm.MemoryPool) -> None:
+    e = cm.HostBuffer.empty((4, 4), np.int32, pool=host_pool)
+    assert e.nbytes == 64
+    z = cm.HostBuffer.zeros(100, np.float64, pool=host_pool)
+    assert not z.array.any()
+    src = np.arange(10, dtype=np.int16)
+    f = cm.HostBuffer.from_array(src, pool=host_pool)
+    np.testing.assert_array_equal(f.array, src)
+    p = cm.HostBuffer.pooled(10, pool=host_pool)
+    for buf in (e, z, f, p):
+        buf.close()
+    assert host_pool.stats().used_current > 0  # cached blocks stay in the pool...
+    host_pool.close()  # ...and go back when it closes
+    assert host_pool.closed
+
+
+def test_copies_with_pooled_buffers(stream: cm.Stream) -> None:
+    src = cm.HostBuffer.pooled(MiB)
+    src.array[:] = np.arange(MiB, dtype=np.uint64).astype(np.uint8)
+    d = cm.DeviceBuffer.alloc(MiB)
+    cm.copy(d, src)
+    dst = cm.HostBuffer.pooled(MiB)
+    cm.copy(dst, d)
+    np.testing.assert_array_equal(dst.array, src.array)
+    cm.copy_async(dst, d, stream=stream)
+    stream.synchronize()
+    for b in (src, dst, d):
+        b.close()
+
+
+def test_cache_is_bounded(default_pinned: cm.MemoryPool) -> None:
+    n = _pool.HOST_CACHE_LIMIT // _pool.HOST_CACHE_MAX_BLOCK + 4
+    bufs = [cm.HostBuffer.pooled(_pool.HOST_CACHE_MAX_BLOCK) for _ in range(n)]
+    for b in bufs:
+        b.close()
+    assert default_pinned.stats().used_current <= _pool.HOST_CACHE_LIMIT
+
+
+@pytest.mark.parametrize("pool,exc", [
+    ("pinned", TypeError),
+    (object(), TypeError),
+])
+def test_bad_pools(pool: object, exc: type[Exception]) -> None:
+    with pytest.raises(exc):
+        cm.HostBuffer.pooled(4096, pool=pool)
+    with pytest.raises(exc):
+        cm.HostBuffer.empty(0, pool=pool)
+
+
+def test_device_and_closed_pools_are_refused() -> None:
+    with cm.MemoryPool(0) as dev_pool:
+        with pytest.raises(TypeError, match="pinned host MemoryPool"):
+            cm.HostBuffer.pooled(4096, pool=dev_pool)
+    closed = cm.MemoryPool(location=cm.Location.host())
+    closed.close()
+    with pytest.raises(cm.ClosedError):
+        cm.HostBuffer.pooled(4096, pool=closed)
+    with pytest.raises(TypeError):
+        cm.HostBuffer.pooled(4096, pool=cm.MemoryPool.default(0))
+
+
+def test_flags_a_pool_cannot_give(host_pool: cm.MemoryPool) -> None:
+    for flags in (cm.HostAllocFlags.DEVICEMAP, cm.HostAllocFlags.WRITECOMBINED):
+        with pytest.raises(ValueError, match="pool=None"):
+            cm.HostBuffer.empty(4096, flags=flags, pool=host_pool)
+    h = cm.HostBuffer.empty(4096, flags=cm.HostAllocFlags.PORTABLE, pool=host_pool)
+    h.close()
+
+
+@pytest.mark.parametrize("shape,exc", [(-1, ValueError), (1.5, TypeError), ("4", TypeError)])
+def test_bad_shapes(shape: object, exc: type[Exception]) -> None:
+    with pytest.raises(exc):
+        cm.HostBuffer.pooled(shape)  # type: ignore[arg-type]
