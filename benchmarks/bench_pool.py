@@ -1,0 +1,317 @@
+"""Pool allocation cost: cuda_memkit against raw cuda.bindings, CuPy, cuda.core and torch.
+
+    python benchmarks/bench_pool.py [--json PATH] [--quick]
+
+One table, every row measured in this run (median over interleaved samples of
+the time per alloc+free pair; each sample runs a loop of pairs, then
+synchronizes):
+
+* 1 MiB device allocations: raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync``
+  (the reference), ``MemoryPool.allocate(n, stream=s).free()``, CuPy
+  ``cupy.cuda.malloc_async``, cuda.core ``Device.allocate`` + ``Buffer.close``
+  and torch ``torch.empty(device="cuda")``. Pools release threshold UINT64_MAX.
+* 4 KiB pinned host buffers: raw ``cuMemHostAlloc`` + ``cuMemFreeHost`` (the
+  reference), raw host-pool calls, ``HostBuffer.pooled(4096).close()``,
+  ``PoolBuffer`` from a host pool, CuPy ``alloc_pinned_memory``, torch
+  ``pin_memory=True`` and cuda.core ``PinnedMemoryResource``.
+
+Targets (issue 6): the pool pair <= 1.25x raw and faster than CuPy, cuda.core
+and torch; the pinned 4 KiB pair no slower than CuPy's pinned pool.
+Competitors that are not installed are reported as "n/a". On the simulator
+the run is always --quick and the numbers are the simulator's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MiB = 1 << 20
+U64_MAX = (1 << 64) - 1
+Loop = Callable[[int], None]
+
+
+def check(res: Any) -> Any:
+    if int(res[0]):
+        raise RuntimeError(f"driver call failed: {res[0]!r}")
+    return res[1] if len(res) == 2 else None
+
+
+def measure(cases: dict[str, Loop | None], pairs: dict[str, int], samples: int,
+            sync: Callable[[], None]) -> dict[str, float | None]:
+    """Median seconds per pair; the cases take turns so that drift hits them alike."""
+    live = {k: fn for k, fn in cases.items() if fn is not None}
+    for key, fn in live.items():  # warm up: pools grow, caches fill, code is compiled
+        fn(max(pairs[key] // 10, 2))
+        sync()
+    times: dict[str, list[float]] = {k: [] for k in live}
+    for _ in range(samples):
+        for key, fn in live.items():
+            n = pairs[key]
+            t0 = time.perf_counter()
+            fn(n)
+            sync()
+            times[key].append((time.perf_counter() - t0) / n)
+    return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
+
+
+def competitors(simulated: bool) -> dict[str, Any]:
+    """Import CuPy, cuda.core and torch if they are installed (never on the simulator)."""
+    mods: dict[str, Any] = {"cupy": None, "cuda.core": None, "torch": None}
+    if simulated:
+        return mods
+    try:
+        import cupy
+
+        mods["cupy"] = cupy
+    except Exception:  # an absent or broken install is "n/a"
+        pass
+    try:
+        import cuda.core as core
+
+        if not hasattr(core, "PinnedMemoryResource"):
+            import cuda.core.experimental as core  # cuda.core 0.x
+        mods["cuda.core"] = core
+    except Exception:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            mods["torch"] = torch
+    except Exception:
+        pass
+    return mods
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter samples")
+    args = ap.parse_args()
+
+    import cuda_memkit as cm
+    from cuda_memkit import _driver
+
+    cm.Device(0).set_current()
+    backend = _driver.backend_name()
+    simulated = backend == "sim"
+    quick = args.quick or simulated
+    if simulated:
+        from cuda_memkit.sim import driver as raw
+    else:
+        from cuda.bindings import driver as raw
+    from cuda.bindings import driver as cu  # the types, on either backend
+    samples = 5 if quick else 15
+    n_dev = 300 if quick else 10000
+    n_pin = 300 if quick else 20000
+    n_hostalloc = 5 if quick else 20
+    mods = competitors(simulated)
+    cupy, core, torch = mods["cupy"], mods["cuda.core"], mods["torch"]
+
+    s = cm.Stream()
+    cus = cu.CUstream(s.handle)
+
+    def sync() -> None:
+        check(raw.cuCtxSynchronize())
+
+    # -- 1 MiB device allocations ---------------------------------------------------------
+    nbytes = MiB
+    pool = cm.MemoryPool(0, release_threshold=U64_MAX)
+    cupool = cu.CUmemoryPool(pool.handle)
+    alloc, free = raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync
+
+    def raw_device(k: int) -> None:
+        for _ in range(k):
+            err, ptr = alloc(nbytes, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            (err,) = free(ptr, cus)
+            if err:
+                raise RuntimeError(err)
+
+    allocate = pool.allocate
+
+    def memkit_device(k: int) -> None:
+        for _ in range(k):
+            allocate(nbytes, stream=s).free()
+
+    cupy_device = core_device = torch_device = None
+    default = cm.MemoryPool.default(0)
+    old_threshold = default.release_threshold
+    default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
+    if cupy is not None:
+        cupy_stream = cupy.cuda.ExternalStream(s.handle)
+        malloc_async = cupy.cuda.malloc_async
+
+        def cupy_device(k: int) -> None:
+            with cupy_stream:
+                for _ in range(k):
+                    p = malloc_async(nbytes)
+                    del p
+
+    core_stream: Any = None
+    if core is not None:
+        try:
+            dev = core.Device(0)
+            dev.set_current()
+            core_stream = dev.create_stream()
+            dev_allocate = dev.allocate
+
+            def core_device(k: int) -> None:
+                for _ in range(k):
+                    dev_allocate(nbytes, stream=core_stream).close(core_stream)
+        except Exception as exc:  # an API this script does not know: "n/a"
+            print(f"cuda.core {getattr(core, '__version__', '?')}: {exc!r}", file=sys.stderr)
+
+    if torch is not None:
+        t_empty, t_u8 = torch.empty, torch.uint8
+
+        def torch_device(k: int) -> None:
+            for _ in range(k):
+                t = t_empty(nbytes, dtype=t_u8, device="cuda")
+                del t
+
+    device = measure(
+        {"raw": raw_device, "memkit": memkit_device, "cupy": cupy_device,
+         "cuda.core": core_device, "torch": torch_device},
+        {"raw": n_dev, "memkit": n_dev, "cupy": n_dev, "cuda.core": n_dev, "torch": n_dev},
+        samples, sync)
+
+    # -- 4 KiB pinned buffers ---------------------------------------------------------------
+    small = 4096
+    host_pool = cm.MemoryPool(location=cm.Location.host(), release_threshold=U64_MAX)
+    host_cupool = cu.CUmemoryPool(host_pool.handle)
+
+    def raw_hostalloc(k: int) -> None:
+        for _ in range(k):
+            p = check(raw.cuMemHostAlloc(small, 0))
+            check(raw.cuMemFreeHost(p))
+
+    def raw_host_pool(k: int) -> None:
+        for _ in range(k):
+            err, ptr = alloc(small, host_cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            (err,) = free(ptr, cus)
+            if err:
+                raise RuntimeError(err)
+
+    pooled = cm.HostBuffer.pooled
+
+    def memkit_pooled(k: int) -> None:
+        for _ in range(k):
+            pooled(small).close()
+
+    host_allocate = host_pool.allocate
+
+    def memkit_pool_buffer(k: int) -> None:
+        for _ in range(k):
+            host_allocate(small, stream=s).free()
+
+    cupy_pinned = torch_pinned = core_pinned = None
+    if cupy is not None:
+        alloc_pinned = cupy.cuda.alloc_pinned_memory
+
+        def cupy_pinned(k: int) -> None:
+            for _ in range(k):
+                p = alloc_pinned(small)
+                del p
+
+    if torch is not None:
+
+        def torch_pinned(k: int) -> None:
+            for _ in range(k):
+                t = t_empty(small, dtype=t_u8, pin_memory=True)
+                del t
+
+    if core is not None and core_stream is not None:
+        try:
+            mr_allocate = core.PinnedMemoryResource().allocate
+
+            def core_pinned(k: int) -> None:
+                for _ in range(k):
+                    mr_allocate(small, stream=core_stream).close(core_stream)
+        except Exception as exc:
+            print(f"cuda.core PinnedMemoryResource: {exc!r}", file=sys.stderr)
+
+    pinned = measure(
+        {"raw": raw_hostalloc, "raw pool": raw_host_pool, "memkit": memkit_pooled,
+         "memkit pool": memkit_pool_buffer, "cupy": cupy_pinned, "torch": torch_pinned,
+         "cuda.core": core_pinned},
+        {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
+         "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin},
+        samples, sync)
+
+    default.release_threshold = old_threshold
+    sync()
+    default.trim()
+    host_pool.close()
+    pool.close()
+    s.close()
+
+    # -- table -------------------------------------------------------------------------------
+    rows: list[dict[str, Any]] = []
+
+    def row(case: str, value: float | None, ref: float | None, target: str,
+            ok: bool | None) -> None:
+        rows.append({"case": case, "us": None if value is None else value * 1e6,
+                     "ratio": None if value is None or not ref else value / ref,
+                     "target": target, "ok": ok})
+
+    def faster(a: float | None, b: float | None) -> bool | None:
+        return None if a is None or b is None else a < b
+
+    d = device
+    mk = d["memkit"]
+    ratio_ok = None if mk is None or not d["raw"] else mk / d["raw"] <= 1.25
+    row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
+        "reference", None)
+    row("1 MiB: MemoryPool.allocate(stream=s).free()", mk, d["raw"], "<= 1.25x raw", ratio_ok)
+    row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "memkit faster",
+        faster(mk, d["cupy"]))
+    row("1 MiB: cuda.core Device.allocate + Buffer.close", d["cuda.core"], d["raw"],
+        "memkit faster", faster(mk, d["cuda.core"]))
+    row("1 MiB: torch.empty(device='cuda')", d["torch"], d["raw"], "memkit faster",
+        faster(mk, d["torch"]))
+    p = pinned
+    row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference",
+        None)
+    row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
+        "info", None)
+    row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
+        "<= CuPy pinned", None if p["cupy"] is None else p["memkit"] <= p["cupy"])
+    row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info",
+        None)
+    row("4 KiB pinned: CuPy alloc_pinned_memory", p["cupy"], p["raw"], "info", None)
+    row("4 KiB pinned: torch.empty(pin_memory=True)", p["torch"], p["raw"], "info", None)
+    row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info", None)
+
+    note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
+    print(f"bench_pool on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"median of {samples} samples; time per alloc+free pair, loops of "
+          f"{n_dev} (device) / {n_pin} (pinned) pairs, {n_hostalloc} for cuMemHostAlloc")
+    print(f"{'case':58} {'us/pair':>10} {'vs raw':>9}  target")
+    for r in rows:
+        value = "n/a" if r["us"] is None else f"{r['us']:10.3f}"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
+        verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
+        print(f"{r['case']:58} {value:>10} {ratio:>9}  {r['target']}{verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": backend, "simulated": simulated, "samples": samples,
+                       "versions": {k: getattr(m, "__version__", "?") for k, m in mods.items()
+                                    if m is not None}, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
