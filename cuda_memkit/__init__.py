@@ -2,12 +2,14 @@
 
 A thin layer over NVIDIA's ``cuda.bindings``: every driver status becomes a
 value or a typed exception, and every allocation an object with a clear owner.
-Importing the package makes no driver call and does not import numpy.
+Importing the package makes no driver call and imports neither numpy nor the
+feature modules: each loads on first use of one of its names.
 """
 
 from __future__ import annotations
 
-from ._device import Device, Location, LocationType, Stream, device_count
+from typing import TYPE_CHECKING, Any
+
 from ._driver import backend_name, use_backend
 from ._errors import (
     ClosedError,
@@ -29,33 +31,50 @@ from ._errors import (
     MemkitWarning,
 )
 
-# -- managed exports (issue 4) --
-from ._hints import ManagedMemoryHints, MigrationPolicy, PlanEntry, PlannedCall, PrefetchPlan
-from ._managed import AttachFlags, ManagedBuffer, MemAdvice, RangeInfo
+if TYPE_CHECKING:  # the type checker and the docs see every name statically
+    from ._device import Device, Location, LocationType, Stream, device_count
+    from ._hints import (
+        ManagedMemoryHints,
+        MigrationPolicy,
+        PlanEntry,
+        PlannedCall,
+        PrefetchPlan,
+    )
+    from ._managed import AttachFlags, ManagedBuffer, MemAdvice, RangeInfo
+    from ._memory import DeviceBuffer, copy, copy_async
+    from ._pinned import (
+        HostAllocFlags,
+        HostBuffer,
+        HostRegisterFlags,
+        RegisteredHost,
+        register_host,
+    )
+    from ._pool import MemoryPool, PoolBuffer, PoolStats
+    from ._vmm import (
+        Access,
+        AddressRange,
+        GrowableBuffer,
+        HandleType,
+        Mapping,
+        PhysicalMemory,
+        granularity,
+    )
 
-# -- pinned exports (issue 3) --
-from ._memory import DeviceBuffer, copy, copy_async
-from ._pinned import (
-    HostAllocFlags,
-    HostBuffer,
-    HostRegisterFlags,
-    RegisteredHost,
-    register_host,
-)
-
-# -- pool exports (issue 6) --
-from ._pool import MemoryPool, PoolBuffer, PoolStats
-
-# -- vmm exports (issue 5) --
-from ._vmm import (
-    Access,
-    AddressRange,
-    GrowableBuffer,
-    HandleType,
-    Mapping,
-    PhysicalMemory,
-    granularity,
-)
+# Feature modules load on first use of one of their names (PEP 562), so that
+# ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
+_LAZY_MODULES: dict[str, tuple[str, ...]] = {
+    "_device": ("Device", "Location", "LocationType", "Stream", "device_count"),
+    "_memory": ("DeviceBuffer", "copy", "copy_async"),
+    "_pinned": ("HostAllocFlags", "HostBuffer", "HostRegisterFlags", "RegisteredHost",
+                "register_host"),
+    "_managed": ("AttachFlags", "ManagedBuffer", "MemAdvice", "RangeInfo"),
+    "_hints": ("ManagedMemoryHints", "MigrationPolicy", "PlanEntry", "PlannedCall",
+               "PrefetchPlan"),
+    "_vmm": ("Access", "AddressRange", "GrowableBuffer", "HandleType", "Mapping",
+             "PhysicalMemory", "granularity"),
+    "_pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
+}
+_LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}
 
 __version__ = "0.1.0"
 
@@ -119,10 +138,10 @@ __all__ = [
 ]
 
 
-def _publish() -> None:
+def _publish(names: tuple[str, ...] | list[str]) -> None:
     """Show public objects as ``cuda_memkit.X`` (docs, reprs, pickles stay stable)."""
     g = globals()
-    for name in __all__:
+    for name in names:
         obj = g[name]
         if getattr(obj, "__module__", "").startswith("cuda_memkit._"):
             try:
@@ -131,4 +150,24 @@ def _publish() -> None:
                 continue
 
 
-_publish()
+def __getattr__(name: str) -> Any:
+    """Load the feature module that defines ``name`` on first use (PEP 562)."""
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'cuda_memkit' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f"{__name__}.{mod}")
+    names = _LAZY_MODULES[mod]
+    g = globals()
+    for n in names:
+        g[n] = getattr(module, n)
+    _publish(names)
+    return g[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+_publish([n for n in __all__ if n in globals()])
