@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _driver, _pool
+from . import _driver
 from ._device import ensure_context
 from ._resource import Resource, State, _ArrayHolder, host_array, make_finalizer
 
@@ -205,7 +205,7 @@ def _acquire(
         free it (``release(*args)``, run by the buffer's finalizer).
     """
     if pool is not None:  # pool: checks only; empty() takes pooled memory via _pool.host_block
-        _pool.host_block(pool, 0, flags)
+        _pools().host_block(pool, 0, flags)
         return 0, _free_pinned, ()
     ptr = _alloc_pinned(nbytes, flags)
     return ptr, _free_pinned, (ptr,)
@@ -215,6 +215,16 @@ def _acquire(
 
 _UINT8: list[np.dtype[Any]] = []
 _NO_FLAGS = HostAllocFlags.DEFAULT
+_POOLS: Any = None  # cuda_memkit._pool, loaded on first use (feature modules load lazily)
+
+
+def _pools() -> Any:
+    global _POOLS
+    if _POOLS is None:
+        from . import _pool
+
+        _POOLS = _pool
+    return _POOLS
 
 
 def _uint8() -> np.dtype[Any]:
@@ -317,11 +327,11 @@ class HostBuffer(Resource):
 
         reap_pending()
         if pool is not None:  # pool wiring: a recycled block; see cuda_memkit._pool.host_block
-            block = _pool.host_block(pool, nbytes, fl)
+            block = _pools().host_block(pool, nbytes, fl)
             assert block is not None
             self._ptr = block.ptr
             self._block = block  # collected with the buffer: block.__del__ returns the memory
-            self._open(block.release)  # type: ignore[arg-type]  # close() calls it
+            self._open(block.release)  # close() calls it
             return self
         ptr, release, args = _acquire(nbytes, fl, pool)
         self._ptr = ptr
@@ -395,10 +405,11 @@ class HostBuffer(Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
+        pools = _POOLS or _pools()
         if pool is None:
-            pool = _pool.MemoryPool.default_pinned()
+            pool = pools.MemoryPool.default_pinned()
         if type(shape) is int and type(dtype) is str and dtype == "uint8" and shape > 0:
-            block = _pool.host_block(pool, shape)  # fast path: 1-D bytes
+            block = pools.host_block(pool, shape)  # fast path: 1-D bytes
             assert block is not None
             self = cls.__new__(cls)
             self._shape = (shape,)
@@ -408,7 +419,7 @@ class HostBuffer(Resource):
             self._dptr = None
             self._ptr = block.ptr
             self._block = block
-            self._open(block.release)  # type: ignore[arg-type]
+            self._open(block.release)
             return self
         return cls.empty(shape, dtype, pool=pool)
 

@@ -75,11 +75,12 @@ from ._device import (
 from ._errors import ClosedError, CudaError, CudaNotSupportedError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
 from ._resource import Resource, State, driver_release, host_array, make_finalizer
-from ._vmm import Access
 
 if TYPE_CHECKING:
     import numpy as np
     from typing_extensions import Self
+
+    from ._vmm import Access
 
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
@@ -387,6 +388,8 @@ def _threshold_arg(value: object) -> int:
 
 
 def _access_arg(access: object) -> Access:
+    from ._vmm import Access  # the VMM module's enum, loaded when access is used
+
     if isinstance(access, _cu.CUmemAccess_flags):
         access = int(access)
     if isinstance(access, bool) or not isinstance(access, int):
@@ -831,7 +834,8 @@ class MemoryPool(Resource):
         """Return the access ``device`` (or a host location) has to the pool's memory."""
         loc = as_location(device)
         self._check_open()
-        return Access(int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu())))
+        flags = int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu()))
+        return _access_arg(flags)
 
     # -- IPC ---------------------------------------------------------------------------
     def export(self) -> int:
@@ -959,7 +963,7 @@ def _make_default_pinned() -> MemoryPool:
         pool = MemoryPool(location=Location.host(),
                           release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
         try:
-            pool.set_access(range(device_count()), Access.READWRITE)
+            pool.set_access(range(device_count()), _access_arg(3))  # READWRITE
         except BaseException:
             pool.close()
             raise
