@@ -159,9 +159,9 @@ def _describe(mod: Any, code: Any) -> tuple[str, str]:
         if not res[0] and res[1] is not None:
             raw = res[1]
             description = raw.decode() if isinstance(raw, bytes) else str(raw)
-    except (RuntimeError, TypeError, ValueError):
-        # The description is a nicety: a missing or failing cuGetErrorString
-        # must not hide the error we are reporting.
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        # The description is a nicety: no backend yet, or a missing or failing
+        # cuGetErrorString, must not hide the error we are reporting.
         description = ""
     return name, description
 
