@@ -355,7 +355,9 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         The pool must be IPC-capable (``ipc=True``). The other process imports
         the pool (:meth:`MemoryPool.import_`), then this pointer
         (:meth:`MemoryPool.import_pointer`), and must free its mapping before
-        this process frees the buffer.
+        this process frees the buffer. Waits for the allocation's stream
+        first: the H100 refuses to export an allocation whose stream-ordered
+        allocation has not completed (``CUDA_ERROR_INVALID_VALUE``).
 
         Returns
         -------
@@ -365,6 +367,12 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         self._check_open()
         if not self._pool._ipc or self._pool._imported:
             raise ValueError("only buffers of a pool created with ipc=True can be exported")
+        sref = self._sref
+        if type(sref) is Stream and sref._state is not _OPEN:
+            ensure_context(self._pool._device)  # its stream is gone: wait for the device
+            _driver.call("cuCtxSynchronize")
+        else:
+            _driver.call("cuStreamSynchronize", self._cus)
         data = _driver.call("cuMemPoolExportPointer", self._dptr)
         return ctypes.string_at(data.getPtr(), EXPORT_DATA_SIZE)
 

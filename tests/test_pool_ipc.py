@@ -137,10 +137,11 @@ out = np.zeros(buf.nbytes, np.uint8)
 cm.copy(out, buf)
 assert (out == 42).all(), out[:8]
 cm.copy(buf, np.full(buf.nbytes, 7, np.uint8))
+n = buf.nbytes
 buf.free()
 cm.Device(0).synchronize()
 pool.close()
-print("child ok", buf.nbytes)
+print("child ok", n)
 """
 
 
