@@ -14,6 +14,12 @@ from typing import Any
 from cuda_memkit import _device, _driver
 
 GPU_TOLERANCE = 4 << 20
+#: The H100's driver keeps up to ~126 MiB of device pages of freed *managed*
+#: memory for a while (seen in GPU runs 2 and 4: the same 126 MiB drop after
+#: small managed tests, back by the next test). Tests that use managed memory
+#: (marker ``uses_managed_memory``) get this allowance on the real driver; the
+#: simulator's check stays exact.
+GPU_MANAGED_TOLERANCE = 160 << 20
 
 
 @dataclass
@@ -21,14 +27,14 @@ class Snapshot:
     counts: dict[str, int] = field(default_factory=dict)
     free: dict[int, int] = field(default_factory=dict)
 
-    def leaks(self, after: Snapshot) -> list[str]:
+    def leaks(self, after: Snapshot, tolerance: int = GPU_TOLERANCE) -> list[str]:
         out = []
         for key, n in after.counts.items():
             if n > self.counts.get(key, 0):
                 out.append(f"{key}: {self.counts.get(key, 0)} -> {n}")
         for dev, free in self.free.items():
             now = after.free.get(dev, free)
-            if now < free - GPU_TOLERANCE:
+            if now < free - tolerance:
                 out.append(f"device {dev} free memory {free} -> {now}")
         return out
 

@@ -18,7 +18,7 @@ os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 import cuda_memkit as cm
 from cuda_memkit import _driver
 
-from ._leaks import Snapshot, snapshot
+from ._leaks import GPU_MANAGED_TOLERANCE, GPU_TOLERANCE, Snapshot, snapshot
 
 BACKEND = _driver.backend_name()
 
@@ -68,16 +68,18 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if "allow_leaks" in request.keywords:
         yield
         return
+    tolerance = (GPU_MANAGED_TOLERANCE if "uses_managed_memory" in request.keywords
+                 else GPU_TOLERANCE)
     before: Snapshot = snapshot()
     yield
     gc.collect()
     after = snapshot()
-    problems = before.leaks(after)
+    problems = before.leaks(after, tolerance)
     # The real driver gives the device pages of freed managed memory back a
     # little after cuMemFree returns: let it settle before calling it a leak.
     if problems and BACKEND == "cuda":
         deadline = time.monotonic() + 2.0
         while problems and time.monotonic() < deadline:
             time.sleep(0.05)
-            problems = before.leaks(snapshot())
+            problems = before.leaks(snapshot(), tolerance)
     assert not problems, "leaked: " + "; ".join(problems)

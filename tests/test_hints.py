@@ -13,6 +13,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+pytestmark = pytest.mark.uses_managed_memory
+
 MiB = 1 << 20
 PAGE = 4096
 D0 = cm.Location.device(0)

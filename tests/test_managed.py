@@ -14,6 +14,8 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import _driver
 
+pytestmark = pytest.mark.uses_managed_memory
+
 MiB = 1 << 20
 PAGE = 4096
 D0 = cm.Location.device(0)

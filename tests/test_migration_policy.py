@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 import cuda_memkit as cm
 
+pytestmark = pytest.mark.uses_managed_memory
+
 A = cm.MemAdvice
 L = cm.Location
 P = cm.MigrationPolicy

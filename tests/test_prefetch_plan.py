@@ -17,6 +17,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver, _hints
 from cuda_memkit._device import ensure_context
 
+pytestmark = pytest.mark.uses_managed_memory
+
 KiB = 1 << 10
 MiB = 1 << 20
 PAGE = 4096

@@ -20,6 +20,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+pytestmark = pytest.mark.uses_managed_memory
+
 R = cu.CUresult
 ADV = cu.CUmem_advise
 RA = cu.CUmem_range_attribute
