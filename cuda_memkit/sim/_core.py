@@ -328,6 +328,12 @@ def cuMemFree(dptr: Any) -> None:
     if addr == 0:
         return  # freeing NULL succeeds, as on the H100
     a = m.allocs.get(addr)
+    if a is not None and "pool" in a.extra:
+        m.need_ctx()
+        from ._pool import _free  # the H100 frees a pool allocation through cuMemFree too
+
+        _free(a)
+        return
     if a is None or a.kind not in ("device", "managed"):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # checked before the context, as on the H100
     m.need_ctx()
@@ -471,6 +477,9 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
     if addr % width:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    target = m.find(addr)
+    if target is not None and target.kind == "host_pool":
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # the H100 will not memset pinned-pool memory
     _writable(addr, n)
     for real, k in real_runs(_device_side(addr, n), n * width, True):
         arr = np.ctypeslib.as_array((__import__("ctypes").c_char * k).from_address(real))

@@ -499,3 +499,37 @@ def test_ipc_rules(pool: Any, stream: Any) -> None:
         _driver.call("cuMemFreeAsync", plain_ptr, stream)
         _driver.call("cuStreamSynchronize", stream)
         _driver.call("cuMemPoolDestroy", ipc)
+
+
+# -- GPU run 4: answers the simulator first got wrong ----------------------------------
+
+
+def test_cumemfree_releases_a_pool_allocation() -> None:
+    from cuda_memkit._device import ensure_context
+
+    ensure_context(0)
+    with cm.MemoryPool(0) as pool:
+        stream = _driver.call("cuStreamCreate", 1)
+        ptr = _driver.call("cuMemAllocFromPoolAsync", 1 << 20, pool._cu, stream)
+        _driver.call("cuStreamSynchronize", stream)
+        assert _driver.call("cuMemFree", ptr) is None
+        _driver.call("cuStreamSynchronize", stream)
+        assert int(pool.stats().used_current) == 0
+        _driver.call("cuStreamDestroy", stream)
+
+
+def test_memset_of_pinned_pool_memory_is_refused() -> None:
+    from cuda_memkit._device import ensure_context
+
+    ensure_context(0)
+    with cm.MemoryPool(0, location=cm.Location.host()) as pool:
+        stream = _driver.call("cuStreamCreate", 1)
+        ptr = _driver.call("cuMemAllocFromPoolAsync", 4096, pool._cu, stream)
+        _driver.call("cuStreamSynchronize", stream)
+        try:
+            with pytest.raises(cm.CudaInvalidValueError):
+                _driver.call("cuMemsetD8Async", ptr, 1, 4096, stream)
+        finally:
+            _driver.call("cuMemFreeAsync", ptr, stream)
+            _driver.call("cuStreamSynchronize", stream)
+            _driver.call("cuStreamDestroy", stream)
