@@ -49,6 +49,7 @@ H100 (probe section E) while the budget is about 1 µs (CuPy's pinned pool).
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 import warnings
@@ -355,9 +356,9 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         The pool must be IPC-capable (``ipc=True``). The other process imports
         the pool (:meth:`MemoryPool.import_`), then this pointer
         (:meth:`MemoryPool.import_pointer`), and must free its mapping before
-        this process frees the buffer. Waits for the allocation's stream
-        first: the H100 refuses to export an allocation whose stream-ordered
-        allocation has not completed (``CUDA_ERROR_INVALID_VALUE``).
+        this process frees the buffer. Exports the pool first if it never was
+        (the H100 refuses pointers of a pool not yet exported), and waits for
+        the allocation's stream.
 
         Returns
         -------
@@ -367,6 +368,8 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         self._check_open()
         if not self._pool._ipc or self._pool._imported:
             raise ValueError("only buffers of a pool created with ipc=True can be exported")
+        if not self._pool._exported:
+            os.close(self._pool.export())  # the driver exports pointers of exported pools only
         sref = self._sref
         if type(sref) is Stream and sref._state is not _OPEN:
             ensure_context(self._pool._device)  # its stream is gone: wait for the device
@@ -859,7 +862,13 @@ class MemoryPool(Resource):
         if not self._ipc or self._imported:
             raise ValueError("only pools created with ipc=True can be exported")
         H = _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return int(_driver.call("cuMemPoolExportToShareableHandle", self._cu, H, 0))
+        fd = int(_driver.call("cuMemPoolExportToShareableHandle", self._cu, H, 0))
+        self._exported = True
+        return fd
+
+    #: Whether :meth:`export` ran: the H100 refuses to export pointers of a
+    #: pool that was never exported (``CUDA_ERROR_INVALID_VALUE``).
+    _exported = False
 
     def import_pointer(self, data: bytes, *, stream: StreamLike = None,
                        nbytes: int | None = None) -> PoolBuffer:

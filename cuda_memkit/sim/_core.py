@@ -330,9 +330,14 @@ def cuMemFree(dptr: Any) -> None:
     a = m.allocs.get(addr)
     if a is not None and "pool" in a.extra:
         m.need_ctx()
-        from ._pool import _free  # the H100 frees a pool allocation through cuMemFree too
+        from ._pool import _free, _lookup
 
+        # The H100 frees a pool allocation through cuMemFree too (its memory
+        # goes back), but leaves the pool's USED_MEM_CURRENT as it was.
+        pool = _lookup(a.extra["pool"])
         _free(a)
+        if pool is not None and "alias_of" not in a.extra:
+            pool.used += a.size
         return
     if a is None or a.kind not in ("device", "managed"):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # checked before the context, as on the H100

@@ -122,6 +122,7 @@ class SimPool:
     live: int = 0  # live allocations, imported mappings included
     access: dict[int, int] = field(default_factory=dict)  # device -> flags
     destroyed: bool = False
+    exported: bool = False  # cuMemPoolExportToShareableHandle was called (pointer export needs it)
 
     @property
     def reserved(self) -> int:
@@ -637,6 +638,7 @@ def cuMemPoolExportToShareableHandle(pool: Any, handleType: Any, flags: int) -> 
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     fd = os.memfd_create("cuda_memkit-sim-pool", os.MFD_CLOEXEC)
     os.write(fd, _MAGIC + struct.pack("<QQ", _token(), p.handle))
+    p.exported = True
     return fd
 
 
@@ -666,8 +668,8 @@ def cuMemPoolExportPointer(ptr: Any) -> cu.CUmemPoolPtrExportData:
     pool = _lookup(a.extra.get("pool", 0)) if a is not None else None
     if a is None or pool is None or "alias_of" in a.extra or pool.source is not None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-    if not pool.handle_types & _HANDLE_POSIX_FD:
-        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    if not pool.handle_types & _HANDLE_POSIX_FD or not pool.exported:
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # the H100 wants the pool exported first
     data = cu.CUmemPoolPtrExportData()
     blob = _PTR_MAGIC + struct.pack("<QQQQ", _token(), pool.handle, a.start, a.size)
     ctypes.memmove(data.getPtr(), blob.ljust(EXPORT_DATA_SIZE, b"\0"), EXPORT_DATA_SIZE)
