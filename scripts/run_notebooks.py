@@ -137,6 +137,10 @@ def main() -> int:
         engine = "nbclient"
     except ImportError:
         engine = "inline"
+    # The kernel or child process imports cuda_memkit from this checkout.
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     failed = 0
     for nb in args.notebooks:
         dst = nb if args.inplace else (args.out or nb.parent) / nb.name
@@ -145,11 +149,8 @@ def main() -> int:
         if engine == "nbclient":
             ok = execute_nbclient(nb.resolve(), dst.resolve())
         else:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(pathlib.Path(__file__).resolve().parent.parent),
-                 os.environ.get("PYTHONPATH", "")])}
             ok = subprocess.run([sys.executable, __file__, "--one", str(nb), str(dst)],
-                                env=env, check=False).returncode == 0
+                                check=False).returncode == 0
         print(f"{nb.name}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s, {engine})")
         failed += not ok
     return 1 if failed else 0
