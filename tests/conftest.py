@@ -62,6 +62,19 @@ def stream() -> Iterator[cm.Stream]:
     s.close()
 
 
+@pytest.fixture
+def no_batch() -> Iterator[None]:
+    """Simulator: the batch prefetch/discard functions are missing (a driver before CUDA 13.0)."""
+    from cuda_memkit.sim import machine
+
+    m = machine()
+    m.batch_calls = False
+    try:
+        yield
+    finally:
+        m.batch_calls = True
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves driver resources behind (after gc.collect())."""

@@ -13,7 +13,7 @@ import cuda_memkit as cm
 from cuda_memkit import _memory
 from cuda_memkit._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
 
-from .test_pinned import no_driver_calls, record_calls
+from ._helpers import no_driver_calls, record_calls
 
 
 def test_alloc_basics() -> None:

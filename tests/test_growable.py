@@ -14,6 +14,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+from ._helpers import read, write
+
 
 @pytest.fixture
 def g() -> int:
@@ -24,16 +26,6 @@ def g() -> int:
 def access_of(dev: int, ptr: int) -> int:
     loc = cm.Location.device(dev).to_cu()
     return int(_driver.call("cuMemGetAccess", loc, ptr))
-
-
-def write(ptr: int, data: np.ndarray) -> None:
-    _driver.call("cuMemcpyHtoD", ptr, data, data.nbytes)
-
-
-def read(ptr: int, n: int) -> np.ndarray:
-    out = np.zeros(n, np.uint8)
-    _driver.call("cuMemcpyDtoH", out, ptr, n)
-    return out
 
 
 def test_grow_keeps_pointer_and_contents(g: int) -> None:

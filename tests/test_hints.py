@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+from ._helpers import issued, record_calls
+
 pytestmark = pytest.mark.uses_managed_memory
 
 MiB = 1 << 20
@@ -21,29 +22,6 @@ D0 = cm.Location.device(0)
 HOST = cm.Location.host()
 H = cm.ManagedMemoryHints
 P = cm.MigrationPolicy
-
-Calls = list[tuple[str, tuple[Any, ...]]]
-ISSUING = {"cuMemAdvise", "cuMemPrefetchAsync", "cuMemPrefetchBatchAsync",
-           "cuMemDiscardBatchAsync", "cuMemDiscardAndPrefetchBatchAsync"}
-
-
-@contextlib.contextmanager
-def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    calls: Calls = []
-    real = _driver.call
-
-    def spy(api: str, *args: Any) -> Any:
-        calls.append((api, args))
-        return real(api, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", spy)
-        yield calls
-
-
-def issued(calls: Calls) -> list[str]:
-    return [api for api, _ in calls if api in ISSUING]
-
 
 @pytest.fixture
 def buf() -> Iterator[cm.ManagedBuffer]:

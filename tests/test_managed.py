@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,8 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import _driver
 
+from ._helpers import Calls, record_calls
+
 pytestmark = pytest.mark.uses_managed_memory
 
 MiB = 1 << 20
@@ -21,24 +22,6 @@ PAGE = 4096
 D0 = cm.Location.device(0)
 HOST = cm.Location.host()
 A = cm.MemAdvice
-
-Calls = list[tuple[str, tuple[Any, ...]]]
-
-
-@contextlib.contextmanager
-def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    """Record driver calls (passing them through)."""
-    calls: Calls = []
-    real = _driver.call
-
-    def spy(api: str, *args: Any) -> Any:
-        calls.append((api, args))
-        return real(api, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", spy)
-        yield calls
-
 
 def apis(calls: Calls) -> list[str]:
     return [api for api, _ in calls]
@@ -49,18 +32,6 @@ def buf() -> Iterator[cm.ManagedBuffer]:
     b = cm.ManagedBuffer.zeros(4 * MiB // 4, np.float32)
     yield b
     b.close()
-
-
-@pytest.fixture
-def no_batch() -> Iterator[None]:
-    from cuda_memkit.sim import machine
-
-    m = machine()
-    m.batch_calls = False
-    try:
-        yield
-    finally:
-        m.batch_calls = True
 
 
 # -- enums -----------------------------------------------------------------------------

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,35 +14,9 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import _driver, _memory
 
+from ._helpers import no_driver_calls, record_calls
+
 F = cm.HostAllocFlags
-
-
-@contextlib.contextmanager
-def no_driver_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail if anything inside calls the driver."""
-
-    def refuse(api: str, *args: Any) -> Any:
-        raise AssertionError(f"unexpected driver call {api}")
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", refuse)
-        m.setattr(_driver, "function", lambda api: refuse(api))
-        yield
-
-
-@contextlib.contextmanager
-def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
-    """Record driver calls (passing them through)."""
-    calls: list[tuple[str, tuple[Any, ...]]] = []
-    real = _driver.call
-
-    def spy(api: str, *args: Any) -> Any:
-        calls.append((api, args))
-        return real(api, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", spy)
-        yield calls
 
 
 # -- flags ---------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver, _hints
 from cuda_memkit._device import ensure_context
 
+from ._helpers import issued, record_calls
+
 pytestmark = pytest.mark.uses_managed_memory
 
 KiB = 1 << 10
@@ -25,46 +26,11 @@ PAGE = 4096
 D0 = cm.Location.device(0)
 HOST = cm.Location.host()
 
-Calls = list[tuple[str, tuple[Any, ...]]]
-ISSUING = {"cuMemAdvise", "cuMemPrefetchAsync", "cuMemPrefetchBatchAsync",
-           "cuMemDiscardBatchAsync", "cuMemDiscardAndPrefetchBatchAsync"}
-
-
-@contextlib.contextmanager
-def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    calls: Calls = []
-    real = _driver.call
-
-    def spy(api: str, *args: Any) -> Any:
-        calls.append((api, args))
-        return real(api, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", spy)
-        yield calls
-
-
-def issued(calls: Calls) -> list[str]:
-    return [api for api, _ in calls if api in ISSUING]
-
-
 @pytest.fixture
 def buf() -> Iterator[cm.ManagedBuffer]:
     b = cm.ManagedBuffer.empty(8 * MiB)
     yield b
     b.close()
-
-
-@pytest.fixture
-def no_batch() -> Iterator[None]:
-    from cuda_memkit.sim import machine
-
-    m = machine()
-    m.batch_calls = False
-    try:
-        yield
-    finally:
-        m.batch_calls = True
 
 
 def strided(buf: cm.ManagedBuffer, n: int, chunk: int, to: cm.Location = D0) -> cm.PrefetchPlan:

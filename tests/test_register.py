@@ -14,7 +14,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import _driver, _memory
 
-from .test_pinned import no_driver_calls, record_calls
+from ._helpers import no_driver_calls, record_calls
 
 RF = cm.HostRegisterFlags
 N = 64 * 1024

@@ -18,6 +18,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver, _vmm
 from cuda_memkit._device import ensure_context
 
+from ._helpers import read, write
+
 TEARDOWN = ("cuMemUnmap", "cuMemRelease", "cuMemAddressFree")
 ALLOCATING = ("cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess")
 
@@ -47,16 +49,6 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spy]:
 
     monkeypatch.setattr(_driver, "call", call)
     yield s
-
-
-def write(ptr: int, data: np.ndarray) -> None:
-    _driver.call("cuMemcpyHtoD", ptr, data, data.nbytes)
-
-
-def read(ptr: int, n: int) -> np.ndarray:
-    out = np.zeros(n, np.uint8)
-    _driver.call("cuMemcpyDtoH", out, ptr, n)
-    return out
 
 
 # -- granularity -----------------------------------------------------------------

@@ -7,9 +7,7 @@ backend is active; the simulator must agree.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,24 +15,13 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit import _driver
-from cuda_memkit._device import ensure_context
+
+from ._helpers import expect_error as expect
+from ._helpers import in_fresh_thread
+
+pytestmark = pytest.mark.usefixtures("ctx")
 
 R = cu.CUresult
-
-
-def expect(cls: type[cm.CudaError], code: R, api: str, *args: Any) -> cm.CudaError:
-    with pytest.raises(cls) as info:
-        _driver.call(api, *args)
-    err = info.value
-    assert type(err) is cls
-    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
-    assert err.api == api
-    return err
-
-
-@pytest.fixture(autouse=True)
-def ctx() -> None:
-    ensure_context(0)
 
 
 @pytest.fixture
@@ -42,24 +29,6 @@ def dptr() -> Iterator[int]:
     p = int(_driver.call("cuMemAlloc", 4096))
     yield p
     _driver.call("cuMemFree", p)
-
-
-def in_fresh_thread(fn: Callable[[], Any]) -> Any:
-    box: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # handed back to the test thread
-            box.append((False, exc))
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
 
 
 # -- init, devices, contexts -------------------------------------------------------

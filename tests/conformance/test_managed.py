@@ -20,6 +20,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+from ._helpers import Undo, outcome
+
 pytestmark = pytest.mark.uses_managed_memory
 
 R = cu.CUresult
@@ -134,33 +136,6 @@ ATTACH_INTERIOR = INVALID
 ATTACH_SINGLE_LEGACY = INVALID
 ATTACH_DEVICE_MEMORY = INVALID
 ATTACH_UNKNOWN_POINTER = INVALID
-
-
-def outcome(want: Want, api: str, *args: Any) -> Any:
-    """Call ``api``; it must succeed (``OK``) or raise exactly ``want``."""
-    if want is None:
-        return _driver.call(api, *args)
-    cls, code = want
-    with pytest.raises(cm.CudaError) as info:
-        _driver.call(api, *args)
-    err = info.value
-    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
-    assert type(err) is cls
-    assert err.api == api
-    return None
-
-
-class Undo:
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, tuple[Any, ...]]] = []
-
-    def __call__(self, api: str, *args: Any) -> None:
-        self.steps.append((api, args))
-
-    def run(self) -> None:
-        for api, args in reversed(self.steps):
-            _driver.call(api, *args)
-        self.steps.clear()
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ not repeated here.
 from __future__ import annotations
 
 import ctypes
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,11 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit import _driver
-from cuda_memkit._device import ensure_context
+
+from ._helpers import expect_error as expect
+from ._helpers import in_fresh_thread
+
+pytestmark = pytest.mark.usefixtures("ctx")
 
 R = cu.CUresult
 P = cu.CUpointer_attribute
@@ -31,21 +34,6 @@ KiB = 1 << 10
 MiB = 1 << 20
 REG_N = 64 * KiB
 MEMORYTYPE_HOST = int(cu.CUmemorytype.CU_MEMORYTYPE_HOST)
-
-
-def expect(cls: type[cm.CudaError], code: R, api: str, *args: Any) -> cm.CudaError:
-    with pytest.raises(cls) as info:
-        _driver.call(api, *args)
-    err = info.value
-    assert type(err) is cls
-    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
-    assert err.api == api
-    return err
-
-
-@pytest.fixture(autouse=True)
-def ctx() -> None:
-    ensure_context(0)
 
 
 def host_buf(nbytes: int, offset: int = 0) -> tuple[np.ndarray, int]:
@@ -71,24 +59,6 @@ def dptr() -> Iterator[int]:
 
 def memory_type(ptr: int) -> int:
     return int(_driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr))
-
-
-def in_fresh_thread(fn: Callable[[], Any]) -> Any:
-    box: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # handed back to the test thread
-            box.append((False, exc))
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
 
 
 # -- cuMemHostAlloc / cuMemFreeHost --------------------------------------------------------

@@ -19,7 +19,10 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit import _driver
-from cuda_memkit._device import ensure_context
+
+from ._helpers import expect
+
+pytestmark = pytest.mark.usefixtures("ctx")
 
 R = cu.CUresult
 A = cu.CUmemPool_attribute
@@ -38,17 +41,6 @@ BAD_DEVICE = (cm.CudaInvalidDeviceError, R.CUDA_ERROR_INVALID_DEVICE)
 OOM = (cm.CudaOutOfMemoryError, R.CUDA_ERROR_OUT_OF_MEMORY)
 NO_CONTEXT = (cm.CudaInvalidContextError, R.CUDA_ERROR_INVALID_CONTEXT)
 UNKNOWN = (cm.CudaError, R.CUDA_ERROR_UNKNOWN)
-
-
-def expect(want: tuple[type[cm.CudaError], R], api: str, *args: Any) -> cm.CudaError:
-    cls, code = want
-    with pytest.raises(cm.CudaError) as info:
-        _driver.call(api, *args)
-    err = info.value
-    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
-    assert type(err) is cls
-    assert err.api == api
-    return err
 
 
 def location(kind: Any, ident: int = 0) -> cu.CUmemLocation:
@@ -91,11 +83,6 @@ def desc(ordinal: int, flags: Any = F.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     d.location = location(kind, ordinal)
     d.flags = flags
     return d
-
-
-@pytest.fixture(autouse=True)
-def ctx() -> None:
-    ensure_context(0)
 
 
 @pytest.fixture

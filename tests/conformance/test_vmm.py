@@ -19,6 +19,8 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 from cuda_memkit._device import ensure_context
 
+from ._helpers import Undo, expect
+
 R = cu.CUresult
 MiB = 1 << 20
 G = 2 * MiB
@@ -40,17 +42,6 @@ ACCESS_UNMAPPED = INVALID
 NO_ACCESS_COPY = INVALID  # a refused copy, not a fault: the context survives
 EXPORT_WITHOUT_TYPE = INVALID
 IMPORT_BAD_FD = UNKNOWN  # closed, never opened, or not an export
-
-
-def expect(want: tuple[type[cm.CudaError], R], api: str, *args: Any) -> cm.CudaError:
-    cls, code = want
-    with pytest.raises(cm.CudaError) as info:
-        _driver.call(api, *args)
-    err = info.value
-    assert err.code == int(code), f"{api}: got {err.name}, expected {code.name}"
-    assert type(err) is cls
-    assert err.api == api
-    return err
 
 
 def loc(ordinal: int = 0) -> cu.CUmemLocation:
@@ -78,19 +69,6 @@ def desc_at(where: cm.Location, flags: Any = RW) -> cu.CUmemAccessDesc:
 
 def desc(ordinal: int = 0, flags: Any = RW) -> cu.CUmemAccessDesc:
     return desc_at(cm.Location(cm.LocationType.DEVICE, ordinal), flags)
-
-
-class Undo:
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, tuple[Any, ...]]] = []
-
-    def __call__(self, api: str, *args: Any) -> None:
-        self.steps.append((api, args))
-
-    def run(self) -> None:
-        for api, args in reversed(self.steps):
-            _driver.call(api, *args)
-        self.steps.clear()
 
 
 @pytest.fixture

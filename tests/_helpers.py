@@ -1,0 +1,64 @@
+"""Helpers shared by the test modules: driver-call spies and raw device reads/writes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cuda_memkit import _driver
+
+#: Driver calls as recorded by :func:`record_calls`: (api, args).
+Calls = list[tuple[str, tuple[Any, ...]]]
+
+#: The calls that apply managed-memory hints or move pages.
+ISSUING = {"cuMemAdvise", "cuMemPrefetchAsync", "cuMemPrefetchBatchAsync",
+           "cuMemDiscardBatchAsync", "cuMemDiscardAndPrefetchBatchAsync"}
+
+
+@contextlib.contextmanager
+def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+    """Record driver calls (passing them through)."""
+    calls: Calls = []
+    real = _driver.call
+
+    def spy(api: str, *args: Any) -> Any:
+        calls.append((api, args))
+        return real(api, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(_driver, "call", spy)
+        yield calls
+
+
+@contextlib.contextmanager
+def no_driver_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail if anything inside calls the driver."""
+
+    def refuse(api: str, *args: Any) -> Any:
+        raise AssertionError(f"unexpected driver call {api}")
+
+    with monkeypatch.context() as m:
+        m.setattr(_driver, "call", refuse)
+        m.setattr(_driver, "function", lambda api: refuse(api))
+        yield
+
+
+def issued(calls: Calls) -> list[str]:
+    """The hint and migration calls among ``calls``, in order."""
+    return [api for api, _ in calls if api in ISSUING]
+
+
+def write(ptr: int, data: np.ndarray) -> None:
+    """Copy ``data`` to device address ``ptr``."""
+    _driver.call("cuMemcpyHtoD", ptr, data, data.nbytes)
+
+
+def read(ptr: int, n: int) -> np.ndarray:
+    """``n`` bytes from device address ``ptr``."""
+    out = np.zeros(n, np.uint8)
+    _driver.call("cuMemcpyDtoH", out, ptr, n)
+    return out
