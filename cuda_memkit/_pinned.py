@@ -495,19 +495,8 @@ class HostBuffer(Resource):
         ValueError
             If the buffer was not allocated with ``HostAllocFlags.DEVICEMAP``.
         """
-        self._check_open()
-        if not self._flags & HostAllocFlags.DEVICEMAP:
-            raise ValueError(
-                "this HostBuffer is not mapped into the device address space; allocate "
-                "it with flags=HostAllocFlags.DEVICEMAP to get a device pointer"
-            )
-        if self._dptr is None:
-            if self._ptr == 0:
-                self._dptr = 0
-            else:
-                ensure_context()
-                self._dptr = int(_driver.call("cuMemHostGetDevicePointer", self._ptr, 0))
-        return self._dptr
+        return _device_ptr(self, "this HostBuffer",
+                           "allocate it with flags=HostAllocFlags.DEVICEMAP")
 
     # -- copies ----------------------------------------------------------------------
     def copy_from(self, src: Any) -> None:
@@ -575,6 +564,26 @@ class HostBuffer(Resource):
         """Return a copy of the contents as an ordinary numpy array."""
         out: np.ndarray[Any, Any] = self.array.copy()
         return out
+
+
+def _device_ptr(buf: HostBuffer | RegisteredHost, what: str, how: str) -> int:
+    """``device_ptr`` of a mapped buffer or registration, looked up once and kept.
+
+    ``DEVICEMAP`` is the same bit (0x2) in :class:`HostAllocFlags` and
+    :class:`HostRegisterFlags`; an empty range maps to 0 without a driver call.
+    """
+    buf._check_open()
+    if not buf._flags & HostAllocFlags.DEVICEMAP:
+        raise ValueError(
+            f"{what} is not mapped into the device address space; {how} to get a device pointer"
+        )
+    if buf._dptr is None:
+        if buf._nbytes == 0:
+            buf._dptr = 0
+        else:
+            ensure_context()
+            buf._dptr = int(_driver.call("cuMemHostGetDevicePointer", buf._ptr, 0))
+    return buf._dptr
 
 
 def _address(arr: np.ndarray[Any, Any]) -> int:
@@ -690,19 +699,8 @@ class RegisteredHost(Resource):
         ValueError
             If the range was not registered with ``HostRegisterFlags.DEVICEMAP``.
         """
-        self._check_open()
-        if not self._flags & HostRegisterFlags.DEVICEMAP:
-            raise ValueError(
-                "this registration is not mapped into the device address space; register "
-                "with flags=HostRegisterFlags.DEVICEMAP to get a device pointer"
-            )
-        if self._dptr is None:
-            if self._nbytes == 0:
-                self._dptr = 0
-            else:
-                ensure_context()
-                self._dptr = int(_driver.call("cuMemHostGetDevicePointer", self._ptr, 0))
-        return self._dptr
+        return _device_ptr(self, "this registration",
+                           "register with flags=HostRegisterFlags.DEVICEMAP")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
