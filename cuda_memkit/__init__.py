@@ -33,6 +33,7 @@ from ._errors import (
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._device import Device, Location, LocationType, Stream, device_count
+    from ._growable import GrowableBuffer
     from ._hints import (
         ManagedMemoryHints,
         MigrationPolicy,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._vmm import (
         Access,
         AddressRange,
-        GrowableBuffer,
         HandleType,
         Mapping,
         PhysicalMemory,
@@ -70,8 +70,9 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_managed": ("AttachFlags", "ManagedBuffer", "MemAdvice", "RangeInfo"),
     "_hints": ("ManagedMemoryHints", "MigrationPolicy", "PlanEntry", "PlannedCall",
                "PrefetchPlan"),
-    "_vmm": ("Access", "AddressRange", "GrowableBuffer", "HandleType", "Mapping",
-             "PhysicalMemory", "granularity"),
+    "_vmm": ("Access", "AddressRange", "HandleType", "Mapping", "PhysicalMemory",
+             "granularity"),
+    "_growable": ("GrowableBuffer",),
     "_pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
 }
 _LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}

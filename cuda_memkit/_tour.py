@@ -79,7 +79,8 @@ def _managed_step(say: Say) -> None:
 
 
 def _vmm_step(say: Say) -> None:
-    from ._vmm import GrowableBuffer, granularity
+    from ._growable import GrowableBuffer
+    from ._vmm import granularity
 
     g = granularity(0)
     with GrowableBuffer(1 << 30) as buf:
