@@ -213,8 +213,6 @@ def _acquire(
 
 # -- pool wiring: HostBuffer.pooled / empty(pool=...) ---------------------------------
 
-_UINT8: list[np.dtype[Any]] = []
-_NO_FLAGS = HostAllocFlags.DEFAULT
 _POOLS: Any = None  # cuda_memkit._pool, loaded on first use (feature modules load lazily)
 
 
@@ -225,13 +223,6 @@ def _pools() -> Any:
 
         _POOLS = _pool
     return _POOLS
-
-
-def _uint8() -> np.dtype[Any]:
-    import numpy as np
-
-    _UINT8.append(np.dtype(np.uint8))
-    return _UINT8[0]
 
 
 # -- HostBuffer -------------------------------------------------------------------------
@@ -406,21 +397,12 @@ class HostBuffer(Resource):
             accessible from every device, keeping up to 64 MiB unused.
         """
         pools = _POOLS or _pools()
+        if type(shape) is int and type(dtype) is str and dtype == "uint8" and shape > 0 \
+                and cls is HostBuffer:  # fast path: 1-D bytes (_pool._PooledHostBuffer)
+            buf: HostBuffer = pools.pooled_host_buffer(shape, pool)
+            return buf
         if pool is None:
             pool = pools.MemoryPool.default_pinned()
-        if type(shape) is int and type(dtype) is str and dtype == "uint8" and shape > 0:
-            block = pools.host_block(pool, shape)  # fast path: 1-D bytes
-            assert block is not None
-            self = cls.__new__(cls)
-            self._shape = (shape,)
-            self._dtype = _UINT8[0] if _UINT8 else _uint8()
-            self._nbytes = shape
-            self._flags = _NO_FLAGS
-            self._dptr = None
-            self._ptr = block.ptr
-            self._block = block
-            self._open(block.release)
-            return self
         return cls.empty(shape, dtype, pool=pool)
 
     # -- metadata --------------------------------------------------------------------

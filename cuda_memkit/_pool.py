@@ -15,19 +15,29 @@ the difference), the choices that matter are:
 
 * **No** ``weakref.finalize`` **per buffer**: making and running one costs
   about 1 µs, as much as the driver calls. :class:`PoolBuffer` is a slotted
-  object whose ``__del__`` calls the module-level :func:`_release` with the
-  plain values it holds (the ``CUdeviceptr``, the ``CUstream``, the stream
-  object and the pool), the function ``close()`` calls too: one release
-  path, ≈ 40 ns instead of 1 µs. ``free()`` inlines the same three lines
-  (a Python call saved on the hottest path); a freed buffer costs ``__del__``
-  one attribute test.
+  object; ``allocate()`` makes a :class:`_LivePoolBuffer`, the subclass with
+  a ``__del__`` that calls the module-level :func:`_release` with the plain
+  values it holds (the ``CUdeviceptr``, the ``CUstream``, the stream object
+  and the pool), the function ``close()`` calls too. ``free()`` inlines the
+  release, then turns the object into a plain ``PoolBuffer`` (``__class__``
+  assignment, same layout), so that dropping a freed buffer runs no Python
+  code: the assignment costs 40-60 ns, a ``__del__`` call 80-100 ns.
+  ``_LivePoolBuffer()`` is a plain type call (``object.__new__(cls)`` costs
+  25 ns more).
 * **Typed handles, converted once.** The bindings turn a plain ``int``
   stream, pool or pointer into a ``CUstream`` / ``CUmemoryPool`` /
-  ``CUdeviceptr`` first (≈ 0.1 µs each). The pool keeps its ``CUmemoryPool``,
-  streams go through a cache keyed by the int handle (a ``CUstream`` is a
-  plain value, so a reused handle maps to an equal object) and the buffer
+  ``CUdeviceptr`` first (≈ 0.1 µs each). The pool keeps its ``CUmemoryPool``;
+  a :class:`Stream` carries its ``CUstream`` (``_pool_cus``, set on its
+  first allocation: one attribute load instead of a dict lookup), other
+  stream-likes go through a cache keyed by the int handle (a ``CUstream`` is
+  a plain value, so a reused handle maps to an equal object); the buffer
   hands the ``CUdeviceptr`` the driver returned back to ``cuMemFreeAsync``;
   ``.ptr`` makes the ``int`` only when asked.
+* **Mind what CPython 3.11/3.12 cannot specialize**: loading an instance
+  attribute that a class attribute of the same name shadows (``Resource``'s
+  ``_state``, ``_views``) is a generic lookup, ≈ 20 ns instead of 4; so
+  hot attributes get slots or no class default, and each ``Stream._state``
+  test that stays (one in ``allocate()``, one in ``free()``) is needed.
 * **Driver functions resolved once** (``_driver.function``), results checked
   by hand and errors raised through ``_driver.check``; the rare cases (no
   current context on this thread, a closed allocation stream) are handled off
@@ -44,6 +54,9 @@ Pinned buffers from a pool (:meth:`HostBuffer.pooled`) use :func:`host_block`:
 a small cache of freed blocks per power-of-two size class in front of the
 driver's host pool, because a driver host-pool pair costs a few µs on the
 H100 (probe section E) while the budget is about 1 µs (CuPy's pinned pool).
+``HostBuffer.pooled(n)`` for bytes is :func:`pooled_host_buffer`: the cache
+hit inlined, a slotted :class:`_PooledHostBuffer` whose ``close()`` puts the
+block straight back in its size class's list.
 """
 
 from __future__ import annotations
@@ -75,6 +88,7 @@ from ._device import (
 )
 from ._errors import ClosedError, CudaError, CudaNotSupportedError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
+from ._pinned import HostAllocFlags, HostBuffer
 from ._resource import Resource, State, driver_release, host_array, make_finalizer
 
 if TYPE_CHECKING:
@@ -87,6 +101,7 @@ __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
 _OPEN = State.OPEN
+_CLOSED = State.CLOSED
 _U64_MAX = (1 << 64) - 1
 _INVALID_CONTEXT = 201
 #: Size of an exported pointer (``CUmemPoolPtrExportData``).
@@ -137,6 +152,17 @@ def _custream(stream: StreamLike) -> Any:
             _CUSTREAMS.clear()
         cs = _CUSTREAMS[h] = _cu.CUstream(h)
     return cs
+
+
+def _stream_cus(stream: Stream) -> Any:
+    """First use of an open :class:`Stream` by a pool: cache its ``CUstream`` on it.
+
+    ``allocate()`` then reads ``stream._pool_cus`` (one attribute load instead
+    of a dict lookup); the open-state check stays on every call.
+    """
+    cus = _custream(stream)
+    stream._pool_cus = cus  # type: ignore[attr-defined]
+    return cus
 
 
 def _size_arg(value: object, what: str) -> int:
@@ -270,10 +296,13 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             cus = self._cus
         else:
             cus = _custream(stream)
+        self._dptr = None  # claimed before the driver call, so that nothing frees it twice
         res = _FREE(d, cus)
         if res[0]:
-            _free_failed(res, d, cus, self._pool)
-        self._dptr = None
+            self._dptr = d
+            _free_failed(res, d, cus, self._pool)  # raises, or freed once a context is current
+            self._dptr = None
+        self.__class__ = PoolBuffer  # nothing left for a finalizer: drop __del__
 
     def close(self) -> None:
         """Free the buffer on its allocation stream; calling it again does nothing.
@@ -293,26 +322,7 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         except BaseException:
             self._dptr = d
             raise
-
-    def __del__(self) -> None:
-        try:
-            d = self._dptr
-        except AttributeError:  # never fully made
-            return
-        if d is None:
-            if self._views is None:
-                return
-            d = self.__dict__.pop("_deferred", None)
-            if d is None:
-                return
-        if sys.is_finalizing():
-            return
-        self._dptr = None
-        try:
-            _release(d, self._cus, self._sref, self._pool)
-        except CudaError as exc:
-            warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
-                          MemkitWarning, stacklevel=1)
+        self.__class__ = PoolBuffer
 
     def __enter__(self) -> Self:
         self._check_open()
@@ -383,6 +393,44 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         if self._dptr is None:
             return "<PoolBuffer freed>"
         return f"<PoolBuffer 0x{int(self._dptr):x} nbytes={self._nbytes} from {self._pool!r}>"
+
+
+class _LivePoolBuffer(PoolBuffer):
+    """A :class:`PoolBuffer` that still owns its memory: the only kind with a finalizer.
+
+    ``allocate()`` makes these; ``free()`` and ``close()`` turn the object
+    into a plain :class:`PoolBuffer` (``__class__`` assignment, same layout)
+    once the memory is gone, so that dropping a freed buffer runs no Python
+    ``__del__`` at all: cheaper than a ``__del__`` call that finds nothing to
+    do. A buffer whose free failed, or whose close() waits for numpy views,
+    keeps this class and is freed by garbage collection.
+    """
+
+    __slots__ = ()
+    if TYPE_CHECKING:
+        def __init__(self) -> None: ...
+    else:
+        __init__ = object.__init__  # made by _LivePoolBuffer() (PoolBuffer() refuses)
+
+    def __del__(self) -> None:
+        try:
+            d = self._dptr
+        except AttributeError:  # never fully made
+            return
+        if d is None:  # closed while numpy views were alive: the free was deferred
+            if self._views is None:
+                return
+            d = self.__dict__.pop("_deferred", None)
+            if d is None:
+                return
+        if sys.is_finalizing():
+            return
+        self._dptr = None
+        try:
+            _release(d, self._cus, self._sref, self._pool)
+        except CudaError as exc:
+            warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
+                          MemkitWarning, stacklevel=1)
 
 
 _new_object = object.__new__
@@ -462,7 +510,9 @@ class MemoryPool(Resource):
     """
 
     _gen: object = None  # default_pinned(): the simulated machine it was made on
-    _hcache: _HostCache | None = None  # host pools: released blocks for HostBuffer
+    # Host pools: released blocks for HostBuffer. Set by _setup(), no class default:
+    # an instance attribute shadowing a class attribute is a slow (unspecialized) load.
+    _hcache: _HostCache | None
 
     def __init__(
         self,
@@ -578,7 +628,7 @@ class MemoryPool(Resource):
         It lives as long as the process; ``close()`` on it does nothing.
         """
         pool = _pinned_default
-        if pool is None or pool._gen is not _generation():
+        if pool is None or (_sim_state is not None and pool._gen is not _sim_state.MACHINE):
             pool = _make_default_pinned()
         return pool
 
@@ -688,25 +738,26 @@ class MemoryPool(Resource):
         CudaOutOfMemoryError
             Beyond ``max_size`` or the device's memory.
         """
-        if type(nbytes) is not int:
+        if type(nbytes) is not int or nbytes <= 0:
             nbytes = _size_arg(nbytes, "nbytes")
-        if nbytes <= 0:
-            raise ValueError(f"nbytes must be > 0, got {nbytes}")
+            if nbytes <= 0:
+                raise ValueError(f"nbytes must be > 0, got {nbytes}")
         cupool = self._acu
         if cupool is None:
             self._check_open()
             raise ValueError("an imported pool cannot allocate; use import_pointer()")
         if type(stream) is Stream and stream._state is _OPEN:
-            cus = _CUSTREAMS.get(stream._handle)
-            if cus is None:
-                cus = _custream(stream)
+            try:
+                cus = stream._pool_cus  # type: ignore[attr-defined]
+            except AttributeError:
+                cus = _stream_cus(stream)
         else:
             cus = _custream(stream)
-        res = _ALLOC(nbytes, cupool, cus)
-        if res[0]:
-            res = self._alloc_failed(res, nbytes, cupool, cus)
-        buf = _new_object(PoolBuffer)
-        buf._dptr = res[1]
+        err, dptr = _ALLOC(nbytes, cupool, cus)
+        if err:
+            dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
+        buf = _LivePoolBuffer()
+        buf._dptr = dptr
         buf._nbytes = nbytes
         buf._cus = cus
         buf._sref = stream
@@ -902,7 +953,7 @@ class MemoryPool(Resource):
         share = _cu.CUmemPoolPtrExportData()
         ctypes.memmove(share.getPtr(), raw, EXPORT_DATA_SIZE)
         dptr = _driver.call("cuMemPoolImportPointer", self._cu, share)
-        buf = _new_object(PoolBuffer)
+        buf = _LivePoolBuffer()
         buf._dptr, buf._nbytes, buf._cus, buf._sref, buf._pool = dptr, 0, cus, stream, self
         self._imports.add(buf)
         if size is None:
@@ -963,6 +1014,7 @@ class MemoryPool(Resource):
 _pinned_lock = threading.Lock()
 _pinned_default: MemoryPool | None = None
 _host_stream: Stream | None = None
+_sim_state: Any = None  # cuda_memkit.sim._state if the default pinned pool is simulated
 
 
 def _generation() -> object:
@@ -972,7 +1024,7 @@ def _generation() -> object:
 
 
 def _make_default_pinned() -> MemoryPool:
-    global _pinned_default, _host_stream
+    global _pinned_default, _host_stream, _sim_state
     with _pinned_lock:
         pool = _pinned_default
         if pool is not None and pool._gen is _generation():
@@ -986,6 +1038,9 @@ def _make_default_pinned() -> MemoryPool:
             raise
         pool._gen = _generation()  # after the first driver call loaded the backend
         _host_stream = None
+        # default_pinned() compares the machine only on the simulator (a
+        # function call per buffer otherwise; the backend never changes).
+        _sim_state = sys.modules.get("cuda_memkit.sim._state") if pool._gen is not None else None
         _pinned_default = pool
         return pool
 
@@ -1012,23 +1067,24 @@ class _HostCache:
     Holds no reference to the pool, so the pool's finalizer can take it as a
     plain argument and empty it before destroying the pool. The cached
     objects are the :class:`_HostBlock` objects themselves (reused, not
-    re-made).
+    re-made). ``bins`` has a list for every size class from the start and
+    keeps it for good: a block holds its class's list (``_bin``) and goes
+    back without a lookup.
     """
 
     __slots__ = ("bins", "cached", "cus", "open")
 
     def __init__(self) -> None:
-        self.bins: dict[int, list[_HostBlock]] = {}
+        self.bins: dict[int, list[_HostBlock]] = {
+            1 << i: [] for i in range(HOST_CACHE_MAX_BLOCK.bit_length())}
         self.cached = 0
         self.cus: Any = None  # the CUstream of host_stream(), set on first use
         self.open = True
 
     def put(self, block: _HostBlock) -> None:
         size = block._size
-        if self.open and size <= HOST_CACHE_MAX_BLOCK and self.cached + size <= HOST_CACHE_LIMIT:
-            blocks = self.bins.get(size)
-            if blocks is None:
-                blocks = self.bins[size] = []
+        blocks = block._bin
+        if blocks is not None and self.open and self.cached + size <= HOST_CACHE_LIMIT:
             blocks.append(block)
             self.cached += size
             return
@@ -1037,9 +1093,13 @@ class _HostCache:
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""
-        bins, self.bins, self.cached = self.bins, {}, 0
-        for blocks in bins.values():
-            for block in blocks:
+        for blocks in self.bins.values():
+            while blocks:
+                try:
+                    block = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    break
+                self.cached -= block._size
                 d, block._dptr = block._dptr, None
                 _driver.check("cuMemFreeAsync", _FREE(d, self.cus))
 
@@ -1057,8 +1117,9 @@ class _HostBlock:
     new block object, never by resurrecting itself.
     """
 
-    __slots__ = ("_busy", "_cache", "_dptr", "_size", "ptr")
+    __slots__ = ("_bin", "_busy", "_cache", "_dptr", "_size", "ptr")
 
+    _bin: list[_HostBlock] | None  # its size class's list in the cache; None: never cached
     _busy: bool
     _cache: _HostCache
     _dptr: Any
@@ -1080,6 +1141,7 @@ class _HostBlock:
         heir = _new_object(_HostBlock)
         heir._cache, heir._dptr, heir._size, heir.ptr = (self._cache, self._dptr, self._size,
                                                          self.ptr)
+        heir._bin = self._bin
         heir._busy = False
         try:
             self._cache.put(heir)
@@ -1135,9 +1197,111 @@ def host_block(pool: object, nbytes: int, flags: int = 0) -> _HostBlock | None:
     if res[0]:
         _driver.check("cuMemAllocFromPoolAsync", res)
     block = _new_object(_HostBlock)
+    block._bin = cache.bins.get(size)
     block._cache = cache
     block._dptr = res[1]
     block._size = size
     block.ptr = int(res[1])
     block._busy = True
     return block
+
+
+# -- HostBuffer.pooled(n): 1-D pinned bytes from a pool's block cache --------------------
+
+_U8: Any = None  # numpy's uint8 dtype, loaded on first use
+
+
+def _uint8() -> Any:
+    global _U8
+    import numpy as np
+
+    _U8 = np.dtype(np.uint8)
+    return _U8
+
+
+class _PooledHostBuffer(HostBuffer):
+    """What ``HostBuffer.pooled(n)`` gives for 1-D bytes: a HostBuffer on a cached block.
+
+    Everything a :class:`HostBuffer` does (``array``, ``ptr``, copies,
+    ``with``, ``ClosedError``), trimmed for a pair that must cost about as
+    much as CuPy's pinned pool: slots for the state read on the hot path (a
+    ``Resource`` class default would make those loads generic), a plain type
+    call to make it, and a ``close()`` that puts the block back in its cache
+    itself. A buffer collected without ``close()`` drops its block, whose
+    ``__del__`` gives the memory back; with numpy views alive, ``close()``
+    leaves that to them in the same way.
+    """
+
+    __slots__ = ("_block", "_dtype", "_nbytes", "_ptr", "_shape", "_state", "_views")
+    if TYPE_CHECKING:
+        def __init__(self) -> None: ...
+    else:
+        __init__ = object.__init__  # made by pooled_host_buffer() (HostBuffer() refuses)
+    _flags = HostAllocFlags.DEFAULT
+    _dptr = None
+
+    _block: _HostBlock | None
+    _views: Any
+
+    def _check_open(self) -> None:
+        if self._state is _CLOSED:
+            raise ClosedError("HostBuffer is closed; it cannot be used any more")
+
+    def close(self) -> None:
+        """Give the block back to the pool's cache; calling it again does nothing."""
+        if self._state is _CLOSED:
+            return
+        self._state = _CLOSED
+        if self._views:
+            return  # the block goes back once the views and the buffer are gone
+        block = self._block
+        assert block is not None
+        self._block = None
+        block._busy = False
+        cache = block._cache
+        size = block._size
+        blocks = block._bin  # _HostCache.put() inlined
+        if blocks is not None and cache.open and cache.cached + size <= HOST_CACHE_LIMIT:
+            blocks.append(block)
+            cache.cached += size
+        else:
+            cache.put(block)
+
+
+def pooled_host_buffer(nbytes: int, pool: object) -> HostBuffer:
+    """``HostBuffer.pooled(nbytes)`` for an int ``nbytes > 0`` and dtype uint8.
+
+    ``pool``: a pinned host MemoryPool, or None for :meth:`MemoryPool.default_pinned`.
+    A cache hit is :func:`host_block` inlined; anything else (a miss, a large
+    block, a bad or closed pool) goes through :func:`host_block`.
+    """
+    if pool is None:
+        pool = _pinned_default
+        if pool is None or (_sim_state is not None and pool._gen is not _sim_state.MACHINE):
+            pool = _make_default_pinned()
+        cache = pool._hcache
+    else:
+        cache = pool._hcache if type(pool) is MemoryPool else None
+    block = None
+    if cache is not None and nbytes <= HOST_CACHE_MAX_BLOCK:  # closed: the bins are empty
+        blocks = cache.bins[nbytes if not nbytes & (nbytes - 1) else 1 << nbytes.bit_length()]
+        if blocks:
+            try:
+                block = blocks.pop()
+            except IndexError:  # another thread took the last one
+                pass
+            else:
+                cache.cached -= block._size
+                block._busy = True
+    if block is None:
+        block = host_block(pool, nbytes)  # checks the pool; the driver on a miss
+        assert block is not None
+    buf = _PooledHostBuffer()
+    buf._ptr = block.ptr
+    buf._nbytes = nbytes
+    buf._shape = (nbytes,)
+    buf._dtype = _U8 if _U8 is not None else _uint8()
+    buf._block = block
+    buf._views = None
+    buf._state = _OPEN
+    return buf

@@ -1,0 +1,267 @@
+"""The allocation hot paths: PoolBuffer's finalizer hand-over and HostBuffer.pooled's buffers.
+
+``allocate()`` makes a finalizing subclass of PoolBuffer; ``free()`` and
+``close()`` turn it into a plain PoolBuffer once the memory is gone, so that
+every allocation is freed exactly once, whichever way it goes.
+``HostBuffer.pooled(n)`` gives a slotted HostBuffer whose ``close()`` puts its
+block straight back in the pool's cache.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from cuda.bindings.driver import CUresult
+
+import cuda_memkit as cm
+from cuda_memkit import _pool
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def pool() -> Iterator[cm.MemoryPool]:
+    p = cm.MemoryPool(0)
+    yield p
+    p.close(force=True)
+
+
+@pytest.fixture
+def host_pool() -> Iterator[cm.MemoryPool]:
+    p = cm.MemoryPool(location=cm.Location.host())
+    yield p
+    p.close(force=True)
+
+
+@pytest.fixture
+def frees(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every cuMemFreeAsync the pool module makes, by address (pools made later included)."""
+    calls: list[int] = []
+
+    def counting(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def free(dptr: Any, cus: Any) -> Any:
+            calls.append(int(dptr))
+            return fn(dptr, cus)
+        return free
+
+    resolve = _pool._resolve
+
+    def resolve_counting() -> None:
+        resolve()
+        _pool._FREE = counting(_pool._FREE)
+
+    resolve()
+    monkeypatch.setattr(_pool, "_FREE", counting(_pool._FREE))
+    monkeypatch.setattr(_pool, "_resolve", resolve_counting)
+    return calls
+
+
+def used(pool: cm.MemoryPool) -> int:
+    return pool.stats().used_current
+
+
+# -- PoolBuffer: freed exactly once ------------------------------------------------------
+
+
+def test_free_leaves_nothing_for_the_finalizer(pool: cm.MemoryPool, stream: cm.Stream,
+                                               frees: list[int]) -> None:
+    buf = pool.allocate(4096, stream=stream)
+    assert isinstance(buf, cm.PoolBuffer) and type(buf) is not cm.PoolBuffer  # owns memory
+    ptr = buf.ptr
+    buf.free()
+    assert type(buf) is cm.PoolBuffer and buf.closed
+    assert frees == [ptr]
+    del buf
+    gc.collect()
+    assert frees == [ptr] and used(pool) == 0
+
+
+@pytest.mark.parametrize("how", ["close", "with"])
+def test_close_leaves_nothing_for_the_finalizer(pool: cm.MemoryPool, stream: cm.Stream,
+                                                frees: list[int], how: str) -> None:
+    buf = pool.allocate(4096, stream=stream)
+    ptr = buf.ptr
+    if how == "close":
+        buf.close()
+    else:
+        with buf:
+            pass
+    assert type(buf) is cm.PoolBuffer and buf.closed
+    buf.close()  # again: nothing
+    del buf
+    gc.collect()
+    assert frees == [ptr] and used(pool) == 0
+
+
+def test_unfreed_buffer_is_freed_once_by_gc(pool: cm.MemoryPool, stream: cm.Stream,
+                                            frees: list[int]) -> None:
+    bufs = [pool.allocate(4096, stream=stream) for _ in range(3)]
+    ptrs = sorted(b.ptr for b in bufs)
+    del bufs
+    gc.collect()
+    assert sorted(frees) == ptrs and used(pool) == 0
+
+
+def test_free_on_another_stream_hands_over_too(pool: cm.MemoryPool, stream: cm.Stream,
+                                               frees: list[int]) -> None:
+    buf = pool.allocate(4096, stream=stream)
+    ptr = buf.ptr
+    with cm.Stream() as other:
+        buf.free(stream=other)
+        other.synchronize()
+    assert type(buf) is cm.PoolBuffer
+    del buf
+    gc.collect()
+    assert frees == [ptr]
+
+
+def test_failed_free_keeps_the_finalizer(pool: cm.MemoryPool, stream: cm.Stream,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = pool.allocate(4096, stream=stream)
+    monkeypatch.setattr(_pool, "_FREE", lambda d, c: (CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.raises(cm.CudaInvalidValueError):
+        buf.free()
+    assert not buf.closed and type(buf) is not cm.PoolBuffer  # still owns the memory
+    monkeypatch.undo()
+    assert used(pool) == 4096
+    del buf
+    gc.collect()
+    assert used(pool) == 0
+
+
+def test_closed_stream_refused_after_its_handle_was_cached(pool: cm.MemoryPool) -> None:
+    s = cm.Stream()
+    pool.allocate(4096, stream=s).free()  # the stream now carries its CUstream
+    s.synchronize()
+    s.close()
+    with pytest.raises(cm.ClosedError):
+        pool.allocate(4096, stream=s)
+    assert used(pool) == 0
+
+
+def test_views_defer_the_free_to_the_finalizer(host_pool: cm.MemoryPool, stream: cm.Stream,
+                                               frees: list[int]) -> None:
+    buf = host_pool.allocate(4096, stream=stream)
+    ptr = buf.ptr
+    stream.synchronize()
+    arr = buf.array
+    buf.close()
+    assert buf.closed and type(buf) is not cm.PoolBuffer and frees == []
+    arr[:] = 1
+    del arr, buf
+    gc.collect()
+    assert frees == [ptr] and used(host_pool) == 0
+
+
+def test_allocate_makes_live_buffers(pool: cm.MemoryPool, stream: cm.Stream) -> None:
+    """Every PoolBuffer that owns memory has the finalizer; PoolBuffer() still refuses."""
+    buf = pool.allocate(MiB, stream=stream)
+    assert type(buf) is _pool._LivePoolBuffer
+    with pytest.raises(TypeError):
+        cm.PoolBuffer()
+    buf.free()
+
+
+# -- HostBuffer.pooled(n) -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_pinned() -> cm.MemoryPool:
+    """Make the process-wide pool (and its stream) before the leak check's snapshots."""
+    pool = cm.MemoryPool.default_pinned()
+    cm.HostBuffer.pooled(1).close()
+    pool.trim()
+    return pool
+
+
+@pytest.fixture
+def default_cache(default_pinned: cm.MemoryPool) -> Iterator[Any]:
+    yield default_pinned._hcache
+    gc.collect()
+    default_pinned.trim()  # cached blocks go back, for the leak check
+
+
+def cached_bytes(cache: Any) -> int:
+    return sum(b._size for blocks in cache.bins.values() for b in blocks)
+
+
+def test_pooled_buffer_is_a_full_hostbuffer(default_cache: Any) -> None:
+    h = cm.HostBuffer.pooled(4096)
+    assert isinstance(h, cm.HostBuffer)
+    assert h.shape == (4096,) and h.size == 4096 and len(h) == 4096 and h.nbytes == 4096
+    assert h.dtype == np.uint8 and h.flags == cm.HostAllocFlags.DEFAULT
+    assert "HostBuffer" in repr(h) and not h.closed
+    with pytest.raises(ValueError, match="DEVICEMAP"):
+        _ = h.device_ptr
+    h.copy_from(np.full(4096, 7, np.uint8))
+    assert h.to_numpy().sum() == 7 * 4096
+    with h as same:
+        assert same is h
+    assert h.closed and "closed" in repr(h)
+    with pytest.raises(cm.ClosedError, match="HostBuffer is closed"):
+        _ = h.ptr
+    with pytest.raises(cm.ClosedError):
+        _ = h.array
+    with pytest.raises(cm.ClosedError):
+        with h:
+            pass
+    h.close()
+
+
+def test_pooled_close_gives_the_block_back_once(default_cache: Any) -> None:
+    h = cm.HostBuffer.pooled(4096)
+    ptr = h.ptr
+    before = default_cache.cached
+    h.close()
+    h.close()
+    assert default_cache.cached == before + 4096 == cached_bytes(default_cache)
+    del h
+    gc.collect()  # a closed buffer has nothing left to give back
+    assert default_cache.cached == before + 4096
+    a = cm.HostBuffer.pooled(4096)
+    b = cm.HostBuffer.pooled(4096)
+    assert a.ptr == ptr and b.ptr != ptr  # the block is lent once
+    a.close()
+    b.close()
+    assert default_cache.cached == cached_bytes(default_cache)
+
+
+def test_pooled_accounting_over_size_classes(default_cache: Any) -> None:
+    sizes = [1, 3, 4096, 5000, 65536, MiB, MiB + 1, 2 * MiB]
+    for _ in range(3):
+        bufs = [cm.HostBuffer.pooled(n) for n in sizes]
+        assert len({b.ptr for b in bufs}) == len(sizes)
+        for b in bufs:
+            b.close()
+        assert default_cache.cached == cached_bytes(default_cache) <= _pool.HOST_CACHE_LIMIT
+    assert all(b._size <= _pool.HOST_CACHE_MAX_BLOCK
+               for blocks in default_cache.bins.values() for b in blocks)
+
+
+def test_pooled_from_a_given_pool(host_pool: cm.MemoryPool) -> None:
+    h = cm.HostBuffer.pooled(100, pool=host_pool)
+    ptr = h.ptr
+    h.close()
+    assert host_pool._hcache is not None and host_pool._hcache.cached == 128
+    again = cm.HostBuffer.pooled(128, pool=host_pool)
+    assert again.ptr == ptr
+    again.close()
+    host_pool.close()
+    with pytest.raises(cm.ClosedError):
+        cm.HostBuffer.pooled(100, pool=host_pool)  # its cache was emptied: the checks run
+
+
+def test_pooled_buffer_collected_without_close(default_cache: Any) -> None:
+    h = cm.HostBuffer.pooled(8192)
+    ptr = h.ptr
+    before = default_cache.cached
+    del h
+    gc.collect()
+    assert default_cache.cached == before + 8192
+    again = cm.HostBuffer.pooled(8192)
+    assert again.ptr == ptr
+    again.close()
