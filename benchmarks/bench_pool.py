@@ -3,8 +3,8 @@
     python benchmarks/bench_pool.py [--json PATH] [--quick]
 
 One table, every row measured in this run (median over interleaved samples of
-the time per alloc+free pair; each sample runs a loop of pairs, then
-synchronizes):
+the time per alloc+free pair; each sample runs a loop of pairs per case, then
+synchronizes, the cases in a shuffled order):
 
 * 1 MiB device allocations: raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync``
   (the reference), ``MemoryPool.allocate(n, stream=s).free()``, CuPy
@@ -24,8 +24,10 @@ the run is always --quick and the numbers are the simulator's.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -48,15 +50,24 @@ def check(res: Any) -> Any:
 
 def measure(cases: dict[str, Loop | None], pairs: dict[str, int], samples: int,
             sync: Callable[[], None]) -> dict[str, float | None]:
-    """Median seconds per pair; the cases take turns so that drift hits them alike."""
+    """Median seconds per pair; the cases take turns so that drift hits them alike.
+
+    Each sample runs every case once, in an order shuffled per sample (a fixed
+    seed), so that no case always follows the same one; garbage a case left
+    behind is collected before the next one's timing starts.
+    """
     live = {k: fn for k, fn in cases.items() if fn is not None}
     for key, fn in live.items():  # warm up: pools grow, caches fill, code is compiled
         fn(max(pairs[key] // 10, 2))
         sync()
     times: dict[str, list[float]] = {k: [] for k in live}
+    order = list(live)
+    rng = random.Random(6)
     for _ in range(samples):
-        for key, fn in live.items():
-            n = pairs[key]
+        rng.shuffle(order)
+        for key in order:
+            fn, n = live[key], pairs[key]
+            gc.collect()
             t0 = time.perf_counter()
             fn(n)
             sync()
