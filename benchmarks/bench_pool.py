@@ -161,7 +161,7 @@ def main() -> None:
     old_threshold = default.release_threshold
     default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
     if cupy is not None:
-        cupy_stream = cupy.cuda.ExternalStream(s.handle)
+        cupy_stream = cupy.cuda.Stream.from_external(s)
         malloc_async = cupy.cuda.malloc_async
 
         def cupy_device(k: int) -> None:

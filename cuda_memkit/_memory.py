@@ -146,6 +146,8 @@ def _operand_slow(obj: Any, dst: bool) -> _Operand:
     numpy_mod: Any = sys.modules.get("numpy")
     if numpy_mod is not None and isinstance(obj, numpy_mod.integer):
         return _operand(int(obj), dst)
+    if isinstance(obj, HostBuffer):  # subclasses, e.g. pooled pinned buffers
+        return obj.ptr, obj._nbytes, obj._dtype, _DRIVER, None
     if isinstance(obj, RegisteredHost):
         if dst and obj.read_only:
             raise ValueError(
