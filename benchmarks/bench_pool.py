@@ -161,7 +161,9 @@ def main() -> None:
     old_threshold = default.release_threshold
     default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
     if cupy is not None:
-        cupy_stream = cupy.cuda.Stream.from_external(s)
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        cupy_stream = (from_external(s) if from_external is not None
+                       else cupy.cuda.ExternalStream(s.handle))
         malloc_async = cupy.cuda.malloc_async
 
         def cupy_device(k: int) -> None:
