@@ -252,9 +252,11 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         with _Undo() as undo:
             for i in range(have, need):
                 addr = gs.ptr + i * chunk
-                h = int(check("cuMemCreate", create(chunk, prop, 0)))
+                handle = check("cuMemCreate", create(chunk, prop, 0))
+                h = int(handle)
                 undo.push(_release_handle, h)
-                check("cuMemMap", mmap(addr, chunk, 0, h, 0))
+                # the driver's own handle object: no int -> handle conversion in the call
+                check("cuMemMap", mmap(addr, chunk, 0, handle, 0))
                 undo.push(_unmap_raw, addr, chunk)
                 check("cuMemSetAccess", setacc(addr, chunk, descs, ndesc))
                 new.append(h)
