@@ -85,7 +85,7 @@ def main() -> None:
     nbytes = 4 * MiB if (simulated and args.quick) else 256 * MiB
     repeat = 5 if args.quick else 15
     alloc_sizes = (4096, 16 * MiB)
-    alloc_repeat = 7 if args.quick else 21
+    alloc_repeat = 7 if args.quick else 61
 
     s = cm.Stream()
     h = s.handle
