@@ -60,8 +60,11 @@ def interleaved(cases: dict[str, Callable[[], None]], sync: Callable[[], None], 
         for fn in cases.values():
             timed(fn, sync)
     samples: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeat):
-        for key, fn in cases.items():
+    order = list(cases.items())
+    for i in range(repeat):
+        # Alternate the order as well (ABBA...), so that no case always
+        # follows the same one (the driver's state after a free matters).
+        for key, fn in (order if i % 2 == 0 else order[::-1]):
             samples[key].append(timed(fn, sync))
     return {k: statistics.median(v) for k, v in samples.items()}
 
