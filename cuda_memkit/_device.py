@@ -63,6 +63,16 @@ def primary_context(ordinal: int) -> int:
     return ctx
 
 
+def ensure_any_context() -> None:
+    """Make sure the calling thread has a current context (device 0's primary if none).
+
+    One driver call when a context is current: the cheap form of
+    :func:`ensure_context` for callers that do not need the device ordinal.
+    """
+    if not int(_driver.call("cuCtxGetCurrent")):
+        ensure_context(0)
+
+
 def ensure_context(ordinal: int | None = None) -> int:
     """Make sure the calling thread has a current context and return its device.
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _driver
-from ._device import ensure_context
+from ._device import ensure_any_context, ensure_context
 from ._resource import Resource, State, _ArrayHolder, host_array, make_finalizer
 
 if TYPE_CHECKING:
@@ -183,13 +183,13 @@ def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
 
 def _alloc_pinned(nbytes: int, flags: int) -> int:
     """``cuMemHostAlloc``: return the address of ``nbytes`` new pinned bytes."""
-    ensure_context()
+    ensure_any_context()
     return int(_driver.call("cuMemHostAlloc", nbytes, flags))
 
 
 def _free_pinned(ptr: int) -> None:
     """``cuMemFreeHost`` (the release function of a HostBuffer's finalizer)."""
-    ensure_context()
+    ensure_any_context()
     _driver.call("cuMemFreeHost", ptr)
 
 
