@@ -282,12 +282,19 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             If the buffer was already freed, or the stream is a closed
             :class:`Stream` (the buffer then stays allocated; free it on
             another stream, or ``close()`` it).
+        BufferError
+            If numpy views of the memory (:attr:`array`) are alive (the
+            buffer then stays allocated; drop them, or ``close()`` it, which
+            frees once they are gone).
         CudaError
             If the driver refuses (the buffer then stays allocated).
         """
         d = self._dptr  # _release() inlined: this is the hot path
         if d is None:
             raise ClosedError("PoolBuffer was already freed")
+        if self._views:
+            raise BufferError("numpy views of this buffer are alive; drop them first, "
+                              "or close() it, which frees once they are gone")
         if stream is None:
             sref = self._sref
             if type(sref) is Stream and sref._state is not _OPEN:

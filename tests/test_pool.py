@@ -354,6 +354,21 @@ def test_views_defer_the_free(host_pool: cm.MemoryPool, stream: cm.Stream) -> No
     assert used(host_pool) == 0
 
 
+def test_free_refuses_live_views(host_pool: cm.MemoryPool, stream: cm.Stream) -> None:
+    h = host_pool.allocate(4096, stream=stream)
+    stream.synchronize()
+    arr = h.array
+    with pytest.raises(BufferError, match="numpy views of this buffer are alive"):
+        h.free()
+    assert not h.closed and used(host_pool) == 4096  # still allocated and usable
+    arr[:] = 3
+    assert np.asarray(h)[4095] == 3
+    del arr
+    h.free()
+    stream.synchronize()
+    assert h.closed
+
+
 def test_managed_pool(stream: cm.Stream) -> None:
     try:
         p = cm.MemoryPool(managed=True)
