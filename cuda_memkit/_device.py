@@ -45,6 +45,22 @@ def _check_ordinal(ordinal: object, what: str = "device") -> int:
     return ordinal
 
 
+def _existing_ordinal(ordinal: object, what: str = "device") -> int:
+    """:func:`_check_ordinal`, then ``ValueError`` for a device that does not exist."""
+    o = _check_ordinal(ordinal, what)
+    n = device_count()
+    if o >= n:
+        raise ValueError(f"{what} {o} does not exist ({n} device(s) visible)")
+    return o
+
+
+def _check_exists(loc: Location) -> Location:
+    """``ValueError`` if ``loc`` names a device that does not exist; returns ``loc``."""
+    if loc.type is LocationType.DEVICE:
+        _existing_ordinal(loc.id)
+    return loc
+
+
 # Primary contexts, retained once per device for the life of the process.
 _ctx_lock = threading.Lock()
 _primary: dict[int, int] = {}

@@ -13,7 +13,14 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._device import Device, Location, LocationType, _check_ordinal, primary_context
+from ._device import (
+    Device,
+    Location,
+    LocationType,
+    _check_ordinal,
+    _existing_ordinal,
+    primary_context,
+)
 from ._errors import CudaError
 from ._interop import DL_CUDA, DeviceMemoryMixin
 from ._resource import Resource, make_finalizer
@@ -123,10 +130,8 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
                  peers: Iterable[Device | int] = ()) -> None:
         max_size = _positive("max_size", max_size)
         ordinal = _check_ordinal(device)
-        peer_list = [_check_ordinal(p, "peer") for p in peers]
+        peer_list = [_existing_ordinal(p, "peer") for p in peers]
         gran = granularity(ordinal)
-        for p in peer_list:
-            Device(p)  # CudaInvalidDeviceError for a device that does not exist
         if chunk is None:
             chunk = granularity(ordinal, recommended=True)
         else:
@@ -272,7 +277,8 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         Raises
         ------
         ValueError
-            For a host location, or for changing the owning device's access.
+            For a host location, a device that does not exist, or for
+            changing the owning device's access (nothing is changed).
         CudaError
             From the driver (e.g. a device that cannot access this one's memory).
         """
@@ -283,6 +289,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         for loc in locs:
             if loc.type is not LocationType.DEVICE:
                 raise ValueError(f"grant_access takes devices, not {loc}")
+            _existing_ordinal(loc.id)
             if loc.id == self._device and acc is not Access.READWRITE:
                 raise ValueError("the owning device always keeps READWRITE access")
             ordinals.append(loc.id)

@@ -110,8 +110,26 @@ def test_bad_input(g: int, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def test_peer_that_does_not_exist(g: int) -> None:
-    with pytest.raises(cm.CudaInvalidDeviceError):
+    with pytest.raises(ValueError, match="does not exist") as info:
         cm.GrowableBuffer(g, peers=[cm.device_count() + 3])
+    assert not isinstance(info.value, cm.CudaError)  # refused before the driver
+
+
+def test_grant_access_to_a_device_that_does_not_exist(g: int) -> None:
+    bad = cm.device_count() + 3
+    with cm.GrowableBuffer(4 * g, chunk=g) as buf:
+        for sizes in ((), (2 * g,)):  # with no chunks, then with two
+            for n in sizes:
+                buf.resize(n)
+            with pytest.raises(ValueError, match="does not exist") as info:
+                buf.grant_access(bad)
+            assert not isinstance(info.value, cm.CudaError)
+            with pytest.raises(ValueError, match="does not exist"):
+                buf.grant_access([0, bad])
+            assert buf.peers == () and buf.access(bad) is cm.Access.NONE
+        buf.resize(4 * g)  # later resizes still work
+        buf.resize(g)
+        assert buf.nbytes == g
 
 
 def test_resize_bad_input(g: int) -> None:
