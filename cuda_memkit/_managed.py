@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 import operator
 import os
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from . import _device, _driver
 from ._device import Location, LocationType, StreamLike, as_location, stream_handle
 from ._errors import CudaDriverNotFoundError, CudaInvalidValueError
 from ._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
+from ._pinned import _nbytes
 from ._resource import Resource, host_array, make_finalizer
 
 if TYPE_CHECKING:
@@ -573,7 +573,7 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
             raise TypeError(f"dtype {dt} has no size")
         shp = _normalize_shape(shape)
         flags = _attach_at_alloc(attach)
-        nbytes = math.prod(shp) * dt.itemsize
+        nbytes = _nbytes(shp, dt)  # ValueError past MAX_NBYTES, like HostBuffer
         ordinal = _device.ensure_context()
         self = cls.__new__(cls)
         self._shape = shp
@@ -607,7 +607,8 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
         Raises
         ------
         TypeError, ValueError
-            For a bad shape, dtype or flag (before any driver call).
+            For a bad shape, dtype or flag, or a size past the largest
+            possible buffer (before any driver call).
         CudaOutOfMemoryError
             If the driver cannot reserve the memory.
         """

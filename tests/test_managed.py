@@ -124,6 +124,9 @@ def test_zero_length_allocates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"shape": 4, "attach": cm.AttachFlags.GLOBAL | cm.AttachFlags.HOST}, ValueError),
     ({"shape": 4, "attach": True}, TypeError),
     ({"shape": 4, "attach": "global"}, TypeError),
+    ({"shape": (2**40, 2**40)}, ValueError),  # too many bytes for any buffer
+    ({"shape": 1 << 61, "dtype": "float64"}, ValueError),
+    ({"shape": 1 << 63}, ValueError),
 ])
 def test_bad_arguments_fail_before_the_driver(monkeypatch: pytest.MonkeyPatch,
                                               kwargs: dict[str, Any], exc: type) -> None:
