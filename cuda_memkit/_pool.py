@@ -81,6 +81,7 @@ from ._device import (
     LocationType,
     Stream,
     StreamLike,
+    _check_exists,
     as_location,
     device_count,
     ensure_context,
@@ -884,12 +885,18 @@ class MemoryPool(Resource):
             ``Access.READWRITE`` or ``Access.NONE`` (the H100 refuses
             ``READ`` with ``CudaNotSupportedError``, and revoking the owning
             device's access with ``CudaInvalidDeviceError``).
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a bad location or access, or a device that does not exist
+            (before the driver call).
         """
         flags = _access_arg(access)
         items = list(device) if isinstance(device, Iterable) else [device]
         if not items:
             raise ValueError("no device given")
-        locs = [as_location(d) for d in items]
+        locs = [_check_exists(as_location(d)) for d in items]
         self._check_open()
         descs = []
         for loc in locs:
@@ -900,8 +907,24 @@ class MemoryPool(Resource):
         _driver.call("cuMemPoolSetAccess", self._cu, descs, len(descs))
 
     def access(self, device: LocationLike) -> Access:
-        """Return the access ``device`` (or a host location) has to the pool's memory."""
-        loc = as_location(device)
+        """Return the access ``device`` (or a host location) has to the pool's memory.
+
+        Parameters
+        ----------
+        device : Device, int or Location
+            Whose access to read (``cuMemPoolGetAccess``).
+
+        Returns
+        -------
+        Access
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a bad location or a device that does not exist (before the
+            driver call).
+        """
+        loc = _check_exists(as_location(device))
         self._check_open()
         flags = int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu()))
         return _access_arg(flags)

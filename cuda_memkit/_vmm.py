@@ -52,6 +52,7 @@ from ._device import (
     Device,
     Location,
     LocationType,
+    _check_exists,
     as_location,
     device_count,
     ensure_context,
@@ -175,7 +176,7 @@ def _targets(targets: TargetLike | Iterable[TargetLike]) -> list[Location]:
         raise ValueError("no target devices given")
     out: dict[tuple[int, int], Location] = {}
     for item in items:
-        loc = as_location(item)
+        loc = _check_exists(as_location(item))  # ValueError for a device that does not exist
         out[(int(loc.type), loc.id)] = loc
     return list(out.values())
 
@@ -881,7 +882,8 @@ class Mapping(DeviceMemoryMixin, Resource):
         ClosedError
             If the mapping is closed.
         TypeError, ValueError
-            For bad targets or access (before the driver call).
+            For bad targets (including a device that does not exist) or
+            access (before the driver call).
         CudaError
             From the driver (e.g. a device without peer access).
         """
@@ -891,9 +893,27 @@ class Mapping(DeviceMemoryMixin, Resource):
         _driver.call("cuMemSetAccess", self._ms.ptr, self._ms.size, descs, len(descs))
 
     def access(self, device: TargetLike | None = None) -> Access:
-        """Read back ``device``'s access (default: the memory's device; ``cuMemGetAccess``)."""
+        """Read back ``device``'s access (default: the memory's device; ``cuMemGetAccess``).
+
+        Parameters
+        ----------
+        device : int, Device or Location, optional
+            Whose access to read. Default: the device the memory belongs to.
+
+        Returns
+        -------
+        Access
+
+        Raises
+        ------
+        ClosedError
+            If the mapping is closed.
+        TypeError, ValueError
+            For a bad location or a device that does not exist (before the
+            driver call).
+        """
         self._check_open()
-        loc = as_location(self._device if device is None else device)
+        loc = as_location(self._device) if device is None else _check_exists(as_location(device))
         flags = _driver.call("cuMemGetAccess", loc.to_cu(), self._ms.ptr)
         return Access(int(flags))
 

@@ -455,8 +455,15 @@ def test_set_access_bad_input(pool: cm.MemoryPool) -> None:
         pool.set_access([], cm.Access.READWRITE)
     with pytest.raises(TypeError):
         pool.set_access("gpu", cm.Access.READWRITE)  # type: ignore[arg-type]
-    with pytest.raises(cm.CudaInvalidDeviceError):
-        pool.set_access(7, cm.Access.READWRITE)
+    bad = cm.device_count() + 3
+    for target in (bad, [0, bad], cm.Location.device(bad)):
+        with pytest.raises(ValueError, match="does not exist") as info:
+            pool.set_access(target, cm.Access.READWRITE)
+        assert not isinstance(info.value, cm.CudaError)  # refused before the driver
+    with pytest.raises(ValueError, match="does not exist") as info:
+        pool.access(bad)
+    assert not isinstance(info.value, cm.CudaError)
+    assert pool.access(0) is cm.Access.READWRITE
     with pytest.raises(cm.CudaNotSupportedError):
         pool.set_access(cm.Location.host(), cm.Access.READWRITE)
     assert pool.access(cm.Location.host()) is cm.Access.NONE

@@ -268,6 +268,21 @@ def test_map_set_access_roundtrip(g: int) -> None:
             m.access(0)
 
 
+def test_map_access_to_a_device_that_does_not_exist(g: int) -> None:
+    bad = cm.device_count() + 3
+    with cm.AddressRange.reserve(g) as r, cm.PhysicalMemory.create(g) as p:
+        m = r.map(p)
+        for target in (bad, [0, bad], cm.Location.device(bad)):
+            with pytest.raises(ValueError, match="does not exist") as info:
+                m.set_access(target)
+            assert not isinstance(info.value, cm.CudaError)  # refused before the driver
+        assert m.access() is cm.Access.NONE  # nothing was set
+        with pytest.raises(ValueError, match="does not exist") as info:
+            m.access(bad)
+        assert not isinstance(info.value, cm.CudaError)
+        m.close()
+
+
 def test_two_mappings_alias_the_same_memory(g: int) -> None:
     with cm.AddressRange.reserve(g) as r1, cm.AddressRange.reserve(2 * g) as r2, \
             cm.PhysicalMemory.create(g) as p:
