@@ -488,6 +488,24 @@ class Location:
     type: LocationType
     id: int = 0
 
+    def __post_init__(self) -> None:
+        t = self.type
+        if type(t) is not LocationType:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise TypeError(f"Location type must be a LocationType, not {type(t).__name__}")
+            try:
+                t = LocationType(t)
+            except ValueError:
+                raise ValueError(f"unknown location type {t!r}; use a LocationType") from None
+            object.__setattr__(self, "type", t)  # frozen
+        i = self.id
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"Location id must be an int, not {type(i).__name__}")
+        if i < 0:
+            raise ValueError(f"Location id must be >= 0, got {i}")
+        if type(i) is not int:
+            object.__setattr__(self, "id", int(i))  # numpy ints, IntEnums: a plain int
+
     @classmethod
     def device(cls, ordinal: Device | int) -> Location:
         """Device ``ordinal``."""
@@ -527,6 +545,8 @@ class Location:
             kind = LocationType(int(loc_type))
         except ValueError:
             return None
+        if int(loc_id) < 0 and kind not in (LocationType.HOST, LocationType.HOST_NUMA_CURRENT):
+            return None  # not a location (e.g. an invalid device)
         return cls(kind, 0 if kind in (LocationType.HOST, LocationType.HOST_NUMA_CURRENT)
                    else int(loc_id))
 

@@ -185,6 +185,26 @@ def test_stream_handle_conversions() -> None:
         stream_handle(-1)
 
 
+def test_location_constructor_validates() -> None:
+    loc = cm.Location(1, 2)  # type: ignore[arg-type]
+    assert loc.type is cm.LocationType.DEVICE and loc == cm.Location.device(2)
+    assert hash(loc) == hash(cm.Location.device(2))
+    assert cm.Location(cm.LocationType.HOST).id == 0
+    with pytest.raises(ValueError, match="unknown location type"):
+        cm.Location(99, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown location type"):
+        cm.Location(0, 0)  # type: ignore[arg-type]
+    for bad_type in ("device", 1.0, None, True):
+        with pytest.raises(TypeError, match="type"):
+            cm.Location(bad_type, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=">= 0"):
+        cm.Location(cm.LocationType.DEVICE, -1)
+    for bad_id in (1.0, "0", None, False):
+        with pytest.raises(TypeError, match="id"):
+            cm.Location(cm.LocationType.HOST_NUMA, bad_id)  # type: ignore[arg-type]
+    assert cm.Location.from_cu(1, -2) is None  # an invalid device is no location
+
+
 def test_locations() -> None:
     assert cm.Location.device(1) == cm.Location(cm.LocationType.DEVICE, 1)
     assert cm.Location.host().is_host
