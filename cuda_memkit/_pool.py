@@ -537,8 +537,8 @@ class MemoryPool(Resource):
         if not isinstance(managed, bool) or not isinstance(ipc, bool):
             raise TypeError("managed and ipc must be bools")
         max_size = _size_arg(max_size, "max_size")
-        if max_size < 0:
-            raise ValueError(f"max_size must be >= 0, got {max_size}")
+        if not 0 <= max_size < 1 << 64:
+            raise ValueError(f"max_size must be in [0, 2**64), got {max_size}")
         threshold = None if release_threshold is None else _threshold_arg(release_threshold)
         if loc is not None and loc.type is LocationType.HOST_NUMA_CURRENT:
             raise ValueError("a pool needs a fixed location; use Location.host_numa(n)")
@@ -863,10 +863,22 @@ class MemoryPool(Resource):
 
         Only whole unused 32 MiB chunks go; memory of frees the host has not
         seen complete may still count as used, so synchronize first.
+
+        Parameters
+        ----------
+        keep_bytes : int, default 0
+            Bytes to keep reserved, in ``[0, 2**64)``.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a non-int or out-of-range ``keep_bytes`` (before the driver call).
+        ClosedError
+            If the pool is closed.
         """
         keep = _size_arg(keep_bytes, "keep_bytes")
-        if keep < 0:
-            raise ValueError(f"keep_bytes must be >= 0, got {keep}")
+        if not 0 <= keep < 1 << 64:
+            raise ValueError(f"keep_bytes must be in [0, 2**64), got {keep}")
         self._check_open()
         if self._hcache is not None:
             self._hcache.clear()

@@ -207,6 +207,8 @@ def test_huge_allocation_is_out_of_memory(pool: cm.MemoryPool, stream: cm.Stream
     ({"device": "0"}, TypeError),
     ({"device": True}, TypeError),
     ({"max_size": -1}, ValueError),
+    ({"max_size": 1 << 64}, ValueError),
+    ({"max_size": 2**70}, ValueError),
     ({"max_size": 1.0}, TypeError),
     ({"ipc": 1}, TypeError),
     ({"managed": "yes"}, TypeError),
@@ -221,6 +223,14 @@ def test_huge_allocation_is_out_of_memory(pool: cm.MemoryPool, stream: cm.Stream
 def test_constructor_bad_input(kwargs: dict[str, object], exc: type[Exception]) -> None:
     with pytest.raises(exc):
         cm.MemoryPool(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("keep", [-1, 1 << 64, 2**70])
+def test_trim_out_of_range(pool: cm.MemoryPool, keep: int) -> None:
+    with pytest.raises(ValueError, match="keep_bytes") as info:
+        pool.trim(keep)
+    assert not isinstance(info.value, cm.CudaError)
+    pool.trim((1 << 64) - 1)  # the largest accepted value keeps everything
 
 
 def test_bad_device_ordinal() -> None:
