@@ -144,7 +144,7 @@ class Device:
         self._ordinal = _check_ordinal(ordinal)
         self._handle = _driver.call("cuDeviceGet", self._ordinal)
         self._attrs: dict[int, int] = {}
-        self._saved: list[int] = []
+        self._saved = threading.local()  # .stack: this thread's contexts to restore
 
     @property
     def ordinal(self) -> int:
@@ -305,12 +305,18 @@ class Device:
         _driver.call("cuCtxSynchronize")
 
     def __enter__(self) -> Device:
-        self._saved.append(int(_driver.call("cuCtxGetCurrent")))
-        ensure_context(self._ordinal)
+        prev = int(_driver.call("cuCtxGetCurrent"))
+        ensure_context(self._ordinal)  # switch first: nothing to restore if it fails
+        saved = self._saved
+        try:
+            stack: list[int] = saved.stack
+        except AttributeError:  # first use on this thread
+            stack = saved.stack = []
+        stack.append(prev)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        prev = self._saved.pop()
+        prev = self._saved.stack.pop()
         _driver.call("cuCtxSetCurrent", prev)
 
 

@@ -68,6 +68,57 @@ def test_context_manager_switches_device(two_devices: None) -> None:
     assert int(_driver.call("cuCtxGetDevice")) == 0
 
 
+def test_context_manager_failed_switch_saves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda_memkit import _device
+
+    dev = cm.Device(0)
+
+    def refuse(ordinal: object = None) -> int:
+        raise cm.CudaInvalidDeviceError(101, "cuCtxSetCurrent", "CUDA_ERROR_INVALID_DEVICE", "x")
+
+    with monkeypatch.context() as m:
+        m.setattr(_device, "ensure_context", refuse)
+        with pytest.raises(cm.CudaInvalidDeviceError):
+            dev.__enter__()
+    assert getattr(dev._saved, "stack", []) == []  # nothing pushed for the failed switch
+    _driver.call("cuCtxSetCurrent", 0)
+    with dev:
+        assert int(_driver.call("cuCtxGetDevice")) == 0
+    assert int(_driver.call("cuCtxGetCurrent")) == 0
+
+
+def test_context_manager_is_per_thread() -> None:
+    dev = cm.Device(0)
+    other_inside, main_done = threading.Event(), threading.Event()
+    seen: list[Any] = []
+
+    def other() -> None:
+        try:
+            assert int(_driver.call("cuCtxGetCurrent")) == 0
+            with dev:  # same Device object, another thread, entered first
+                other_inside.set()
+                main_done.wait(10)  # the main thread enters and leaves meanwhile
+            seen.append(int(_driver.call("cuCtxGetCurrent")))  # restored to none here
+        except Exception as exc:
+            seen.append(exc)
+        finally:
+            other_inside.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    other_inside.wait(10)
+    dev.set_current()
+    ctx = int(_driver.call("cuCtxGetCurrent"))
+    _driver.call("cuCtxSetCurrent", 0)
+    with dev:
+        pass
+    assert int(_driver.call("cuCtxGetCurrent")) == 0  # this thread's own saved context
+    _driver.call("cuCtxSetCurrent", ctx)
+    main_done.set()
+    t.join()
+    assert seen == [0]
+
+
 def test_ensure_context_on_a_fresh_thread() -> None:
     seen: list[Any] = []
 
