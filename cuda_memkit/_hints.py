@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _device
 from ._device import Location, LocationType, StreamLike, as_location, stream_handle
-from ._errors import ClosedError
+from ._errors import ClosedError, CudaError
 from ._managed import (
     _ACCESS_KINDS,
     BATCH_API,
@@ -243,6 +244,14 @@ class ManagedMemoryHints:
     alive). Every method issues its driver call at once and returns the
     builder, so calls chain.
 
+    Parameters
+    ----------
+    ptr : int
+        Start of the range: a pointer into a managed allocation.
+    nbytes : int
+        Size of the range in bytes (> 0); the whole range must lie inside
+        the allocation that contains ``ptr``.
+
     Raises
     ------
     TypeError, ValueError
@@ -278,7 +287,21 @@ class ManagedMemoryHints:
     @classmethod
     def for_buffer(cls, buffer: ManagedBuffer, *, offset: int = 0,
                    nbytes: int | None = None) -> ManagedMemoryHints:
-        """Hints for ``buffer`` or its byte sub-range ``[offset, offset + nbytes)``."""
+        """Hints for ``buffer`` or its byte sub-range ``[offset, offset + nbytes)``.
+
+        Parameters
+        ----------
+        buffer : ManagedBuffer
+            The buffer (kept alive by the builder).
+        offset : int, default 0
+            Byte offset of the range in the buffer.
+        nbytes : int, optional
+            Size of the range (default: to the end of the buffer).
+
+        Returns
+        -------
+        ManagedMemoryHints
+        """
         if not isinstance(buffer, ManagedBuffer):
             raise TypeError(f"for_buffer() needs a ManagedBuffer, not {type(buffer).__name__}; "
                             "use ManagedMemoryHints(ptr, nbytes) for a raw pointer")
@@ -318,7 +341,16 @@ class ManagedMemoryHints:
 
     # -- advice ----------------------------------------------------------------
     def advise(self, advice: MemAdvice, location: LocationLike | None = None) -> Self:
-        """Issue ``cuMemAdvise(advice, location)`` on the range."""
+        """Issue ``cuMemAdvise(advice, location)`` on the range.
+
+        Parameters
+        ----------
+        advice : MemAdvice or int
+            The advice.
+        location : Location, Device or int, optional
+            The location the advice needs (preferred location, accessed-by);
+            ``None`` for advice that takes none.
+        """
         adv = as_advice(advice)
         loc = advice_location(adv, location)
         ptr, n = self._target()
@@ -334,7 +366,13 @@ class ManagedMemoryHints:
         return self.advise(MemAdvice.UNSET_READ_MOSTLY)
 
     def set_preferred_location(self, location: LocationLike) -> Self:
-        """``SET_PREFERRED_LOCATION`` (a device, the host or a host NUMA node)."""
+        """``SET_PREFERRED_LOCATION`` (a device, the host or a host NUMA node).
+
+        Parameters
+        ----------
+        location : Location, Device or int
+            The preferred location.
+        """
         return self.advise(MemAdvice.SET_PREFERRED_LOCATION, location)
 
     def unset_preferred_location(self) -> Self:
@@ -342,17 +380,34 @@ class ManagedMemoryHints:
         return self.advise(MemAdvice.UNSET_PREFERRED_LOCATION)
 
     def set_accessed_by(self, location: LocationLike) -> Self:
-        """``SET_ACCESSED_BY`` a device or the host."""
+        """``SET_ACCESSED_BY`` a device or the host.
+
+        Parameters
+        ----------
+        location : Location, Device or int
+            The processor that accesses the range.
+        """
         return self.advise(MemAdvice.SET_ACCESSED_BY, location)
 
     def unset_accessed_by(self, location: LocationLike) -> Self:
-        """``UNSET_ACCESSED_BY`` a device or the host."""
+        """``UNSET_ACCESSED_BY`` a device or the host.
+
+        Parameters
+        ----------
+        location : Location, Device or int
+            The processor to forget.
+        """
         return self.advise(MemAdvice.UNSET_ACCESSED_BY, location)
 
     def apply_policy(self, policy: MigrationPolicy) -> Self:
         """Issue every pair of ``policy.advice`` (nothing for the default policy).
 
         All locations are checked before the first call is made.
+
+        Parameters
+        ----------
+        policy : MigrationPolicy
+            The advice to issue.
         """
         if not isinstance(policy, MigrationPolicy):
             raise TypeError(f"expected a MigrationPolicy, not {type(policy).__name__}")
@@ -380,7 +435,15 @@ class ManagedMemoryHints:
 
     # -- prefetch ----------------------------------------------------------------
     def prefetch_to(self, location: LocationLike, stream: StreamLike = None) -> Self:
-        """Prefetch the whole range to ``location`` on ``stream``."""
+        """Prefetch the whole range to ``location`` on ``stream``.
+
+        Parameters
+        ----------
+        location : Location, Device or int
+            The destination.
+        stream : StreamLike, default None
+            The stream (``None``: the legacy default stream).
+        """
         loc = check_location(location, what="prefetch destination")
         h = stream_handle(stream)
         ptr, n = self._target()
@@ -389,7 +452,19 @@ class ManagedMemoryHints:
 
     def prefetch_range(self, offset: int, nbytes: int, location: LocationLike,
                        stream: StreamLike = None) -> Self:
-        """Prefetch ``[offset, offset + nbytes)`` of the range (bounds-checked)."""
+        """Prefetch ``[offset, offset + nbytes)`` of the range (bounds-checked).
+
+        Parameters
+        ----------
+        offset : int
+            Byte offset in the hinted range.
+        nbytes : int
+            Size in bytes (> 0, inside the hinted range).
+        location : Location, Device or int
+            The destination.
+        stream : StreamLike, default None
+            The stream (``None``: the legacy default stream).
+        """
         if nbytes is None:
             raise TypeError("nbytes is required")
         loc = check_location(location, what="prefetch destination")
@@ -399,7 +474,13 @@ class ManagedMemoryHints:
         return self
 
     def discard(self, stream: StreamLike = None) -> Self:
-        """Discard the range's contents (see :meth:`ManagedBuffer.discard`)."""
+        """Discard the range's contents (see :meth:`ManagedBuffer.discard`).
+
+        Parameters
+        ----------
+        stream : StreamLike, default None
+            The stream (``None``: the legacy default stream).
+        """
         h = stream_handle(stream)
         ptr, n = self._target()
         issue_step("discard", [(ptr, n, None)], h)
@@ -493,6 +574,10 @@ class PlannedCall:
         text = (f"{self.api}({count} range{'s' if count != 1 else ''}, {self.nbytes} bytes; "
                 f"{dest}; stream 0x{self.stream:x})")
         return f"{text}  # {self.note}" if self.note else text
+
+
+#: A plan entry as stored: PlanEntry's fields, in order.
+_EntryTuple = tuple[str, int, int, "int | None", "Location | None", object]
 
 
 @dataclass
@@ -601,40 +686,47 @@ class PrefetchPlan:
     __slots__ = ("_compiled", "_entries")
 
     def __init__(self) -> None:
-        self._entries: list[PlanEntry] = []
+        self._entries: list[_EntryTuple] = []
         self._compiled: _Compiled | None = None
 
     # -- building ------------------------------------------------------------------
     def _entry(self, op: str, target: object, to: LocationLike | None, offset: object,
                nbytes: object) -> Self:
-        loc = None if to is None else as_location(to)
+        # Entries are stored as plain tuples in PlanEntry's field order; the
+        # PlanEntry objects are made only when asked for (``entries``, errors).
+        loc = None if to is None else to if type(to) is Location else as_location(to)
         if isinstance(target, ManagedBuffer):
-            off, n = span(offset, nbytes, target.nbytes, what="ManagedBuffer")
-            entry = PlanEntry(op, target.ptr, off, n, loc, target)
-        else:
-            if isinstance(target, bool):
-                raise TypeError("a plan target cannot be a bool")
-            if isinstance(target, int):
-                base = target
-                off = _index(offset, "offset")
-                if off < 0:
-                    raise ValueError(f"offset must be >= 0, got {off}")
-                size: int | None = None
-                if nbytes is not None:
-                    size = _index(nbytes, "nbytes")
-                    if size <= 0:
-                        raise ValueError(f"nbytes must be > 0, got {size}")
-            elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
-                base = int(target.ptr)
-                off, size = span(offset, nbytes, int(target.nbytes),
-                                 what=type(target).__name__)
+            total = target.nbytes  # ClosedError for a closed buffer
+            if (type(offset) is int and type(nbytes) is int and offset >= 0 and nbytes > 0
+                    and offset + nbytes <= total):
+                off, n = offset, nbytes  # the common case, checked inline
             else:
-                raise TypeError("a plan target must be a ManagedBuffer, a buffer with .ptr and "
-                                f".nbytes, or an int pointer, not {type(target).__name__}")
-            if base <= 0:
-                raise ValueError(f"0x{base:x} is not a managed-memory pointer")
-            entry = PlanEntry(op, base, off, size, loc, target)
-        self._entries.append(entry)
+                off, n = span(offset, nbytes, total, what="ManagedBuffer")
+            self._entries.append((op, target.ptr, off, n, loc, target))
+            self._compiled = None
+            return self
+        if isinstance(target, bool):
+            raise TypeError("a plan target cannot be a bool")
+        size: int | None
+        if isinstance(target, int):
+            base = target
+            off = offset if type(offset) is int else _index(offset, "offset")
+            if off < 0:
+                raise ValueError(f"offset must be >= 0, got {off}")
+            size = None
+            if nbytes is not None:
+                size = nbytes if type(nbytes) is int else _index(nbytes, "nbytes")
+                if size <= 0:
+                    raise ValueError(f"nbytes must be > 0, got {size}")
+        elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
+            base = int(target.ptr)
+            off, size = span(offset, nbytes, int(target.nbytes), what=type(target).__name__)
+        else:
+            raise TypeError("a plan target must be a ManagedBuffer, a buffer with .ptr and "
+                            f".nbytes, or an int pointer, not {type(target).__name__}")
+        if base <= 0:
+            raise ValueError(f"0x{base:x} is not a managed-memory pointer")
+        self._entries.append((op, base, off, size, loc, target))
         self._compiled = None
         return self
 
@@ -666,6 +758,15 @@ class PrefetchPlan:
         """
         if to is None:
             raise TypeError("add() needs a destination")
+        if (type(to) is Location and type(target) is ManagedBuffer and type(offset) is int
+                and type(nbytes) is int):
+            # The common case (a buffer, a Location, int bounds), checked inline:
+            # building a 4096-entry plan is then a few microseconds an entry.
+            target._check_open()
+            if offset >= 0 and nbytes > 0 and offset + nbytes <= target._nbytes:
+                self._entries.append((PREFETCH, target._ptr, offset, nbytes, to, target))
+                self._compiled = None
+                return self
         return self._entry(PREFETCH, target, to, offset, nbytes)
 
     def discard(self, target: ManagedBuffer | int | Any, *, offset: int = 0,
@@ -675,12 +776,49 @@ class PrefetchPlan:
         Discards take effect before every prefetch of the plan (see the class
         notes); a range both discarded and prefetched is issued as
         discard-and-prefetch.
+
+        Parameters
+        ----------
+        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
+            The memory (see :meth:`add`).
+        offset, nbytes : int
+            The byte sub-range (default: all of it).
+
+        Returns
+        -------
+        PrefetchPlan
+            The plan, for chaining.
+
+        Raises
+        ------
+        TypeError, ValueError, ClosedError
+            As :meth:`add`.
         """
         return self._entry(DISCARD, target, None, offset, nbytes)
 
     def discard_and_prefetch(self, target: ManagedBuffer | int | Any, to: LocationLike, *,
                              offset: int = 0, nbytes: int | None = None) -> Self:
-        """Add a discard of the range followed by a prefetch to ``to``."""
+        """Add a discard of the range followed by a prefetch to ``to``.
+
+        Parameters
+        ----------
+        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
+            The memory (see :meth:`add`).
+        to : Location, Device or int
+            The destination.
+        offset, nbytes : int
+            The byte sub-range (default: all of it).
+
+        Returns
+        -------
+        PrefetchPlan
+            The plan, for chaining.
+
+        Raises
+        ------
+        TypeError, ValueError, ClosedError
+            As :meth:`add`.
+        """
         if to is None:
             raise TypeError("discard_and_prefetch() needs a destination")
         return self._entry(DISCARD_AND_PREFETCH, target, to, offset, nbytes)
@@ -694,13 +832,13 @@ class PrefetchPlan:
     @property
     def entries(self) -> tuple[PlanEntry, ...]:
         """The entries in the order they were added."""
-        return tuple(self._entries)
+        return tuple(PlanEntry(*e) for e in self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[PlanEntry]:
-        return iter(tuple(self._entries))
+        return iter(self.entries)
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -709,39 +847,64 @@ class PrefetchPlan:
     def _compile(self) -> _Compiled:
         ndev = _device.device_count()
         buffers: dict[int, ManagedBuffer] = {}
-        raw: list[tuple[int, int]] = []
-        order: dict[Location, int] = {}
+        # Raw pointers: one managed_extent() lookup per distinct allocation;
+        # further pointers are checked against the cached [start, end).
+        starts: list[int] = []
+        extents: list[tuple[int, int]] = []
+        # Destinations, checked once each, in first-seen order.
         prefetch: dict[Location, list[tuple[int, int, int]]] = {}
+        last_loc: Location | None = None
+        last_buf: object = None
+        last_dest: list[tuple[int, int, int]] = []
         discard: list[tuple[int, int, int]] = []
-        for i, e in enumerate(self._entries):
+        for i, (op, base, off, nbytes, loc, t) in enumerate(self._entries):
             try:
-                t = e.target
-                if isinstance(t, ManagedBuffer):
-                    t._check_open()
-                    buffers[id(t)] = t
-                    alloc, ptr, n = t.ptr, e.ptr, e.nbytes
-                    assert n is not None
+                if t is last_buf or isinstance(t, ManagedBuffer):
+                    # The buffer knows its range (checked by add()); it only has to be
+                    # open: no driver call.
+                    if t is not last_buf:
+                        assert isinstance(t, ManagedBuffer)
+                        if id(t) not in buffers:
+                            t._check_open()
+                            buffers[id(t)] = t
+                        last_buf = t
+                    assert nbytes is not None
+                    alloc, ptr, end = base, base + off, base + off + nbytes
                 else:
-                    for start, size in raw:
-                        if start <= e.ptr < start + size:
-                            break
+                    ptr = base + off
+                    k = bisect_right(starts, ptr) - 1
+                    if k >= 0 and ptr < extents[k][0] + extents[k][1]:
+                        start, size = extents[k]
                     else:
-                        start, size = managed_extent(e.ptr)
-                        raw.append((start, size))
-                    off, n = span(e.ptr - start, e.nbytes, size,
-                                  what=f"managed allocation at 0x{start:x}")
-                    alloc, ptr = start, start + off
-                loc = e.location
+                        start, size = managed_extent(ptr)
+                        k = bisect_right(starts, start)
+                        starts.insert(k, start)
+                        extents.insert(k, (start, size))
+                    if nbytes is not None and ptr + nbytes <= start + size:
+                        end = ptr + nbytes  # add() checked nbytes > 0
+                    else:
+                        o, n = span(ptr - start, nbytes, size,
+                                    what=f"managed allocation at 0x{start:x}")
+                        ptr, end = start + o, start + o + n
+                    alloc = start
                 if loc is not None:
-                    check_location(loc, what="prefetch destination", ndevices=ndev)
-                    order.setdefault(loc, len(order))
-                    prefetch.setdefault(loc, []).append((alloc, ptr, ptr + n))
-                if e.op != PREFETCH:
-                    discard.append((alloc, ptr, ptr + n))
+                    if loc is not last_loc:
+                        dest = prefetch.get(loc)
+                        if dest is None:
+                            check_location(loc, what="prefetch destination", ndevices=ndev)
+                            dest = prefetch[loc] = []
+                        last_loc, last_dest = loc, dest
+                    last_dest.append((alloc, ptr, end))
+                if op != PREFETCH:
+                    discard.append((alloc, ptr, end))
             except ClosedError as exc:
-                raise ClosedError(f"plan entry {i} ({e}): {exc}") from exc
+                raise ClosedError(f"plan entry {i} ({PlanEntry(op, base, off, nbytes, loc, t)})"
+                                  f": {exc}") from exc
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"plan entry {i} ({e}): {exc}") from exc
+                raise ValueError(f"plan entry {i} ({PlanEntry(op, base, off, nbytes, loc, t)})"
+                                 f": {exc}") from exc
+        order = {loc: j for j, loc in enumerate(prefetch)}
+        raw = tuple(extents)
         merged = {loc: _merge(iv) for loc, iv in prefetch.items()}
         flat = sorted(((s, e, loc) for loc, ivs in merged.items() for s, e in ivs),
                       key=lambda x: (x[0], x[1]))
@@ -767,7 +930,7 @@ class PrefetchPlan:
             steps.append((DISCARD_AND_PREFETCH, dp))
         if pf:
             steps.append((PREFETCH, pf))
-        return _Compiled(tuple(buffers.values()), tuple(raw), steps)
+        return _Compiled(tuple(buffers.values()), raw, steps)
 
     def _compiled_checked(self) -> _Compiled:
         c = self._compiled
@@ -828,6 +991,18 @@ class PrefetchPlan:
         Validates the plan (and raises like :meth:`validate`). With
         ``batch=None`` the batch calls are assumed present; ``batch=False``
         shows the fallback of single calls.
+
+        Parameters
+        ----------
+        stream : StreamLike, default None
+            The stream the calls would be made on.
+        batch : bool, optional
+            ``None`` or ``True``: the batch calls; ``False``: single calls.
+
+        Returns
+        -------
+        list of PlannedCall
+            The calls, in order (empty for an empty plan).
         """
         h = stream_handle(stream)
         if not self._entries:
@@ -869,7 +1044,7 @@ class PrefetchPlan:
             return head + ">"
         try:
             calls = self.dry_run(0x0)
-        except Exception as exc:  # repr must not raise
+        except (ValueError, ClosedError, CudaError) as exc:  # repr must not raise
             return f"{head}, not valid: {exc}>"
         text = "; ".join(f"{c.api}({len(c.ranges)} range{'s' if len(c.ranges) != 1 else ''}, "
                          f"{c.nbytes} bytes)" for c in calls)

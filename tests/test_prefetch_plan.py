@@ -284,6 +284,54 @@ def test_raw_pointers_and_views(buf: cm.ManagedBuffer, stream: cm.Stream) -> Non
     assert buf.range_info(MiB, 2 * MiB).last_prefetch_location == D0
 
 
+def _pointer_queries(calls: list[tuple[str, tuple[Any, ...]]]) -> int:
+    return sum(api == "cuPointerGetAttribute" for api, _ in calls)
+
+
+def test_buffer_entries_validate_without_pointer_queries(monkeypatch: pytest.MonkeyPatch,
+                                                         buf: cm.ManagedBuffer) -> None:
+    plan = strided(buf, 512, PAGE)
+    with record_calls(monkeypatch) as calls:
+        plan.validate()
+    assert _pointer_queries(calls) == 0 and issued(calls) == []
+
+
+def test_raw_pointers_are_looked_up_once_per_allocation(monkeypatch: pytest.MonkeyPatch,
+                                                        buf: cm.ManagedBuffer) -> None:
+    with record_calls(monkeypatch) as one:
+        _hints.managed_extent(buf.ptr)
+    per_lookup = _pointer_queries(one)
+    with cm.ManagedBuffer.empty(MiB) as other:
+        plan = cm.PrefetchPlan()
+        for i in range(256):  # interleaved: every entry switches allocation
+            plan.add(buf.ptr + i * PAGE, D0, nbytes=PAGE)
+            plan.add(other.ptr + i * PAGE, HOST, nbytes=PAGE)
+        with record_calls(monkeypatch) as calls:
+            plan.validate()
+        assert _pointer_queries(calls) == 2 * per_lookup
+        assert [c.ranges for c in plan.dry_run(cm.Stream.legacy_default())] == [
+            ((buf.ptr, MiB, D0), (other.ptr, MiB, HOST))]
+
+
+def test_cached_allocation_still_bounds_later_pointers(buf: cm.ManagedBuffer) -> None:
+    plan = (cm.PrefetchPlan().add(buf.ptr, D0, nbytes=PAGE)
+            .add(buf.ptr + 8 * MiB - PAGE, D0, nbytes=2 * PAGE))
+    with pytest.raises(ValueError, match=r"plan entry 1.*outside"):
+        plan.validate()
+    tail = cm.PrefetchPlan().add(buf.ptr, D0, nbytes=PAGE).add(buf.ptr + 4 * MiB, HOST)
+    assert tail.dry_run()[0].ranges == ((buf.ptr, PAGE, D0), (buf.ptr + 4 * MiB, 4 * MiB, HOST))
+
+
+def test_fast_and_general_add_record_the_same_entry(buf: cm.ManagedBuffer) -> None:
+    fast = cm.PrefetchPlan().add(buf, D0, offset=PAGE, nbytes=PAGE)
+    general = cm.PrefetchPlan().add(buf, cm.Device(0), offset=np.int64(PAGE),
+                                    nbytes=np.int64(PAGE))
+    assert fast.entries == general.entries
+    assert fast.entries[0].target is buf and general.entries[0].target is buf
+    with pytest.raises(ValueError, match="outside"):
+        cm.PrefetchPlan().add(buf, D0, offset=8 * MiB - PAGE, nbytes=2 * PAGE)
+
+
 def test_adding_invalidates_the_cached_form(buf: cm.ManagedBuffer) -> None:
     plan = cm.PrefetchPlan().add(buf, D0, nbytes=PAGE)
     assert plan.dry_run()[0].nbytes == PAGE
