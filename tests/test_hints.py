@@ -74,7 +74,9 @@ def test_raw_pointer_inside_a_managed_allocation(buf: cm.ManagedBuffer) -> None:
 
 
 def test_raw_pointer_to_the_last_byte(buf: cm.ManagedBuffer) -> None:
+    assert not buf.range_info(buf.nbytes - 1, 1).read_mostly
     H(buf.ptr + buf.nbytes - 1, 1).set_read_mostly()
+    assert buf.range_info(buf.nbytes - 1, 1).read_mostly
 
 
 def test_device_memory_is_refused(monkeypatch: pytest.MonkeyPatch, device_ptr: int) -> None:

@@ -224,7 +224,9 @@ def test_attach_single_to_a_stream(buf: cm.ManagedBuffer, stream: cm.Stream) -> 
 
 def test_attach_global_or_host_on_the_default_stream(buf: cm.ManagedBuffer) -> None:
     buf.attach(None, cm.AttachFlags.HOST)
+    assert buf.attach_flags is cm.AttachFlags.HOST
     buf.attach(None, cm.AttachFlags.GLOBAL)
+    assert buf.attach_flags is cm.AttachFlags.GLOBAL
     _driver.call("cuStreamSynchronize", 0)
 
 

@@ -409,6 +409,10 @@ def test_host_numa_pool(stream: cm.Stream) -> None:
         h = p.allocate(4096, stream=stream)
         stream.synchronize()
         h.array[:] = 2
+        assert (h.array == 2).all() and np.asarray(h).nbytes == 4096
+        back = np.zeros(4096, np.uint8)
+        cm.copy(back, h)
+        assert (back == 2).all()
         h.free()
 
 

@@ -333,7 +333,10 @@ def test_access_misuse(undo: Undo) -> None:
     expect(NOT_SUPPORTED, "cuMemSetAccess", va, G, [desc_at(cm.Location.host())], 1)
     expect(INVALID, "cuMemGetAccess", loc(0), va + 4 * G)
     expect(BAD_DEVICE, "cuMemGetAccess", loc(7), va)
-    _driver.call("cuMemGetAccess", cm.Location.host().to_cu(), va)
+    # the refused host set changed nothing: the host has no access
+    assert int(_driver.call("cuMemGetAccess", cm.Location.host().to_cu(), va)) == 0
+    _driver.call("cuMemSetAccess", va, G, [desc()], 1)
+    assert int(_driver.call("cuMemGetAccess", loc(0), va)) == int(RW)  # the flags set
 
 
 def test_get_access_of_cumemalloc_memory(undo: Undo) -> None:
