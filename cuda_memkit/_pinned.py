@@ -280,8 +280,14 @@ class HostBuffer(Resource):
         flags : HostAllocFlags, default DEFAULT
             Allocation flags.
         pool : MemoryPool, optional
-            A pinned MemoryPool (see Memory pools) to take the memory from
-            instead of ``cuMemHostAlloc``; not available yet (only ``None``).
+            A pinned host :class:`MemoryPool` (``Location.host()``, e.g.
+            :meth:`MemoryPool.default_pinned`) to take the memory from instead
+            of ``cuMemHostAlloc``. Blocks up to ``HOST_CACHE_MAX_BLOCK`` are
+            rounded up to a power of two and recycled through the pool's
+            cache, so a hit makes no driver call; closing the buffer returns
+            the block to the pool. Pool memory is plain pinned memory: only
+            ``DEFAULT`` or ``PORTABLE`` flags. Synchronize the GPU work that
+            uses the buffer before closing it.
 
         Returns
         -------
@@ -290,10 +296,11 @@ class HostBuffer(Resource):
         Raises
         ------
         TypeError
-            For a non-integer shape, an object or zero-size dtype, or flags of
-            another type.
+            For a non-integer shape, an object or zero-size dtype, flags of
+            another type, or a ``pool`` that is not a pinned host pool.
         ValueError
-            For negative dimensions, unknown flag bits or a size that
+            For negative dimensions, unknown flag bits, flags other than
+            ``DEFAULT``/``PORTABLE`` with a ``pool``, or a size that
             overflows; raised before any driver call.
         CudaOutOfMemoryError
             If the driver cannot pin that much memory.
