@@ -290,7 +290,13 @@ class Device:
         }
 
     def can_access_peer(self, peer: Device | int) -> bool:
-        """Whether this device can access memory of device ``peer``."""
+        """Whether this device can access memory of device ``peer``.
+
+        Parameters
+        ----------
+        peer : int or Device
+            The device whose memory would be accessed (``cuDeviceCanAccessPeer``).
+        """
         other = Device(peer) if not isinstance(peer, Device) else peer
         return bool(_driver.call("cuDeviceCanAccessPeer", self._handle, other._handle))
 
@@ -378,7 +384,15 @@ class Stream(Resource):
 
     @classmethod
     def from_handle(cls, handle: int) -> Stream:
-        """Wrap an existing stream handle without taking ownership."""
+        """Wrap an existing stream handle without taking ownership.
+
+        Parameters
+        ----------
+        handle : int
+            A ``CUstream`` handle as an int (``0``, ``CU_STREAM_LEGACY`` and
+            ``CU_STREAM_PER_THREAD`` included); closing the wrapper never
+            destroys it.
+        """
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(f"a stream handle must be an int, not {type(handle).__name__}")
         if handle < 0:

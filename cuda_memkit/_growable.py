@@ -218,6 +218,12 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         removed again and the buffer is as before. Shrinking unmaps and
         releases the chunks past the new size (their contents are lost).
 
+        Parameters
+        ----------
+        nbytes : int
+            The new size, in ``[0, max_size]``; the mapped capacity is rounded
+            up to whole chunks.
+
         Raises
         ------
         ValueError
@@ -274,6 +280,13 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         ``Access.NONE`` revokes. The owning device always keeps READWRITE.
         If setting fails on some chunk, the chunks already changed are set back.
 
+        Parameters
+        ----------
+        devices : int, Device or iterable of them
+            The devices (existing ones; no host locations).
+        access : Access, default READWRITE
+            ``Access.NONE`` revokes.
+
         Raises
         ------
         ValueError
@@ -314,7 +327,13 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         _driver.call("cuMemSetAccess", addr, self._gs.chunk, descs, len(descs))
 
     def access(self, device: Device | int) -> Access:
-        """The access ``device`` has to every chunk."""
+        """The access ``device`` has to every chunk.
+
+        Parameters
+        ----------
+        device : int or Device
+            The device to ask about (``Access.NONE`` for one never granted).
+        """
         return self._access.get(_check_ordinal(device), Access.NONE)
 
     def __repr__(self) -> str:

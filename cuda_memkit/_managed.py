@@ -621,6 +621,15 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
 
         The fill is ``cuMemsetD8`` on the legacy default stream, which is then
         synchronized, so the pages start out on the current device.
+
+        Parameters
+        ----------
+        shape : int or tuple of int
+            Shape of the :attr:`array` view.
+        dtype : dtype-like, default uint8
+            Element type.
+        attach : AttachFlags, default GLOBAL
+            ``GLOBAL`` or ``HOST`` (see :class:`AttachFlags`).
         """
         buf = cls._allocate(shape, dtype, attach)
         if buf._nbytes:
@@ -635,7 +644,15 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
     @classmethod
     def from_array(cls, array: npt.ArrayLike, *,
                    attach: AttachFlags = AttachFlags.GLOBAL) -> ManagedBuffer:
-        """Allocate managed memory holding a copy of ``array`` (same shape and dtype)."""
+        """Allocate managed memory holding a copy of ``array`` (same shape and dtype).
+
+        Parameters
+        ----------
+        array : array-like
+            The data to copy (made C-contiguous first if it is not).
+        attach : AttachFlags, default GLOBAL
+            ``GLOBAL`` or ``HOST`` (see :class:`AttachFlags`).
+        """
         import numpy as np
 
         src = np.ascontiguousarray(array)
@@ -821,6 +838,15 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
         values. Where the driver lacks the call, nothing is issued (keeping the
         old contents is a valid outcome). On the legacy default stream the
         call runs on a private stream ordered after and before it.
+
+        Parameters
+        ----------
+        stream : stream-like, optional
+            The stream to order the call on (default: the legacy default stream).
+        offset : int, default 0
+            Start of the range, in bytes from the buffer's start.
+        nbytes : int, optional
+            Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
         h = stream_handle(stream)
@@ -834,6 +860,17 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
         Uses ``cuMemDiscardAndPrefetchBatchAsync`` (CUDA >= 13.0): the pages
         appear at ``to`` without their old contents being migrated. Where the
         driver lacks it, this is a plain :meth:`prefetch`.
+
+        Parameters
+        ----------
+        to : int, Device or Location
+            Where the pages should appear.
+        stream : stream-like, optional
+            The stream to order the call on (default: the legacy default stream).
+        offset : int, default 0
+            Start of the range, in bytes from the buffer's start.
+        nbytes : int, optional
+            Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
         loc = check_location(to, what="prefetch destination")
@@ -842,7 +879,15 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
         issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
 
     def range_info(self, offset: int = 0, nbytes: int | None = None) -> RangeInfo:
-        """Return the driver's view of the buffer or a sub-range (:class:`RangeInfo`)."""
+        """Return the driver's view of the buffer or a sub-range (:class:`RangeInfo`).
+
+        Parameters
+        ----------
+        offset : int, default 0
+            Start of the range, in bytes from the buffer's start.
+        nbytes : int, optional
+            Length of the range (default: to the end of the buffer).
+        """
         ptr, n = self._range(offset, nbytes)
         _device.ensure_context()
         return query_range(ptr, n)

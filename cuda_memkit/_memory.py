@@ -605,8 +605,17 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         Without ``stream`` it is synchronous (``cuMemsetD8`` and a wait); with
         ``stream``, ordered on it (``cuMemsetD8Async``).
 
+        Parameters
+        ----------
+        value : int, default 0
+            The byte value, 0..255.
+        stream : stream-like, optional
+            Order the memset on this stream instead of waiting for it.
+
         Raises
         ------
+        TypeError
+            If ``value`` is not an int.
         ValueError
             If ``value`` is not in 0..255.
         """

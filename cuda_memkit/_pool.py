@@ -615,6 +615,11 @@ class MemoryPool(Resource):
         """The device's default pool (``cuDeviceGetDefaultMemPool``), not owned.
 
         Closing the returned object never destroys the pool.
+
+        Parameters
+        ----------
+        device : int or Device, default 0
+            The device whose default pool to wrap.
         """
         ordinal = _ordinal_arg(device)
         ensure_context(None)
