@@ -72,6 +72,8 @@ def test_context_manager_failed_switch_saves_nothing(monkeypatch: pytest.MonkeyP
     from cuda_memkit import _device
 
     dev = cm.Device(0)
+    with dev:
+        pass
 
     def refuse(ordinal: object = None) -> int:
         raise cm.CudaInvalidDeviceError(101, "cuCtxSetCurrent", "CUDA_ERROR_INVALID_DEVICE", "x")
@@ -80,7 +82,7 @@ def test_context_manager_failed_switch_saves_nothing(monkeypatch: pytest.MonkeyP
         m.setattr(_device, "ensure_context", refuse)
         with pytest.raises(cm.CudaInvalidDeviceError):
             dev.__enter__()
-    assert getattr(dev._saved, "stack", []) == []  # nothing pushed for the failed switch
+    assert dev._saved.stack == []  # this thread's stack: nothing pushed for the failed switch
     _driver.call("cuCtxSetCurrent", 0)
     with dev:
         assert int(_driver.call("cuCtxGetDevice")) == 0
@@ -88,35 +90,37 @@ def test_context_manager_failed_switch_saves_nothing(monkeypatch: pytest.MonkeyP
 
 
 def test_context_manager_is_per_thread() -> None:
+    # Interleaved, not nested: the other thread enters, this one enters, the
+    # other leaves, this one leaves. Each must get back its own context.
     dev = cm.Device(0)
-    other_inside, main_done = threading.Event(), threading.Event()
+    other_inside, main_inside, other_left = (threading.Event() for _ in range(3))
     seen: list[Any] = []
 
     def other() -> None:
         try:
             assert int(_driver.call("cuCtxGetCurrent")) == 0
-            with dev:  # same Device object, another thread, entered first
+            with dev:  # same Device object, another thread
                 other_inside.set()
-                main_done.wait(10)  # the main thread enters and leaves meanwhile
+                main_inside.wait(10)
             seen.append(int(_driver.call("cuCtxGetCurrent")))  # restored to none here
         except Exception as exc:
             seen.append(exc)
         finally:
             other_inside.set()
+            other_left.set()
 
     t = threading.Thread(target=other)
     t.start()
     other_inside.wait(10)
     dev.set_current()
     ctx = int(_driver.call("cuCtxGetCurrent"))
-    _driver.call("cuCtxSetCurrent", 0)
+    assert ctx != 0
     with dev:
-        pass
-    assert int(_driver.call("cuCtxGetCurrent")) == 0  # this thread's own saved context
-    _driver.call("cuCtxSetCurrent", ctx)
-    main_done.set()
+        main_inside.set()
+        other_left.wait(10)
     t.join()
     assert seen == [0]
+    assert int(_driver.call("cuCtxGetCurrent")) == ctx  # this thread's own saved context
 
 
 def test_ensure_context_on_a_fresh_thread() -> None:
