@@ -273,7 +273,8 @@ def test_event_misuse() -> None:
     ev = _driver.call("cuEventCreate", 0)
     assert _driver.call("cuEventQuery", ev) is None  # never recorded: complete
     _driver.call("cuEventDestroy", ev)
-    expect(cm.CudaError, R.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuEventDestroy", ev)
+    # (destroying it again answered CONTEXT_IS_DESTROYED in the isolated probe, but
+    # a destroyed handle can crash the driver in a long-lived process: never tried)
 
 
 def test_elapsed_time_without_timing() -> None:

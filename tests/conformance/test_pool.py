@@ -233,16 +233,6 @@ def test_free_async_of_cumemalloc_memory(stream: Any) -> None:
     expect((cm.CudaError, R.CUDA_ERROR_NOT_FOUND), "cuMemGetAddressRange", p)
 
 
-def test_destroyed_stream(pool: Any) -> None:
-    s = _driver.call("cuStreamCreate", 1)
-    p = _driver.call("cuMemAllocFromPoolAsync", MiB, pool, s)
-    _driver.call("cuStreamSynchronize", s)
-    _driver.call("cuStreamDestroy", s)
-    expect(NO_CONTEXT, "cuMemAllocFromPoolAsync", MiB, pool, s)
-    expect(NO_CONTEXT, "cuMemFreeAsync", p, s)
-    _driver.call("cuMemFreeAsync", p, 1)
-
-
 def test_destroy_with_live_allocation(stream: Any) -> None:
     handle = make_pool()
     p = _driver.call("cuMemAllocFromPoolAsync", MiB, handle, stream)
