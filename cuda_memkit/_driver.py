@@ -194,11 +194,12 @@ def call(api: str, *args: Any) -> Any:
     CudaDriverNotFoundError
         If libcuda is missing or lacks ``api``.
     """
-    fn = _fns.get(api)
-    if fn is None:
-        fn = _resolve(api)
     try:
-        res = fn(*args)
+        res = _fns[api](*args)
+    except KeyError:
+        if api in _fns:  # a KeyError from inside the function: not ours to handle
+            raise
+        return _first_call(api, args)
     except RuntimeError as exc:
         missing = _translate_missing(exc, api)
         if missing is not None:
@@ -206,12 +207,15 @@ def call(api: str, *args: Any) -> Any:
         raise
     if res[0]:
         _raise(_mod, res[0], api)
-    n = len(res)
-    if n == 2:
+    if len(res) == 2:
         return res[1]
-    if n == 1:
-        return None
-    return res[1:]
+    return None if len(res) == 1 else res[1:]
+
+
+def _first_call(api: str, args: tuple[Any, ...]) -> Any:
+    """Resolve ``api`` (loading the backend if needed), then make the call."""
+    _resolve(api)
+    return call(api, *args)
 
 
 def check(api: str, res: Any) -> Any:
