@@ -63,6 +63,8 @@ class DeviceMemoryMixin:
     The default view is a 1-D ``uint8`` array of ``nbytes`` bytes.
     """
 
+    __slots__ = ()
+
     @property
     def ptr(self) -> int:  # pragma: no cover - provided by subclasses
         raise NotImplementedError

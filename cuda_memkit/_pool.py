@@ -156,14 +156,58 @@ def _custream(stream: StreamLike) -> Any:
 
 
 def _stream_cus(stream: Stream) -> Any:
-    """First use of an open :class:`Stream` by a pool: cache its ``CUstream`` on it.
+    """First use of a :class:`Stream` by a pool: cache its ``CUstream`` on it.
 
-    ``allocate()`` then reads ``stream._pool_cus`` (one attribute load instead
-    of a dict lookup); the open-state check stays on every call.
+    ``allocate()`` then reads ``stream._pool_cus`` (one slot load instead of a
+    dict lookup); ``Stream.close()`` sets it to ``None``, which is the
+    open-state test of ``allocate()`` and ``free()``.
     """
-    cus = _custream(stream)
-    stream._pool_cus = cus  # type: ignore[attr-defined]
+    cus = _custream(stream)  # raises ClosedError for a closed stream
+    stream._pool_cus = cus
     return cus
+
+
+class _StreamRef:
+    """What a buffer holds for a stream given as anything but a :class:`Stream`.
+
+    It carries the ``CUstream`` as ``_pool_cus``, the attribute a
+    :class:`Stream` carries too, so a buffer reads its stream (and, for a
+    ``Stream``, whether it was closed: ``None``) with one attribute load
+    whatever it was given; ``obj`` keeps a stream object (CuPy, torch,
+    cuda.core) alive as long as the buffer.
+    """
+
+    __slots__ = ("_pool_cus", "obj")
+
+    def __init__(self, cus: Any, obj: object) -> None:
+        self._pool_cus = cus
+        self.obj = obj
+
+
+_HANDLE_REFS: dict[int, _StreamRef] = {}  # int handles (and None): one shared _StreamRef each
+
+
+def _buffer_stream(stream: StreamLike) -> Stream | _StreamRef:
+    """The object a buffer allocated on ``stream`` holds (``_pool_cus`` set on it).
+
+    Raises ClosedError for a closed :class:`Stream`.
+    """
+    if type(stream) is Stream:
+        try:
+            cus = stream._pool_cus
+        except AttributeError:
+            cus = _stream_cus(stream)
+        if cus is None:
+            stream._check_open()  # raises
+        return stream
+    if stream is None or type(stream) is int:
+        ref = _HANDLE_REFS.get(stream)  # type: ignore[arg-type]
+        if ref is None:
+            if len(_HANDLE_REFS) >= 1024:
+                _HANDLE_REFS.clear()
+            ref = _HANDLE_REFS[stream] = _StreamRef(_custream(stream), None)  # type: ignore[index]
+        return ref
+    return _StreamRef(_custream(stream), stream)
 
 
 def _size_arg(value: object, what: str) -> int:
@@ -185,9 +229,10 @@ def _ordinal_arg(device: object) -> int:
 # -- release ---------------------------------------------------------------------------
 
 
-def _release(dptr: Any, cus: Any, sref: object, pool: MemoryPool) -> None:
+def _release(dptr: Any, sref: Stream | _StreamRef, pool: MemoryPool) -> None:
     """Free one pool allocation, stream-ordered: the path of close() and the finalizer."""
-    if type(sref) is Stream and sref._state is not _OPEN:
+    cus = sref._pool_cus
+    if cus is None:
         # The allocation stream is closed and work queued on it may still use
         # the memory: wait for the device, then free on the legacy stream.
         ensure_context(pool._device)
@@ -199,6 +244,8 @@ def _release(dptr: Any, cus: Any, sref: object, pool: MemoryPool) -> None:
 
 
 def _free_failed(res: Any, dptr: Any, cus: Any, pool: MemoryPool) -> None:
+    if not res[0]:
+        return
     if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
         ensure_context(pool._device)  # a default stream on a thread with no context
         res = _FREE(dptr, cus)
@@ -224,12 +271,12 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
     buffer works with :func:`cuda_memkit.copy`.
     """
 
-    __slots__ = ("_cus", "_dptr", "_nbytes", "_pool", "_sref")
+    # No __dict__: ``__class__`` assignment (free()) would materialize it.
+    __slots__ = ("_deferred", "_dptr", "_nbytes", "_pool", "_sref", "_views")
 
     _dptr: Any
     _nbytes: int
-    _cus: Any
-    _sref: object
+    _sref: Stream | _StreamRef  # its _pool_cus: the CUstream, None once a Stream is closed
     _pool: MemoryPool
 
     def __init__(self) -> None:
@@ -266,7 +313,9 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
     @property
     def stream(self) -> int:
         """Handle of the stream the buffer was allocated on (and is freed on by default)."""
-        return int(self._cus)
+        sref = self._sref
+        cus = sref._pool_cus
+        return int(cus) if cus is not None else cast(Stream, sref)._handle
 
     def free(self, stream: StreamLike = None) -> None:
         """Return the memory to the pool, ordered on ``stream`` (``cuMemFreeAsync``).
@@ -297,11 +346,10 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             raise BufferError("numpy views of this buffer are alive; drop them first, "
                               "or close() it, which frees once they are gone")
         if stream is None:
-            sref = self._sref
-            if type(sref) is Stream and sref._state is not _OPEN:
+            cus = self._sref._pool_cus
+            if cus is None:
                 raise ClosedError("the stream this buffer was allocated on is closed; "
                                   "free it with stream=another stream, or close() it")
-            cus = self._cus
         else:
             cus = _custream(stream)
         self._dptr = None  # claimed before the driver call, so that nothing frees it twice
@@ -323,10 +371,10 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             return
         self._dptr = None
         if self._views:
-            self.__dict__["_deferred"] = d
+            self._deferred = d
             return
         try:
-            _release(d, self._cus, self._sref, self._pool)
+            _release(d, self._sref, self._pool)
         except BaseException:
             self._dptr = d
             raise
@@ -388,12 +436,12 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             raise ValueError("only buffers of a pool created with ipc=True can be exported")
         if not self._pool._exported:
             os.close(self._pool.export())  # the driver exports pointers of exported pools only
-        sref = self._sref
-        if type(sref) is Stream and sref._state is not _OPEN:
+        cus = self._sref._pool_cus
+        if cus is None:
             ensure_context(self._pool._device)  # its stream is gone: wait for the device
             _driver.call("cuCtxSynchronize")
         else:
-            _driver.call("cuStreamSynchronize", self._cus)
+            _driver.call("cuStreamSynchronize", cus)
         data = _driver.call("cuMemPoolExportPointer", self._dptr)
         return ctypes.string_at(data.getPtr(), EXPORT_DATA_SIZE)
 
@@ -428,14 +476,16 @@ class _LivePoolBuffer(PoolBuffer):
         if d is None:  # closed while numpy views were alive: the free was deferred
             if self._views is None:
                 return
-            d = self.__dict__.pop("_deferred", None)
-            if d is None:
+            try:
+                d = self._deferred
+            except AttributeError:
                 return
+            del self._deferred
         if sys.is_finalizing():
             return
         self._dptr = None
         try:
-            _release(d, self._cus, self._sref, self._pool)
+            _release(d, self._sref, self._pool)
         except CudaError as exc:
             warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
                           MemkitWarning, stacklevel=1)
@@ -759,25 +809,31 @@ class MemoryPool(Resource):
         if cupool is None:
             self._check_open()
             raise ValueError("an imported pool cannot allocate; use import_pointer()")
-        if type(stream) is Stream and stream._state is _OPEN:
+        if type(stream) is Stream:
             try:
-                cus = stream._pool_cus  # type: ignore[attr-defined]
+                cus = stream._pool_cus
             except AttributeError:
                 cus = _stream_cus(stream)
+            if cus is None:  # closed
+                stream._check_open()
+            sref: Stream | _StreamRef = stream
         else:
-            cus = _custream(stream)
+            sref = _buffer_stream(stream)
+            cus = sref._pool_cus
         err, dptr = _ALLOC(nbytes, cupool, cus)
         if err:
             dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
         buf = _LivePoolBuffer()
         buf._dptr = dptr
         buf._nbytes = nbytes
-        buf._cus = cus
-        buf._sref = stream
+        buf._sref = sref
         buf._pool = self
+        buf._views = None
         return buf
 
     def _alloc_failed(self, res: Any, nbytes: int, cupool: Any, cus: Any) -> Any:
+        if not res[0]:
+            return res
         if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
             ensure_context(self._device)  # a default stream on a thread with no context
             res = _ALLOC(nbytes, cupool, cus)
@@ -995,13 +1051,14 @@ class MemoryPool(Resource):
         size = None if nbytes is None else _size_arg(nbytes, "nbytes")
         if size is not None and size <= 0:
             raise ValueError(f"nbytes must be > 0, got {size}")
-        cus = _custream(stream)
+        sref = _buffer_stream(stream)
         self._check_open()
         share = _cu.CUmemPoolPtrExportData()
         ctypes.memmove(share.getPtr(), raw, EXPORT_DATA_SIZE)
         dptr = _driver.call("cuMemPoolImportPointer", self._cu, share)
         buf = _LivePoolBuffer()
-        buf._dptr, buf._nbytes, buf._cus, buf._sref, buf._pool = dptr, 0, cus, stream, self
+        buf._dptr, buf._nbytes, buf._sref, buf._pool = dptr, 0, sref, self
+        buf._views = None
         self._imports.add(buf)
         if size is None:
             try:

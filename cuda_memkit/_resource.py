@@ -86,6 +86,13 @@ def make_finalizer(
 class Resource:
     """Base class of every object that owns a driver resource."""
 
+    # Subclasses without __slots__ get a __dict__; slotted ones (PoolBuffer)
+    # stay dict-free, which keeps their __class__ assignment cheap. Hidden
+    # from mypy, which would otherwise refuse the attributes subclasses with
+    # a __dict__ set.
+    if not TYPE_CHECKING:
+        __slots__ = ("__weakref__",)
+
     _state: State = _CLOSED
     _finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
     _views: weakref.WeakSet[Any] | None = None
