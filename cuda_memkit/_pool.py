@@ -340,11 +340,8 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
             If the driver refuses (the buffer then stays allocated).
         """
         d = self._dptr  # _release() inlined: this is the hot path
-        if d is None:
+        if d is None:  # (numpy views: _ViewedPoolBuffer.free checks them first)
             raise ClosedError("PoolBuffer was already freed")
-        if self._views:
-            raise BufferError("numpy views of this buffer are alive; drop them first, "
-                              "or close() it, which frees once they are gone")
         if stream is None:
             cus = self._sref._pool_cus
             if cus is None:
@@ -370,9 +367,6 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         if d is None:
             return
         self._dptr = None
-        if self._views:
-            self._deferred = d
-            return
         try:
             _release(d, self._sref, self._pool)
         except BaseException:
@@ -410,7 +404,11 @@ class PoolBuffer(Resource, DeviceMemoryMixin):
         if not (pool._host or pool._managed):
             raise TypeError("device pool memory is not host-accessible; copy it to a host "
                             "buffer or allocate from a host-located pool")
-        return host_array(self, self.ptr, (self._nbytes,), np.dtype(np.uint8))
+        ptr = self.ptr  # ClosedError once freed
+        if type(self) is _LivePoolBuffer:  # from now on free() and close() mind the views
+            self._views = None
+            self.__class__ = _ViewedPoolBuffer
+        return host_array(self, ptr, (self._nbytes,), np.dtype(np.uint8))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         arr = self.array
@@ -473,22 +471,61 @@ class _LivePoolBuffer(PoolBuffer):
             d = self._dptr
         except AttributeError:  # never fully made
             return
+        if d is not None:
+            self._dptr = None
+            _finalize(d, self._sref, self._pool)
+
+
+class _ViewedPoolBuffer(_LivePoolBuffer):
+    """A live :class:`PoolBuffer` of which :attr:`~PoolBuffer.array` made numpy views.
+
+    ``.array`` switches a buffer to this class (same layout), so that only
+    such buffers pay for the check that no view is alive: :meth:`free`
+    refuses while one is, :meth:`close` defers the free until they are gone.
+    """
+
+    __slots__ = ()
+
+    def free(self, stream: StreamLike = None) -> None:
+        """As :meth:`PoolBuffer.free`; raises ``BufferError`` while numpy views are alive."""
+        if self._dptr is not None and self._views:
+            raise BufferError("numpy views of this buffer are alive; drop them first, "
+                              "or close() it, which frees once they are gone")
+        PoolBuffer.free(self, stream)
+
+    def close(self) -> None:
+        """As :meth:`PoolBuffer.close`; with numpy views alive, frees once they are gone."""
+        d = self._dptr
+        if d is not None and self._views:
+            self._dptr = None
+            self._deferred = d  # freed by __del__, once the views (which hold us) are gone
+            return
+        PoolBuffer.close(self)
+
+    def __del__(self) -> None:
+        try:
+            d = self._dptr
+        except AttributeError:  # never fully made
+            return
         if d is None:  # closed while numpy views were alive: the free was deferred
-            if self._views is None:
-                return
             try:
                 d = self._deferred
             except AttributeError:
                 return
             del self._deferred
-        if sys.is_finalizing():
-            return
         self._dptr = None
-        try:
-            _release(d, self._sref, self._pool)
-        except CudaError as exc:
-            warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
-                          MemkitWarning, stacklevel=1)
+        _finalize(d, self._sref, self._pool)
+
+
+def _finalize(d: Any, sref: Stream | _StreamRef, pool: MemoryPool) -> None:
+    """The release a buffer's ``__del__`` runs: warnings instead of exceptions."""
+    if sys.is_finalizing():
+        return
+    try:
+        _release(d, sref, pool)
+    except CudaError as exc:
+        warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
+                      MemkitWarning, stacklevel=2)
 
 
 _new_object = object.__new__
@@ -828,7 +865,6 @@ class MemoryPool(Resource):
         buf._nbytes = nbytes
         buf._sref = sref
         buf._pool = self
-        buf._views = None
         return buf
 
     def _alloc_failed(self, res: Any, nbytes: int, cupool: Any, cus: Any) -> Any:
@@ -1058,7 +1094,6 @@ class MemoryPool(Resource):
         dptr = _driver.call("cuMemPoolImportPointer", self._cu, share)
         buf = _LivePoolBuffer()
         buf._dptr, buf._nbytes, buf._sref, buf._pool = dptr, 0, sref, self
-        buf._views = None
         self._imports.add(buf)
         if size is None:
             try:
@@ -1336,12 +1371,12 @@ class _PooledHostBuffer(HostBuffer):
     leaves that to them in the same way.
     """
 
-    __slots__ = ("_block", "_dtype", "_nbytes", "_ptr", "_shape", "_state", "_views")
+    __slots__ = ()  # HostBuffer's slots
     if TYPE_CHECKING:
         def __init__(self) -> None: ...
     else:
         __init__ = object.__init__  # made by pooled_host_buffer() (HostBuffer() refuses)
-    _flags = HostAllocFlags.DEFAULT
+    _flags = 0  # HostAllocFlags.DEFAULT
     _dptr = None
 
     _block: _HostBlock | None

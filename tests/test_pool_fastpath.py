@@ -19,6 +19,7 @@ from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
 from cuda_memkit import _pool
+from cuda_memkit._device import STREAM_LEGACY, STREAM_PER_THREAD
 
 MiB = 1 << 20
 
@@ -155,6 +156,81 @@ def test_views_defer_the_free_to_the_finalizer(host_pool: cm.MemoryPool, stream:
     del arr, buf
     gc.collect()
     assert frees == [ptr] and used(host_pool) == 0
+
+
+def test_views_switch_the_class_and_free_once_dropped(host_pool: cm.MemoryPool,
+                                                     stream: cm.Stream,
+                                                     frees: list[int]) -> None:
+    """Only buffers with numpy views pay for the views check; free() hands over as usual."""
+    buf = host_pool.allocate(4096, stream=stream)
+    ptr = buf.ptr
+    stream.synchronize()
+    arr = buf.array
+    assert type(buf) is _pool._ViewedPoolBuffer
+    with pytest.raises(BufferError):
+        buf.free()
+    del arr
+    buf.free()
+    assert type(buf) is cm.PoolBuffer and frees == [ptr]
+    with pytest.raises(cm.ClosedError):
+        buf.free()
+    with pytest.raises(cm.ClosedError):
+        _ = buf.array
+
+
+def test_closed_stream_after_allocation(pool: cm.MemoryPool, frees: list[int]) -> None:
+    """free() refuses a closed allocation stream; close() syncs and frees on the legacy stream."""
+    s = cm.Stream()
+    a = pool.allocate(4096, stream=s)
+    b = pool.allocate(4096, stream=s)
+    ptrs = sorted([a.ptr, b.ptr])
+    handle = s.handle
+    s.synchronize()
+    s.close()
+    assert a.stream == handle  # still reported after the stream is gone
+    with pytest.raises(cm.ClosedError, match="allocated on is closed"):
+        a.free()
+    a.close()
+    del b
+    gc.collect()
+    assert sorted(frees) == ptrs
+    assert used(pool) == 0
+
+
+class _ForeignStream:
+    """A stream object of another library (the ``__cuda_stream__`` protocol)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def test_foreign_stream_objects_kept_alive(pool: cm.MemoryPool, stream: cm.Stream) -> None:
+    import weakref
+
+    foreign = _ForeignStream(stream.handle)
+    ref = weakref.ref(foreign)
+    buf = pool.allocate(4096, stream=foreign)
+    assert buf.stream == stream.handle
+    del foreign
+    gc.collect()
+    assert ref() is not None  # the buffer may be freed on it later
+    buf.free()
+    del buf
+    gc.collect()
+    assert ref() is None and used(pool) == 0
+
+
+@pytest.mark.parametrize("handle", [None, 0, STREAM_LEGACY, STREAM_PER_THREAD])
+def test_int_and_default_streams(pool: cm.MemoryPool, handle: int | None) -> None:
+    bufs = [pool.allocate(4096, stream=handle) for _ in range(3)]
+    assert {b.stream for b in bufs} == {handle or 0}
+    for b in bufs:
+        b.free()
+    cm.Device(0).synchronize()
+    assert used(pool) == 0
 
 
 def test_allocate_makes_live_buffers(pool: cm.MemoryPool, stream: cm.Stream) -> None:
