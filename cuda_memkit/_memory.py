@@ -27,7 +27,7 @@ from ._device import StreamLike, _check_ordinal, ensure_context, stream_handle
 from ._errors import CudaError
 from ._interop import DL_CUDA, DeviceMemoryMixin
 from ._pinned import HostBuffer, HostRegisterFlags, RegisteredHost, registered_flags
-from ._resource import Resource, State, _ArrayHolder, make_finalizer
+from ._resource import Resource, State, _ArrayHolder, make_finalizer, pending_operands
 
 if TYPE_CHECKING:
     import numpy as np
@@ -266,7 +266,7 @@ def _refuse_pageable(op: _Operand, role: str) -> None:
 
 # -- keeping operands alive until the stream is done -------------------------------------
 
-_pending: dict[int, collections.deque[tuple[Any, tuple[Any, ...]]]] = {}
+_pending = pending_operands
 _pending_lock = threading.RLock()
 
 

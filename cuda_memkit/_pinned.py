@@ -20,12 +20,20 @@ import math
 import operator
 import sys
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _driver
 from ._device import ensure_any_context, ensure_context
-from ._resource import Resource, State, _ArrayHolder, host_array, make_finalizer
+from ._errors import CudaInvalidContextError
+from ._resource import (
+    _OPEN,
+    Resource,
+    State,
+    _ArrayHolder,
+    host_array,
+    make_finalizer,
+    pending_operands,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -182,33 +190,57 @@ def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
 
 
 def _alloc_pinned(nbytes: int, flags: int) -> int:
-    """``cuMemHostAlloc``: return the address of ``nbytes`` new pinned bytes."""
+    """``cuMemHostAlloc``: return the address of ``nbytes`` new pinned bytes.
+
+    Tried first, then with device 0's primary context made current if the
+    thread had no context (``CUDA_ERROR_INVALID_CONTEXT``, which allocates
+    nothing): the common case makes one driver call.
+    """
+    try:
+        return int(_driver.call("cuMemHostAlloc", nbytes, flags))
+    except CudaInvalidContextError:
+        if int(_driver.call("cuCtxGetCurrent")):
+            raise
     ensure_any_context()
     return int(_driver.call("cuMemHostAlloc", nbytes, flags))
 
 
 def _free_pinned(ptr: int) -> None:
-    """``cuMemFreeHost`` (the release function of a HostBuffer's finalizer)."""
+    """``cuMemFreeHost``, the release function of a HostBuffer's finalizer.
+
+    Like :func:`_alloc_pinned`: tried first, with a context made current only if needed.
+    """
+    try:
+        _driver.call("cuMemFreeHost", ptr)
+        return
+    except CudaInvalidContextError:
+        if int(_driver.call("cuCtxGetCurrent")):
+            raise
     ensure_any_context()
     _driver.call("cuMemFreeHost", ptr)
 
 
-def _acquire(
-    nbytes: int, flags: int, pool: object | None
-) -> tuple[int, Callable[..., None], tuple[Any, ...]]:
-    """Allocate ``nbytes`` (> 0) of pinned memory.
+# -- HostBuffer.empty()'s fast path --------------------------------------------------
 
-    Returns
-    -------
-    (ptr, release, args)
-        The address, and the module-level function and plain arguments that
-        free it (``release(*args)``, run by the buffer's finalizer).
-    """
-    if pool is not None:  # pool: checks only; empty() takes pooled memory via _pool.host_block
-        _pools().host_block(pool, 0, flags)
-        return 0, _free_pinned, ()
-    ptr = _alloc_pinned(nbytes, flags)
-    return ptr, _free_pinned, (ptr,)
+_UINT8_NAME = "uint8"  # empty()'s default dtype (the same interned str)
+_NO_FLAGS = HostAllocFlags.DEFAULT
+_U8: Any = None  # numpy's uint8 dtype, made on first use
+_new_object = object.__new__
+_PENDING = pending_operands  # non-empty: async copies hold operands (see _memory)
+
+
+def _uint8() -> Any:
+    global _U8
+    import numpy as np
+
+    _U8 = np.dtype(np.uint8)
+    return _U8
+
+
+def _reap_pending() -> None:
+    from ._memory import reap_pending
+
+    reap_pending()
 
 
 # -- pool wiring: HostBuffer.pooled / empty(pool=...) ---------------------------------
@@ -247,11 +279,16 @@ class HostBuffer(Resource):
     ...     d.close()
     """
 
+    # Slots, not a __dict__: the state the hot paths read (Resource's _state,
+    # _finalizer, _views included: a class default makes a load generic).
+    if not TYPE_CHECKING:
+        __slots__ = ("_block", "_dptr", "_dtype", "_finalizer", "_flags", "_nbytes", "_ptr",
+                     "_shape", "_state", "_views")
     _ptr: int
     _nbytes: int
     _shape: tuple[int, ...]
     _dtype: np.dtype[Any]
-    _flags: HostAllocFlags
+    _flags: int  # HostAllocFlags bits
     _dptr: int | None
     _block: object  # pool wiring: the pinned pool block (see _pool.host_block)
 
@@ -305,25 +342,32 @@ class HostBuffer(Resource):
         CudaOutOfMemoryError
             If the driver cannot pin that much memory.
         """
-        shp = _check_shape(shape)
-        dt = _check_dtype(dtype)
-        fl = _check_flags(flags, HostAllocFlags, _ALLOC_BITS)
-        nbytes = _nbytes(shp, dt)
-        self = cls.__new__(cls)
+        if (type(shape) is int and 0 < shape <= MAX_NBYTES and dtype is _UINT8_NAME
+                and flags is _NO_FLAGS and pool is None):  # the default: 1-D bytes
+            nbytes = shape
+            shp: tuple[int, ...] = (shape,)
+            dt = _U8 if _U8 is not None else _uint8()
+            fl = 0
+        else:
+            shp = _check_shape(shape)
+            dt = _check_dtype(dtype)
+            fl = _check_flags(flags, HostAllocFlags, _ALLOC_BITS)
+            nbytes = _nbytes(shp, dt)
+        self = _new_object(cls)
         self._shape = shp
         self._dtype = dt
         self._nbytes = nbytes
-        self._flags = HostAllocFlags(fl)
+        self._flags = fl
         self._dptr = None
+        self._views = None
         if nbytes == 0:
             if pool is not None:
-                _acquire(0, fl, pool)  # same pool check as a real allocation
+                _pools().host_block(pool, 0, fl)  # same pool checks as a real allocation
             self._ptr = 0
             self._open(None)
             return self
-        from ._memory import reap_pending
-
-        reap_pending()
+        if _PENDING:  # async copies hold operands: drop those of finished ones
+            _reap_pending()
         if pool is not None:  # pool wiring: a recycled block; see cuda_memkit._pool.host_block
             block = _pools().host_block(pool, nbytes, fl)
             assert block is not None
@@ -331,9 +375,10 @@ class HostBuffer(Resource):
             self._block = block  # collected with the buffer: block.__del__ returns the memory
             self._open(block.release)  # close() calls it
             return self
-        ptr, release, args = _acquire(nbytes, fl, pool)
+        ptr = _alloc_pinned(nbytes, fl)
         self._ptr = ptr
-        self._open(make_finalizer(self, f"HostBuffer 0x{ptr:x}", release, *args))
+        self._finalizer = make_finalizer(self, ("HostBuffer", ptr), _free_pinned, ptr)
+        self._state = _OPEN
         return self
 
     @classmethod
@@ -443,7 +488,7 @@ class HostBuffer(Resource):
     @property
     def flags(self) -> HostAllocFlags:
         """The flags the buffer was allocated with."""
-        return self._flags
+        return HostAllocFlags(self._flags)
 
     def __len__(self) -> int:
         if not self._shape:
@@ -452,7 +497,7 @@ class HostBuffer(Resource):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
-        flags = f" flags={self._flags!r}" if self._flags else ""
+        flags = f" flags={HostAllocFlags(self._flags)!r}" if self._flags else ""
         return f"<HostBuffer shape={self._shape} dtype={self._dtype} {state}{flags}>"
 
     # -- views -----------------------------------------------------------------------

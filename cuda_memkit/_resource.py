@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import sys
 import warnings
@@ -37,17 +38,25 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+#: Operands of asynchronous copies still in flight, per stream handle: (event,
+#: references) pairs, owned by ``_memory`` (``copy_async``, ``reap_pending``);
+#: here so that allocation paths can test it without importing ``_memory``.
+pending_operands: dict[int, collections.deque[tuple[Any, tuple[Any, ...]]]] = {}
+
 # Module constants: an enum member lookup costs ~120 ns on hot paths.
 _OPEN = State.OPEN
 _CLOSED = State.CLOSED
 
 
-def _run_release(what: str, release: Callable[..., None], args: tuple[Any, ...]) -> None:
+def _run_release(what: str | tuple[str, int], release: Callable[..., None],
+                 args: tuple[Any, ...]) -> None:
     if sys.is_finalizing():
         return
     try:
         release(*args)
     except CudaError as exc:
+        if not isinstance(what, str):
+            what = f"{what[0]} 0x{what[1]:x}"
         warnings.warn(f"cuda_memkit: releasing {what} failed: {exc}", MemkitWarning, stacklevel=2)
 
 
@@ -57,7 +66,7 @@ def driver_release(api: str, *args: Any) -> None:
 
 
 def make_finalizer(
-    owner: object, what: str, release: Callable[..., None], *args: Any
+    owner: object, what: str | tuple[str, int], release: Callable[..., None], *args: Any
 ) -> weakref.finalize:  # type: ignore[type-arg]
     """Build the finalizer that releases ``owner``'s resource.
 
@@ -65,8 +74,9 @@ def make_finalizer(
     ----------
     owner : object
         The object whose collection triggers the release.
-    what : str
-        Human-readable description for warnings, e.g. ``"HostBuffer 0x7f.."``.
+    what : str or (str, int)
+        Human-readable description for warnings, e.g. ``"HostBuffer 0x7f.."``;
+        a ``(kind, address)`` pair is formatted so only if a warning is due.
     release : callable
         A module-level function (never a bound method of ``owner``).
     *args
