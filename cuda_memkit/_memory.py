@@ -26,7 +26,13 @@ from . import _driver
 from ._device import StreamLike, _check_ordinal, ensure_context, stream_handle
 from ._errors import CudaError
 from ._interop import DL_CUDA, DeviceMemoryMixin
-from ._pinned import HostBuffer, HostRegisterFlags, RegisteredHost, registered_flags
+from ._pinned import (
+    HostBuffer,
+    HostRegisterFlags,
+    RegisteredHost,
+    _LiveHostBuffer,
+    registered_flags,
+)
 from ._resource import Resource, State, _ArrayHolder, make_finalizer, pending_operands
 
 if TYPE_CHECKING:
@@ -124,7 +130,7 @@ def _operand(obj: Any, dst: bool) -> _Operand:
     t = type(obj)
     if t is DeviceBuffer:
         return obj.ptr, obj._nbytes, None, _DRIVER, None
-    if t is HostBuffer:
+    if t is _LiveHostBuffer or t is HostBuffer:
         return obj.ptr, obj._nbytes, obj._dtype, _DRIVER, None
     if t is int:
         if obj < 0:
@@ -391,7 +397,7 @@ def copy(
     if n:
         _need_context()
         _driver.call("cuMemcpy", d[0], s[0], n)
-        if d[3] != _HOST and type(dst) not in _HOST_TYPES:
+        if d[3] != _HOST and not isinstance(dst, _HOST_TYPES):
             # cuMemcpy returns before a copy into device memory is done (device to
             # device, or staged from pageable memory): wait, so that "synchronous"
             # holds for work on any stream.

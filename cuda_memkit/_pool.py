@@ -89,7 +89,7 @@ from ._device import (
 )
 from ._errors import ClosedError, CudaError, CudaNotSupportedError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
-from ._pinned import HostAllocFlags, HostBuffer
+from ._pinned import HostBuffer
 from ._resource import Resource, State, driver_release, host_array, make_finalizer
 
 if TYPE_CHECKING:

@@ -484,6 +484,39 @@ def test_garbage_collection_frees(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ("cuMemFreeHost", (ptr,)) in calls
 
 
+def test_each_allocation_is_freed_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() frees and leaves nothing for __del__; a dropped buffer is freed by __del__."""
+    with record_calls(monkeypatch) as calls:
+        a = cm.HostBuffer.empty(100)
+        b = cm.HostBuffer.empty((4, 4), np.float32)
+        ptrs = [a.ptr, b.ptr]
+        a.close()
+        a.close()
+        assert type(a) is cm.HostBuffer  # closed: the plain class, no __del__ left
+        del a, b
+        gc.collect()
+    assert sorted(c[1][0] for c in calls if c[0] == "cuMemFreeHost") == sorted(ptrs)
+
+
+class _MyHostBuffer(cm.HostBuffer):
+    __slots__ = ()
+
+
+def test_subclasses_keep_their_class_and_are_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    with record_calls(monkeypatch) as calls:
+        h = _MyHostBuffer.empty(64)
+        assert type(h) is _MyHostBuffer
+        ptr = h.ptr
+        del h
+        gc.collect()
+        assert [c[1][0] for c in calls if c[0] == "cuMemFreeHost"] == [ptr]
+        g = _MyHostBuffer.zeros(8)
+        gptr = g.ptr
+        g.close()
+        assert type(g) is _MyHostBuffer and g.closed
+    assert [c[1][0] for c in calls if c[0] == "cuMemFreeHost"] == [ptr, gptr]
+
+
 def test_failed_free_becomes_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     h = cm.HostBuffer.empty(64)
     ptr = h.ptr
