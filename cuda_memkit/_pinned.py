@@ -245,6 +245,21 @@ def _reap_pending() -> None:
     reap_pending()
 
 
+# -- HostBuffer.pooled()'s fast path ---------------------------------------------------
+
+#: Largest block a pinned pool's cache keeps (see ``_pool.host_block``), and
+#: most bytes cached per pool.
+HOST_CACHE_MAX_BLOCK = 1 << 20
+HOST_CACHE_LIMIT = 32 << 20
+
+# The block cache of MemoryPool.default_pinned() (a ``_pool._HostCache``), and
+# the simulator's state module when that pool is simulated: published by
+# ``_pool`` when it makes the pool, so that ``HostBuffer.pooled(n)`` takes a
+# cached block in one Python frame.
+_pooled_cache: Any = None
+_pooled_sim: Any = None
+
+
 # -- pool wiring: HostBuffer.pooled / empty(pool=...) ---------------------------------
 
 _POOLS: Any = None  # cuda_memkit._pool, loaded on first use (feature modules load lazily)
@@ -455,11 +470,34 @@ class HostBuffer(Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
+        cache = _pooled_cache
+        if (cache is not None and pool is None and dtype is _UINT8_NAME and type(shape) is int
+                and 0 < shape <= HOST_CACHE_MAX_BLOCK and cls is HostBuffer
+                and (_pooled_sim is None or cache.gen is _pooled_sim.MACHINE)):
+            # A cached block of the default pool: _pool.host_block's hit, inlined.
+            blocks = cache.bins[shape if not shape & (shape - 1) else 1 << shape.bit_length()]
+            if blocks:
+                try:
+                    block = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    cache.cached -= block._size
+                    block._busy = True
+                    buf = _PooledHostBuffer()
+                    buf._ptr = block.ptr
+                    buf._nbytes = shape
+                    buf._shape = (shape,)
+                    buf._dtype = _U8 if _U8 is not None else _uint8()
+                    buf._block = block
+                    buf._views = None
+                    buf._state = _OPEN
+                    return buf
         pools = _POOLS or _pools()
-        if type(shape) is int and type(dtype) is str and dtype == "uint8" and shape > 0 \
-                and cls is HostBuffer:  # fast path: 1-D bytes (_pool._PooledHostBuffer)
-            buf: HostBuffer = pools.pooled_host_buffer(shape, pool)
-            return buf
+        if type(shape) is int and dtype == "uint8" and type(dtype) is str and shape > 0 \
+                and cls is HostBuffer:  # 1-D bytes: a miss, or a given pool
+            buf2: HostBuffer = pools.pooled_host_buffer(shape, pool)
+            return buf2
         if pool is None:
             pool = pools.MemoryPool.default_pinned()
         return cls.empty(shape, dtype, pool=pool)
@@ -643,6 +681,55 @@ class _LiveHostBuffer(HostBuffer):
         except AttributeError:  # cuMemHostAlloc failed: nothing to free
             return
         _run_release(("HostBuffer", ptr), _free_pinned, (ptr,))
+
+
+class _PooledHostBuffer(HostBuffer):
+    """What ``HostBuffer.pooled(n)`` gives for 1-D bytes: a HostBuffer on a cached block.
+
+    Everything a :class:`HostBuffer` does (``array``, ``ptr``, copies,
+    ``with``, ``ClosedError``), trimmed for a pair that must cost about as
+    much as CuPy's pinned pool: slots for the state read on the hot path (a
+    ``Resource`` class default would make those loads generic), a plain type
+    call to make it, and a ``close()`` that puts the block back in its cache
+    itself. A buffer collected without ``close()`` drops its block, whose
+    ``__del__`` gives the memory back; with numpy views alive, ``close()``
+    leaves that to them in the same way.
+    """
+
+    __slots__ = ()  # HostBuffer's slots
+    if TYPE_CHECKING:
+        def __init__(self) -> None: ...
+    else:
+        __init__ = object.__init__  # made by pooled_host_buffer() (HostBuffer() refuses)
+    _flags = 0  # HostAllocFlags.DEFAULT
+    _dptr = None
+
+    _block: Any  # _pool._HostBlock, or None once closed
+    _views: Any
+
+    def _check_open(self) -> None:
+        if self._state is _CLOSED:
+            raise ClosedError("HostBuffer is closed; it cannot be used any more")
+
+    def close(self) -> None:
+        """Give the block back to the pool's cache; calling it again does nothing."""
+        if self._state is _CLOSED:
+            return
+        self._state = _CLOSED
+        if self._views:
+            return  # the block goes back once the views and the buffer are gone
+        block = self._block
+        assert block is not None
+        self._block = None
+        block._busy = False
+        cache = block._cache
+        size = block._size
+        blocks = block._bin  # _HostCache.put() inlined
+        if blocks is not None and cache.open and cache.cached + size <= HOST_CACHE_LIMIT:
+            blocks.append(block)
+            cache.cached += size
+        else:
+            cache.put(block)
 
 
 def _device_ptr(buf: HostBuffer | RegisteredHost, what: str, how: str) -> int:

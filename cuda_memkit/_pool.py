@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from cuda.bindings import driver as _cu
 
-from . import _driver
+from . import _driver, _pinned
 from ._device import (
     STREAM_LEGACY,
     Device,
@@ -89,7 +89,7 @@ from ._device import (
 )
 from ._errors import ClosedError, CudaError, CudaNotSupportedError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
-from ._pinned import HostBuffer
+from ._pinned import HOST_CACHE_LIMIT, HOST_CACHE_MAX_BLOCK, HostBuffer, _PooledHostBuffer
 from ._resource import Resource, State, driver_release, host_array, make_finalizer
 
 if TYPE_CHECKING:
@@ -111,9 +111,6 @@ EXPORT_DATA_SIZE = 64
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.
 DEFAULT_PINNED_RELEASE_THRESHOLD = 64 << 20
-#: Largest block :func:`host_block` keeps in its cache, and most bytes cached per pool.
-HOST_CACHE_MAX_BLOCK = 1 << 20
-HOST_CACHE_LIMIT = 32 << 20
 _PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 
 
@@ -1181,6 +1178,12 @@ def _make_default_pinned() -> MemoryPool:
         # function call per buffer otherwise; the backend never changes).
         _sim_state = sys.modules.get("cuda_memkit.sim._state") if pool._gen is not None else None
         _pinned_default = pool
+        cache = pool._hcache
+        assert cache is not None
+        cache.gen = pool._gen
+        # HostBuffer.pooled(n) takes cached blocks straight from this cache.
+        _pinned._pooled_sim = _sim_state
+        _pinned._pooled_cache = cache
         return pool
 
 
@@ -1211,7 +1214,7 @@ class _HostCache:
     back without a lookup.
     """
 
-    __slots__ = ("bins", "cached", "cus", "open")
+    __slots__ = ("bins", "cached", "cus", "gen", "open")
 
     def __init__(self) -> None:
         self.bins: dict[int, list[_HostBlock]] = {
@@ -1219,6 +1222,7 @@ class _HostCache:
         self.cached = 0
         self.cus: Any = None  # the CUstream of host_stream(), set on first use
         self.open = True
+        self.gen: object = None  # the simulated machine of the default pinned pool
 
     def put(self, block: _HostBlock) -> None:
         size = block._size
@@ -1347,66 +1351,6 @@ def host_block(pool: object, nbytes: int, flags: int = 0) -> _HostBlock | None:
 
 # -- HostBuffer.pooled(n): 1-D pinned bytes from a pool's block cache --------------------
 
-_U8: Any = None  # numpy's uint8 dtype, loaded on first use
-
-
-def _uint8() -> Any:
-    global _U8
-    import numpy as np
-
-    _U8 = np.dtype(np.uint8)
-    return _U8
-
-
-class _PooledHostBuffer(HostBuffer):
-    """What ``HostBuffer.pooled(n)`` gives for 1-D bytes: a HostBuffer on a cached block.
-
-    Everything a :class:`HostBuffer` does (``array``, ``ptr``, copies,
-    ``with``, ``ClosedError``), trimmed for a pair that must cost about as
-    much as CuPy's pinned pool: slots for the state read on the hot path (a
-    ``Resource`` class default would make those loads generic), a plain type
-    call to make it, and a ``close()`` that puts the block back in its cache
-    itself. A buffer collected without ``close()`` drops its block, whose
-    ``__del__`` gives the memory back; with numpy views alive, ``close()``
-    leaves that to them in the same way.
-    """
-
-    __slots__ = ()  # HostBuffer's slots
-    if TYPE_CHECKING:
-        def __init__(self) -> None: ...
-    else:
-        __init__ = object.__init__  # made by pooled_host_buffer() (HostBuffer() refuses)
-    _flags = 0  # HostAllocFlags.DEFAULT
-    _dptr = None
-
-    _block: _HostBlock | None
-    _views: Any
-
-    def _check_open(self) -> None:
-        if self._state is _CLOSED:
-            raise ClosedError("HostBuffer is closed; it cannot be used any more")
-
-    def close(self) -> None:
-        """Give the block back to the pool's cache; calling it again does nothing."""
-        if self._state is _CLOSED:
-            return
-        self._state = _CLOSED
-        if self._views:
-            return  # the block goes back once the views and the buffer are gone
-        block = self._block
-        assert block is not None
-        self._block = None
-        block._busy = False
-        cache = block._cache
-        size = block._size
-        blocks = block._bin  # _HostCache.put() inlined
-        if blocks is not None and cache.open and cache.cached + size <= HOST_CACHE_LIMIT:
-            blocks.append(block)
-            cache.cached += size
-        else:
-            cache.put(block)
-
-
 def pooled_host_buffer(nbytes: int, pool: object) -> HostBuffer:
     """``HostBuffer.pooled(nbytes)`` for an int ``nbytes > 0`` and dtype uint8.
 
@@ -1439,7 +1383,7 @@ def pooled_host_buffer(nbytes: int, pool: object) -> HostBuffer:
     buf._ptr = block.ptr
     buf._nbytes = nbytes
     buf._shape = (nbytes,)
-    buf._dtype = _U8 if _U8 is not None else _uint8()
+    buf._dtype = _pinned._U8 if _pinned._U8 is not None else _pinned._uint8()
     buf._block = block
     buf._views = None
     buf._state = _OPEN
