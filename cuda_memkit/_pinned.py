@@ -487,8 +487,6 @@ class HostBuffer(Resource):
                     buf = _PooledHostBuffer()
                     buf._ptr = block.ptr
                     buf._nbytes = shape
-                    buf._shape = (shape,)
-                    buf._dtype = _U8 if _U8 is not None else _uint8()
                     buf._block = block
                     buf._views = None
                     buf._state = _OPEN
@@ -703,6 +701,14 @@ class _PooledHostBuffer(HostBuffer):
         __init__ = object.__init__  # made by pooled_host_buffer() (HostBuffer() refuses)
     _flags = 0  # HostAllocFlags.DEFAULT
     _dptr = None
+    if not TYPE_CHECKING:  # shape and dtype follow from _nbytes: nothing to store per buffer
+        @property
+        def _shape(self) -> tuple[int, ...]:
+            return (self._nbytes,)
+
+        @property
+        def _dtype(self) -> Any:
+            return _U8 if _U8 is not None else _uint8()
 
     _block: Any  # _pool._HostBlock, or None once closed
     _views: Any

@@ -1382,8 +1382,6 @@ def pooled_host_buffer(nbytes: int, pool: object) -> HostBuffer:
     buf = _PooledHostBuffer()
     buf._ptr = block.ptr
     buf._nbytes = nbytes
-    buf._shape = (nbytes,)
-    buf._dtype = _pinned._U8 if _pinned._U8 is not None else _pinned._uint8()
     buf._block = block
     buf._views = None
     buf._state = _OPEN
