@@ -88,7 +88,7 @@ def main() -> None:
     nbytes = 4 * MiB if (simulated and args.quick) else 256 * MiB
     repeat = 5 if args.quick else 15
     alloc_sizes = (4096, 16 * MiB)
-    alloc_repeat = 7 if args.quick else 31
+    alloc_repeat = 7 if args.quick else 41
 
     s = cm.Stream()
     h = s.handle
@@ -133,7 +133,7 @@ def main() -> None:
 
     # -- allocation overhead -----------------------------------------------------------
     # Several pairs per sample: one 4 KiB cuMemHostAlloc varies by ~5 % on its own.
-    pairs = {4096: 10, 16 * MiB: 2}
+    pairs = {4096: 10, 16 * MiB: 4}
 
     def raw_pair(n: int) -> None:
         for _ in range(pairs.get(n, 1)):
@@ -183,7 +183,7 @@ def main() -> None:
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
     print(f"bench_pinned on backend {backend} ({cm.Device(0).name}){note}")
     print(f"median of {repeat} (transfers) / {alloc_repeat} (allocations: 10 pairs of 4 KiB or "
-          "2 of 16 MiB each) samples, wall clock incl. stream synchronize")
+          "4 of 16 MiB each) samples, wall clock incl. stream synchronize")
     print(f"{'case':62} {'result':>13} {'vs raw':>7}  target")
     for row in rows:
         value = f"{row['gbps']:8.2f} GB/s" if "gbps" in row else f"{row['ms']:10.3f} ms"

@@ -9,35 +9,42 @@ Hot path design
 ---------------
 A raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` pair costs about
 1.2 µs on an H100, so allocate + free together may add only a few hundred
-nanoseconds, including the buffer object and its finalizer. Measured with
-``timeit`` against stub driver functions (the simulator's own cost hides
-the difference), the choices that matter are:
+nanoseconds, including the buffer object and its finalizer. Measured as
+instructions per pair (callgrind, CPython 3.12, stub driver functions: the
+simulator's own cost hides the difference) and checked on the H100, the
+choices that matter are:
 
 * **No** ``weakref.finalize`` **per buffer**: making and running one costs
   about 1 µs, as much as the driver calls. :class:`PoolBuffer` is a slotted
   object; ``allocate()`` makes a :class:`_LivePoolBuffer`, the subclass with
   a ``__del__`` that calls the module-level :func:`_release` with the plain
-  values it holds (the ``CUdeviceptr``, the ``CUstream``, the stream object
-  and the pool), the function ``close()`` calls too. ``free()`` inlines the
-  release, then turns the object into a plain ``PoolBuffer`` (``__class__``
-  assignment, same layout), so that dropping a freed buffer runs no Python
-  code: the assignment costs 40-60 ns, a ``__del__`` call 80-100 ns.
-  ``_LivePoolBuffer()`` is a plain type call (``object.__new__(cls)`` costs
-  25 ns more).
+  values it holds (the ``CUdeviceptr``, the stream object and the pool), the
+  function ``close()`` calls too. ``free()`` inlines the release, then turns
+  the object into a plain ``PoolBuffer`` (``__class__`` assignment, same
+  layout), so that dropping a freed buffer runs no Python code: the
+  assignment costs about 280 instructions, a ``__del__`` call 620. The
+  buffer has no ``__dict__`` (``Resource`` declares ``__slots__``): CPython
+  materializes an instance dict at a ``__class__`` assignment, which cost
+  another 250. ``_LivePoolBuffer()`` is a plain type call (``object.__new__``
+  costs more).
+* **Numpy views are the exception, so only they pay.** ``.array`` switches a
+  buffer to :class:`_ViewedPoolBuffer`, whose ``free()`` / ``close()`` mind
+  live views; other buffers skip that test.
 * **Typed handles, converted once.** The bindings turn a plain ``int``
   stream, pool or pointer into a ``CUstream`` / ``CUmemoryPool`` /
   ``CUdeviceptr`` first (≈ 0.1 µs each). The pool keeps its ``CUmemoryPool``;
   a :class:`Stream` carries its ``CUstream`` (``_pool_cus``, set on its
-  first allocation: one attribute load instead of a dict lookup), other
-  stream-likes go through a cache keyed by the int handle (a ``CUstream`` is
-  a plain value, so a reused handle maps to an equal object); the buffer
-  hands the ``CUdeviceptr`` the driver returned back to ``cuMemFreeAsync``;
-  ``.ptr`` makes the ``int`` only when asked.
+  first allocation: one attribute load instead of a dict lookup) and
+  ``Stream.close()`` sets it to ``None``, which is the closed-stream test of
+  ``allocate()`` and ``free()``; other stream-likes get a :class:`_StreamRef`
+  with the same attribute (shared per int handle), so the buffer holds one
+  object and reads its stream with one load. The buffer hands the
+  ``CUdeviceptr`` the driver returned back to ``cuMemFreeAsync``; ``.ptr``
+  makes the ``int`` only when asked.
 * **Mind what CPython 3.11/3.12 cannot specialize**: loading an instance
   attribute that a class attribute of the same name shadows (``Resource``'s
-  ``_state``, ``_views``) is a generic lookup, ≈ 20 ns instead of 4; so
-  hot attributes get slots or no class default, and each ``Stream._state``
-  test that stays (one in ``allocate()``, one in ``free()``) is needed.
+  ``_state``, ``_views``) is a generic lookup, about 5x slower than a slot
+  or an instance attribute; so hot attributes get slots or no class default.
 * **Driver functions resolved once** (``_driver.function``), results checked
   by hand and errors raised through ``_driver.check``; the rare cases (no
   current context on this thread, a closed allocation stream) are handled off
@@ -54,8 +61,11 @@ Pinned buffers from a pool (:meth:`HostBuffer.pooled`) use :func:`host_block`:
 a small cache of freed blocks per power-of-two size class in front of the
 driver's host pool, because a driver host-pool pair costs a few µs on the
 H100 (probe section E) while the budget is about 1 µs (CuPy's pinned pool).
-``HostBuffer.pooled(n)`` for bytes is :func:`pooled_host_buffer`: the cache
-hit inlined, a slotted :class:`_PooledHostBuffer` whose ``close()`` puts the
+The default pinned pool publishes its cache to ``_pinned``, where
+``HostBuffer.pooled(n)`` for bytes takes a cached block in its own frame (a
+second Python frame cost 15 % of the pair); a miss, or another pool, goes
+through :func:`pooled_host_buffer`. The buffer is a :class:`_PooledHostBuffer`
+(shape and dtype derived from its size, not stored) whose ``close()`` puts the
 block straight back in its size class's list.
 """
 
