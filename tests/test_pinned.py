@@ -498,6 +498,44 @@ def test_each_allocation_is_freed_exactly_once(monkeypatch: pytest.MonkeyPatch) 
     assert sorted(c[1][0] for c in calls if c[0] == "cuMemFreeHost") == sorted(ptrs)
 
 
+def test_alloc_and_free_on_threads_without_a_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One driver call per alloc/free; an allocating thread with no context gets device 0's."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            with record_calls(monkeypatch) as calls:
+                out["buf"] = cm.HostBuffer.empty(4096)
+            out["calls"] = [c[0] for c in calls]
+        except BaseException as exc:  # reported by the main thread
+            out["error"] = exc
+
+    def drop() -> None:
+        try:
+            with record_calls(monkeypatch) as calls:
+                out.pop("buf").close()
+            out["calls"] = [c[0] for c in calls]
+        except BaseException as exc:
+            out["error"] = exc
+
+    for target in (make, drop):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+        assert "error" not in out, out.get("error")
+        if target is make:  # tried, refused (INVALID_CONTEXT), device 0's context made current
+            assert out["calls"][0] == "cuMemHostAlloc"
+            assert out["calls"].count("cuMemHostAlloc") == 2
+        else:  # the driver frees pinned memory without a context (H100)
+            assert out["calls"] == ["cuMemFreeHost"]
+    cm.Device(0).set_current()
+    with record_calls(monkeypatch) as calls:
+        cm.HostBuffer.empty(4096).close()  # a context is current: one call each
+    assert [c[0] for c in calls] == ["cuMemHostAlloc", "cuMemFreeHost"]
+
+
 class _MyHostBuffer(cm.HostBuffer):
     __slots__ = ()
 

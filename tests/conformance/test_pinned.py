@@ -112,6 +112,15 @@ def test_hostalloc_without_context() -> None:
     in_fresh_thread(body)
 
 
+def test_freehost_needs_no_context() -> None:
+    """The H100 frees pinned memory on a thread with no current context
+    (found by tests/test_pinned.py on the GPU, where the simulator refused)."""
+    h = int(_driver.call("cuMemHostAlloc", 4096, 0))
+    in_fresh_thread(lambda: _driver.call("cuMemFreeHost", h))
+    # it is gone: a second free is refused like any unknown pointer
+    expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemFreeHost", h)
+
+
 def test_freehost_misuse(dptr: int) -> None:
     inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
     h = int(_driver.call("cuMemHostAlloc", 4096, 0))
