@@ -156,10 +156,57 @@ def main() -> None:
         for _ in range(k):
             allocate(nbytes, stream=s).free()
 
-    cupy_device = core_device = torch_device = None
     default = cm.MemoryPool.default(0)
     old_threshold = default.release_threshold
     default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
+    cudefault = cu.CUmemoryPool(default.handle)
+
+    def raw_default(k: int) -> None:  # the driver's cost on the default pool: same?
+        for _ in range(k):
+            err, ptr = alloc(nbytes, cudefault, cus)
+            if err:
+                raise RuntimeError(err)
+            (err,) = free(ptr, cus)
+            if err:
+                raise RuntimeError(err)
+
+    default_allocate = default.allocate
+
+    def memkit_default(k: int) -> None:
+        for _ in range(k):
+            default_allocate(nbytes, stream=s).free()
+
+    # The least any pure-Python wrapper with this API can cost: allocate() makes an
+    # object that owns the memory, free() frees it, garbage collection frees it
+    # otherwise; no argument checks, one slot, a fixed stream. Not memkit: a yardstick.
+    class FloorBuffer:
+        __slots__ = ("ptr",)
+
+        def free(self) -> None:
+            (err,) = free(self.ptr, cus)
+            if err:
+                raise RuntimeError(err)
+            self.__class__ = FloorBuffer  # freed: no finalizer left
+
+    class LiveFloorBuffer(FloorBuffer):
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            free(self.ptr, cus)
+
+    def floor_allocate(n: int, *, stream: object) -> FloorBuffer:
+        err, ptr = alloc(n, cupool, cus)
+        if err:
+            raise RuntimeError(err)
+        b = LiveFloorBuffer()
+        b.ptr = ptr
+        return b
+
+    def floor_device(k: int) -> None:
+        for _ in range(k):
+            floor_allocate(nbytes, stream=s).free()
+
+    cupy_device = cupy_pool_device = core_device = torch_device = None
     if cupy is not None:
         from_external = getattr(cupy.cuda.Stream, "from_external", None)
         cupy_stream = (from_external(s) if from_external is not None
@@ -171,6 +218,17 @@ def main() -> None:
                 for _ in range(k):
                     p = malloc_async(nbytes)
                     del p
+
+        try:  # CuPy on the very pool memkit and raw use
+            cupy_pool_malloc = cupy.cuda.MemoryAsyncPool(pool_handles=pool.handle).malloc
+
+            def cupy_pool_device(k: int) -> None:
+                with cupy_stream:
+                    for _ in range(k):
+                        p = cupy_pool_malloc(nbytes)
+                        del p
+        except Exception as exc:
+            print(f"CuPy MemoryAsyncPool(pool_handles=...): {exc!r}", file=sys.stderr)
 
     core_stream: Any = None
     if core is not None:
@@ -196,8 +254,11 @@ def main() -> None:
 
     device = measure(
         {"raw": raw_device, "memkit": memkit_device, "cupy": cupy_device,
-         "cuda.core": core_device, "torch": torch_device},
-        {"raw": n_dev, "memkit": n_dev, "cupy": n_dev, "cuda.core": n_dev, "torch": n_dev},
+         "cuda.core": core_device, "torch": torch_device, "raw default": raw_default,
+         "memkit default": memkit_default, "cupy pool": cupy_pool_device,
+         "floor": floor_device},
+        dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
+                       "memkit default", "cupy pool", "floor"), n_dev),
         samples, sync)
 
     # -- 4 KiB pinned buffers ---------------------------------------------------------------
@@ -296,6 +357,14 @@ def main() -> None:
         "memkit faster", faster(mk, d["cuda.core"]))
     row("1 MiB: torch.empty(device='cuda')", d["torch"], d["raw"], "memkit faster",
         faster(mk, d["torch"]))
+    row("1 MiB: raw pair on the device's default pool", d["raw default"], d["raw"], "info",
+        None)
+    row("1 MiB: MemoryPool.default(0).allocate(stream=s).free()", d["memkit default"],
+        d["raw"], "info", None)
+    row("1 MiB: CuPy MemoryAsyncPool(pool_handles=pool).malloc", d["cupy pool"], d["raw"],
+        "info", None)
+    row("1 MiB: pure-Python floor (1 slot, no checks; not memkit)", d["floor"], d["raw"],
+        "info", None)
     p = pinned
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference",
         None)
