@@ -147,14 +147,21 @@ def main() -> None:
     cupool = cu.CUmemoryPool(pool.handle)
     alloc, free = raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync
 
-    def raw_device(k: int) -> None:
-        for _ in range(k):
-            err, ptr = alloc(nbytes, cupool, cus)
-            if err:
-                raise RuntimeError(err)
-            (err,) = free(ptr, cus)
-            if err:
-                raise RuntimeError(err)
+    def raw_pairs(n: int, on_pool: Any) -> Loop:
+        """A loop of raw cuMemAllocFromPoolAsync + cuMemFreeAsync pairs of n bytes."""
+
+        def loop(k: int) -> None:
+            for _ in range(k):
+                err, ptr = alloc(n, on_pool, cus)
+                if err:
+                    raise RuntimeError(err)
+                (err,) = free(ptr, cus)
+                if err:
+                    raise RuntimeError(err)
+
+        return loop
+
+    raw_device = raw_pairs(nbytes, cupool)
 
     allocate = pool.allocate
 
@@ -165,16 +172,7 @@ def main() -> None:
     default = cm.MemoryPool.default(0)
     old_threshold = default.release_threshold
     default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
-    cudefault = cu.CUmemoryPool(default.handle)
-
-    def raw_default(k: int) -> None:  # the driver's cost on the default pool: same?
-        for _ in range(k):
-            err, ptr = alloc(nbytes, cudefault, cus)
-            if err:
-                raise RuntimeError(err)
-            (err,) = free(ptr, cus)
-            if err:
-                raise RuntimeError(err)
+    raw_default = raw_pairs(nbytes, cu.CUmemoryPool(default.handle))  # same driver cost?
 
     default_allocate = default.allocate
 
@@ -277,14 +275,7 @@ def main() -> None:
             p = check(raw.cuMemHostAlloc(small, 0))
             check(raw.cuMemFreeHost(p))
 
-    def raw_host_pool(k: int) -> None:
-        for _ in range(k):
-            err, ptr = alloc(small, host_cupool, cus)
-            if err:
-                raise RuntimeError(err)
-            (err,) = free(ptr, cus)
-            if err:
-                raise RuntimeError(err)
+    raw_host_pool = raw_pairs(small, host_cupool)
 
     pooled = cm.HostBuffer.pooled
 
