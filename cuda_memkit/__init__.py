@@ -33,47 +33,41 @@ from ._errors import (
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._device import Device, Location, LocationType, Stream, device_count
+    from ._device_buffer import DeviceBuffer
     from ._growable import GrowableBuffer
-    from ._hints import (
-        ManagedMemoryHints,
-        MigrationPolicy,
-        PlanEntry,
-        PlannedCall,
-        PrefetchPlan,
-    )
-    from ._managed import AttachFlags, ManagedBuffer, MemAdvice, RangeInfo
-    from ._memory import DeviceBuffer, copy, copy_async
-    from ._pinned import (
-        HostAllocFlags,
-        HostBuffer,
-        HostRegisterFlags,
-        RegisteredHost,
-        register_host,
-    )
+    from ._managed import AttachFlags, ManagedBuffer
+    from ._managed_ranges import MemAdvice, RangeInfo
+    from ._pinned import HostAllocFlags, HostBuffer
+    from ._policy import ManagedMemoryHints, MigrationPolicy
     from ._pool import MemoryPool, PoolBuffer, PoolStats
-    from ._vmm import (
-        Access,
-        AddressRange,
-        HandleType,
-        Mapping,
-        PhysicalMemory,
-        granularity,
-    )
+    from ._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
+    from ._registered import HostRegisterFlags, RegisteredHost, register_host
+    from ._transfers import copy, copy_async
+    from ._vmm import AddressRange, Mapping, PhysicalMemory
+    from ._vmm_base import Access, HandleType, granularity
 
 # Feature modules load on first use of one of their names (PEP 562), so that
 # ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_device": ("Device", "Location", "LocationType", "Stream", "device_count"),
-    "_memory": ("DeviceBuffer", "copy", "copy_async"),
-    "_pinned": ("HostAllocFlags", "HostBuffer", "HostRegisterFlags", "RegisteredHost",
-                "register_host"),
-    "_managed": ("AttachFlags", "ManagedBuffer", "MemAdvice", "RangeInfo"),
-    "_hints": ("ManagedMemoryHints", "MigrationPolicy", "PlanEntry", "PlannedCall",
-               "PrefetchPlan"),
-    "_vmm": ("Access", "AddressRange", "HandleType", "Mapping", "PhysicalMemory",
-             "granularity"),
+    "_device_buffer": ("DeviceBuffer",),
+    "_transfers": ("copy", "copy_async"),
+    "_pinned": ("HostAllocFlags", "HostBuffer"),
+    "_registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
+    "_managed": ("AttachFlags", "ManagedBuffer"),
+    "_managed_ranges": ("MemAdvice", "RangeInfo"),
+    "_policy": ("ManagedMemoryHints", "MigrationPolicy"),
+    "_prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
+    "_vmm_base": ("Access", "HandleType", "granularity"),
+    "_vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
     "_growable": ("GrowableBuffer",),
     "_pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
+}
+# Modules that plug into a feature module and must load with it: the pinned
+# block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
+_COMPANIONS: dict[str, tuple[str, ...]] = {
+    "_pinned": ("_pinned_pool",),
+    "_pool": ("_pinned_pool",),
 }
 _LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}
 
@@ -159,6 +153,8 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     module = importlib.import_module(f"{__name__}.{mod}")
+    for companion in _COMPANIONS.get(mod, ()):
+        importlib.import_module(f"{__name__}.{companion}")
     names = _LAZY_MODULES[mod]
     g = globals()
     for n in names:

@@ -23,7 +23,7 @@ def _select_backend(requested: str | None, say: Say) -> str:
         _driver.call("cuDriverGetVersion")
         return "cuda"
     except CudaDriverNotFoundError as exc:
-        _driver._reset_for_tests()
+        _driver.reset_backend()
         _driver.use_backend("sim")
         say("No NVIDIA driver was found on this machine:")
         say(f"  {exc.description}")

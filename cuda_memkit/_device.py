@@ -18,6 +18,7 @@ __all__ = [
     "LocationType",
     "Stream",
     "StreamLike",
+    "StreamRef",
     "device_count",
 ]
 
@@ -35,7 +36,7 @@ def device_count() -> int:
     return int(_driver.call("cuDeviceGetCount"))
 
 
-def _check_ordinal(ordinal: object, what: str = "device") -> int:
+def check_ordinal(ordinal: object, what: str = "device") -> int:
     if isinstance(ordinal, bool) or not isinstance(ordinal, int):
         if isinstance(ordinal, Device):
             return ordinal.ordinal
@@ -45,25 +46,31 @@ def _check_ordinal(ordinal: object, what: str = "device") -> int:
     return ordinal
 
 
-def _existing_ordinal(ordinal: object, what: str = "device") -> int:
-    """:func:`_check_ordinal`, then ``ValueError`` for a device that does not exist."""
-    o = _check_ordinal(ordinal, what)
+def existing_ordinal(ordinal: object, what: str = "device") -> int:
+    """:func:`check_ordinal`, then ``ValueError`` for a device that does not exist."""
+    o = check_ordinal(ordinal, what)
     n = device_count()
     if o >= n:
         raise ValueError(f"{what} {o} does not exist ({n} device(s) visible)")
     return o
 
 
-def _check_exists(loc: Location) -> Location:
+def check_exists(loc: Location) -> Location:
     """``ValueError`` if ``loc`` names a device that does not exist; returns ``loc``."""
     if loc.type is LocationType.DEVICE:
-        _existing_ordinal(loc.id)
+        existing_ordinal(loc.id)
     return loc
 
 
 # Primary contexts, retained once per device for the life of the process.
 _ctx_lock = threading.Lock()
 _primary: dict[int, int] = {}
+
+
+def forget_contexts() -> None:
+    """Forget the retained primary contexts (the simulated machine was replaced)."""
+    with _ctx_lock:
+        _primary.clear()
 
 
 def primary_context(ordinal: int) -> int:
@@ -141,7 +148,7 @@ class Device:
     __slots__ = ("__weakref__", "_attrs", "_handle", "_ordinal", "_saved")
 
     def __init__(self, ordinal: int = 0) -> None:
-        self._ordinal = _check_ordinal(ordinal)
+        self._ordinal = check_ordinal(ordinal)
         self._handle = _driver.call("cuDeviceGet", self._ordinal)
         self._attrs: dict[int, int] = {}
         self._saved = threading.local()  # .stack: this thread's contexts to restore
@@ -366,10 +373,11 @@ class Stream(Resource):
     a wrapper never destroys the stream.
     """
 
-    # The CUstream that memory pools cache on the stream (set by a pool's first
-    # use of it, None once closed): pools test it instead of ``_state``, whose
-    # class default makes each load a generic lookup (~5x slower).
-    _pool_cus: Any
+    #: The typed handle (``CUstream``) for driver calls that want one, made
+    #: once; ``None`` once closed. The pool allocation path reads it, both as
+    #: the handle and as the closed test (``_state``, which has a class
+    #: default, is a slower generic attribute load).
+    _custream: Any
 
     def __init__(
         self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0
@@ -378,10 +386,11 @@ class Stream(Resource):
             raise TypeError("non_blocking must be a bool")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError("priority must be an int")
-        ordinal = ensure_context(None if device is None else _check_ordinal(device))
+        ordinal = ensure_context(None if device is None else check_ordinal(device))
         flags = 1 if non_blocking else 0
         handle = int(_driver.call("cuStreamCreateWithPriority", flags, priority))
         self._handle = handle
+        self._custream = _cu.CUstream(handle)
         self._device = ordinal
         self._owned = True
         self._open(make_finalizer(self, f"stream 0x{handle:x}", driver_release,
@@ -404,6 +413,7 @@ class Stream(Resource):
             raise ValueError("a stream handle cannot be negative")
         self = cls.__new__(cls)
         self._handle = handle
+        self._custream = _cu.CUstream(handle)
         self._device = -1
         self._owned = False
         self._open(None)
@@ -430,7 +440,7 @@ class Stream(Resource):
 
     def close(self) -> None:
         """Destroy the stream (if owned) and close the object; calling it again does nothing."""
-        self._pool_cus = None
+        self._custream = None
         super().close()
 
     def synchronize(self) -> None:
@@ -494,6 +504,61 @@ def stream_handle(stream: StreamLike) -> int:
     )
 
 
+# -- typed stream handles kept with the object they came from ---------------------------
+
+_CUSTREAMS: dict[int, Any] = {}  # int handle -> CUstream
+
+
+def custream(stream: StreamLike) -> Any:
+    """Return the cached ``CUstream`` for anything a ``stream=`` argument accepts."""
+    h = stream_handle(stream)
+    cs = _CUSTREAMS.get(h)
+    if cs is None:
+        if len(_CUSTREAMS) >= 1024:
+            _CUSTREAMS.clear()
+        cs = _CUSTREAMS[h] = _cu.CUstream(h)
+    return cs
+
+
+class StreamRef:
+    """What a buffer holds for a stream given as anything but a :class:`Stream`.
+
+    It carries the ``CUstream`` as ``_custream``, the attribute a
+    :class:`Stream` carries too, so a buffer reads its stream (and, for a
+    ``Stream``, whether it was closed: ``None``) with one attribute load
+    whatever it was given; ``obj`` keeps a stream object (CuPy, torch,
+    cuda.core) alive as long as the buffer.
+    """
+
+    __slots__ = ("_custream", "obj")
+
+    def __init__(self, cus: Any, obj: object) -> None:
+        self._custream = cus
+        self.obj = obj
+
+
+_HANDLE_REFS: dict[int, StreamRef] = {}  # int handles (and None): one shared StreamRef each
+
+
+def buffer_stream(stream: StreamLike) -> Stream | StreamRef:
+    """The object a buffer allocated on ``stream`` holds (its ``_custream`` set).
+
+    Raises ClosedError for a closed :class:`Stream`.
+    """
+    if isinstance(stream, Stream):
+        if stream._custream is None:
+            stream._check_open()  # raises
+        return stream
+    if stream is None or type(stream) is int:
+        ref = _HANDLE_REFS.get(stream)  # type: ignore[arg-type]
+        if ref is None:
+            if len(_HANDLE_REFS) >= 1024:
+                _HANDLE_REFS.clear()
+            ref = _HANDLE_REFS[stream] = StreamRef(custream(stream), None)  # type: ignore[index]
+        return ref
+    return StreamRef(custream(stream), stream)
+
+
 # -- locations -----------------------------------------------------------------
 
 
@@ -539,7 +604,7 @@ class Location:
     @classmethod
     def device(cls, ordinal: Device | int) -> Location:
         """Device ``ordinal``."""
-        return cls(LocationType.DEVICE, _check_ordinal(ordinal))
+        return cls(LocationType.DEVICE, check_ordinal(ordinal))
 
     @classmethod
     def host(cls) -> Location:
@@ -549,7 +614,7 @@ class Location:
     @classmethod
     def host_numa(cls, node: int) -> Location:
         """Host NUMA node ``node``."""
-        return cls(LocationType.HOST_NUMA, _check_ordinal(node, "NUMA node"))
+        return cls(LocationType.HOST_NUMA, check_ordinal(node, "NUMA node"))
 
     @classmethod
     def host_numa_current(cls) -> Location:

@@ -270,8 +270,8 @@ def error_name(code: int) -> str:
         return f"CUresult({code})"
 
 
-def _reset_for_tests() -> None:
-    """Forget the loaded backend (test helper; objects from before become invalid)."""
+def reset_backend() -> None:
+    """Forget the loaded backend (tests; the CLI's fallback). Objects made before are invalid."""
     global _active, _mod, _chosen
     with _lock:
         _active = None

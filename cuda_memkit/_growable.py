@@ -3,7 +3,7 @@
 :class:`GrowableBuffer` reserves its addresses once (``cuMemAddressReserve``)
 and maps or unmaps chunks of physical memory (``cuMemCreate``, ``cuMemMap``,
 ``cuMemSetAccess``) as it is resized, so its pointer never moves. Argument
-checks, the undo log and the ledger lock are those of :mod:`cuda_memkit._vmm`.
+checks and the lock are those of :mod:`cuda_memkit._vmm_base`.
 """
 
 from __future__ import annotations
@@ -13,34 +13,32 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._checks import nonneg, positive
 from ._device import (
     Device,
     Location,
     LocationType,
-    _check_ordinal,
-    _existing_ordinal,
+    check_ordinal,
+    existing_ordinal,
     primary_context,
 )
 from ._errors import CudaError
 from ._interop import DL_CUDA, DeviceMemoryMixin
-from ._resource import Resource, make_finalizer
-from ._vmm import (
+from ._resource import Account, Resource, Transaction, account, make_finalizer
+from ._vmm_base import (
+    LOCK,
     Access,
     HandleType,
-    _as_access,
-    _descs,
-    _free_range,
-    _lock,
-    _multiple,
-    _need_ctx,
-    _nonneg,
-    _positive,
-    _prop,
-    _release_handle,
-    _targets,
-    _Undo,
-    _unmap_raw,
+    access_descs,
+    alloc_prop,
+    as_access,
+    as_targets,
+    check_multiple,
+    free_range,
     granularity,
+    need_ctx,
+    release_handle,
+    unmap_raw,
 )
 
 __all__ = ["GrowableBuffer"]
@@ -51,13 +49,18 @@ def _round_up(n: int, g: int) -> int:
 
 
 class _GrowState:
-    __slots__ = ("chunk", "handles", "ptr", "reserved")
+    __slots__ = ("acct", "chunk", "handles", "ptr", "reserved")
 
-    def __init__(self, ptr: int, reserved: int, chunk: int) -> None:
+    def __init__(self, ptr: int, reserved: int, chunk: int, acct: Account) -> None:
         self.ptr = ptr
         self.reserved = reserved
         self.chunk = chunk
         self.handles: list[int] = []  # handle of chunk i, mapped at ptr + i*chunk
+        self.acct = acct  # ledger account ("growable"): the mapped bytes, under ``ptr``
+
+    def mapped(self) -> None:
+        """Tell the ledger how many bytes are mapped now."""
+        self.acct.resize(self.ptr, len(self.handles) * self.chunk)
 
 
 def _shrink_to(gs: _GrowState, n: int) -> None:
@@ -67,10 +70,11 @@ def _shrink_to(gs: _GrowState, n: int) -> None:
         _driver.call("cuMemUnmap", gs.ptr + i * gs.chunk, gs.chunk)
         h = gs.handles.pop()
         _driver.call("cuMemRelease", h)
+        gs.mapped()
 
 
 def _fin_growable(gs: _GrowState) -> None:
-    with _lock:
+    with LOCK:
         first: CudaError | None = None
         unmapped = 0
         for i in reversed(range(len(gs.handles))):
@@ -86,6 +90,7 @@ def _fin_growable(gs: _GrowState) -> None:
                 first = first or exc
         all_unmapped = unmapped == len(gs.handles)
         gs.handles.clear()
+        gs.acct.remove(gs.ptr)
         if all_unmapped:
             try:
                 _driver.call("cuMemAddressFree", gs.ptr, gs.reserved)
@@ -128,38 +133,39 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
                  peers: Iterable[Device | int] = ()) -> None:
-        max_size = _positive("max_size", max_size)
-        ordinal = _check_ordinal(device)
-        peer_list = [_existing_ordinal(p, "peer") for p in peers]
+        max_size = positive("max_size", max_size)
+        ordinal = check_ordinal(device)
+        peer_list = [existing_ordinal(p, "peer") for p in peers]
         gran = granularity(ordinal)
         if chunk is None:
             chunk = granularity(ordinal, recommended=True)
         else:
-            chunk = _positive("chunk", chunk)
-            _multiple("chunk", chunk, gran)
+            chunk = positive("chunk", chunk)
+            check_multiple("chunk", chunk, gran)
         reserved = _round_up(max_size, chunk)
         primary_context(ordinal)
-        _need_ctx()
+        need_ctx()
         self._device = ordinal
         self._max_size = max_size
         self._nbytes = 0
         self._access: dict[int, Access] = {ordinal: Access.READWRITE}
         for p in peer_list:
             self._access[p] = Access.READWRITE
-        self._prop = _prop(Location.device(ordinal), HandleType.NONE)
-        self._descs = self._make_descs()
+        self._prop = alloc_prop(Location.device(ordinal), HandleType.NONE)
+        self._descs = self._makeaccess_descs()
         ptr = int(_driver.call("cuMemAddressReserve", reserved, 0, 0, 0))
-        with _Undo() as undo:
-            undo.push(_free_range, ptr, reserved)
-            gs = _GrowState(ptr, reserved, chunk)
+        with Transaction() as undo:
+            undo.push(free_range, ptr, reserved)
+            gs = _GrowState(ptr, reserved, chunk, account("growable", ordinal))
             self._gs = gs
             self._open(make_finalizer(self, f"growable buffer 0x{ptr:x}", _fin_growable, gs))
+            gs.acct.add(ptr, 0)
 
-    def _make_descs(self) -> list[_cu.CUmemAccessDesc]:
+    def _makeaccess_descs(self) -> list[_cu.CUmemAccessDesc]:
         out = []
         for dev, acc in self._access.items():
             if acc is not Access.NONE:
-                out.extend(_descs([Location.device(dev)], acc))
+                out.extend(access_descs([Location.device(dev)], acc))
         return out
 
     # -- properties ---------------------------------------------------------
@@ -234,17 +240,17 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
             If the device has no memory for the new chunks.
         """
         self._check_open()
-        n = _nonneg("nbytes", nbytes)
+        n = nonneg("nbytes", nbytes)
         if n > self._max_size:
             raise ValueError(f"cannot resize to {n} bytes; max_size is {self._max_size}")
         gs = self._gs
         need = -(-n // gs.chunk)
-        with _lock:
+        with LOCK:
             have = len(gs.handles)
             if need > have:
                 self._grow(have, need)
             elif need < have:
-                _need_ctx()
+                need_ctx()
                 _shrink_to(gs, need)
             self._nbytes = n
 
@@ -258,20 +264,21 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         mmap = _driver.function("cuMemMap")
         setacc = _driver.function("cuMemSetAccess")
         check = _driver.check
-        _need_ctx()
+        need_ctx()
         new: list[int] = []
-        with _Undo() as undo:
+        with Transaction() as undo:
             for i in range(have, need):
                 addr = gs.ptr + i * chunk
                 handle = check("cuMemCreate", create(chunk, prop, 0))
                 h = int(handle)
-                undo.push(_release_handle, h)
+                undo.push(release_handle, h)
                 # the driver's own handle object: no int -> handle conversion in the call
                 check("cuMemMap", mmap(addr, chunk, 0, handle, 0))
-                undo.push(_unmap_raw, addr, chunk)
+                undo.push(unmap_raw, addr, chunk)
                 check("cuMemSetAccess", setacc(addr, chunk, descs, ndesc))
                 new.append(h)
             gs.handles.extend(new)
+            gs.mapped()
 
     def grant_access(self, devices: Device | int | Iterable[Device | int],
                      access: Access = Access.READWRITE) -> None:
@@ -296,34 +303,34 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
             From the driver (e.g. a device that cannot access this one's memory).
         """
         self._check_open()
-        acc = _as_access(access)
-        locs = _targets(devices)
+        acc = as_access(access)
+        locs = as_targets(devices)
         ordinals = []
         for loc in locs:
             if loc.type is not LocationType.DEVICE:
                 raise ValueError(f"grant_access takes devices, not {loc}")
-            _existing_ordinal(loc.id)
+            existing_ordinal(loc.id)
             if loc.id == self._device and acc is not Access.READWRITE:
                 raise ValueError("the owning device always keeps READWRITE access")
             ordinals.append(loc.id)
-        descs = _descs(locs, acc)
+        descs = access_descs(locs, acc)
         gs = self._gs
-        with _lock:
-            _need_ctx()
+        with LOCK:
+            need_ctx()
             old = {d: self._access.get(d, Access.NONE) for d in ordinals}
-            with _Undo() as undo:
+            with Transaction() as undo:
                 for i in range(len(gs.handles)):
                     addr = gs.ptr + i * gs.chunk
                     _driver.call("cuMemSetAccess", addr, gs.chunk, descs, len(descs))
                     undo.push(self._restore_access, addr, old)
             for d in ordinals:
                 self._access[d] = acc
-            self._descs = self._make_descs()
+            self._descs = self._makeaccess_descs()
 
     def _restore_access(self, addr: int, old: dict[int, Access]) -> None:
         descs = []
         for d, a in old.items():
-            descs.extend(_descs([Location.device(d)], a))
+            descs.extend(access_descs([Location.device(d)], a))
         _driver.call("cuMemSetAccess", addr, self._gs.chunk, descs, len(descs))
 
     def access(self, device: Device | int) -> Access:
@@ -334,7 +341,7 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
         device : int or Device
             The device to ask about (``Access.NONE`` for one never granted).
         """
-        return self._access.get(_check_ordinal(device), Access.NONE)
+        return self._access.get(check_ordinal(device), Access.NONE)
 
     def __repr__(self) -> str:
         if self.closed:

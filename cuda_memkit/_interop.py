@@ -30,7 +30,7 @@ def _typestr(dtype: np.dtype[Any]) -> str:
     return str(dtype.str)
 
 
-def _normalize(dtype: npt.DTypeLike, shape: int | tuple[int, ...] | None,
+def normalize_view(dtype: npt.DTypeLike, shape: int | tuple[int, ...] | None,
                nbytes: int) -> tuple[np.dtype[Any], tuple[int, ...]]:
     import numpy as np
 
@@ -94,7 +94,7 @@ class DeviceMemoryMixin:
         ValueError
             If the shape needs more bytes than the buffer has.
         """
-        dt, shp = _normalize(dtype, shape, self.nbytes)
+        dt, shp = normalize_view(dtype, shape, self.nbytes)
         return DeviceArrayView(self, self.ptr, dt, shp, self._dl_device())
 
     @property

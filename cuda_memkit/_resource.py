@@ -11,13 +11,18 @@
 * :func:`host_array` makes a zero-copy numpy view of host-accessible memory
   that keeps its owner alive; the owner defers its release until such views
   are gone.
+* :class:`Transaction` undoes the completed steps of a multi-step operation
+  that failed part way.
+* The allocation ledger (:class:`Account`, :func:`account`): every owning
+  object registers its memory when it exists and leaves when it is freed,
+  whichever path frees it; statistics, tracking and leak checks read it.
 """
 
 from __future__ import annotations
 
-import collections
 import enum
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -38,17 +43,14 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-#: Operands of asynchronous copies still in flight, per stream handle: (event,
-#: references) pairs, owned by ``_memory`` (``copy_async``, ``reap_pending``);
-#: here so that allocation paths can test it without importing ``_memory``.
-pending_operands: dict[int, collections.deque[tuple[Any, tuple[Any, ...]]]] = {}
-
 # Module constants: an enum member lookup costs ~120 ns on hot paths.
-_OPEN = State.OPEN
-_CLOSED = State.CLOSED
+OPEN = State.OPEN
+CLOSED = State.CLOSED
+_OPEN = OPEN
+_CLOSED = CLOSED
 
 
-def _run_release(what: str | tuple[str, int], release: Callable[..., None],
+def run_release(what: str | tuple[str, int], release: Callable[..., None],
                  args: tuple[Any, ...]) -> None:
     if sys.is_finalizing():
         return
@@ -88,7 +90,7 @@ def make_finalizer(
         Call it to release now; it runs at most once. It does not run at
         interpreter exit.
     """
-    fin = weakref.finalize(owner, _run_release, what, release, args)
+    fin = weakref.finalize(owner, run_release, what, release, args)
     fin.atexit = False
     return fin
 
@@ -145,7 +147,7 @@ class Resource:
         self.close()
 
 
-class _ArrayHolder:
+class ArrayHolder:
     """The object numpy keeps as ``base``: an array interface plus the owner."""
 
     __slots__ = ("__array_interface__", "__weakref__", "owner")
@@ -173,7 +175,7 @@ def host_array(
     if ptr == 0:
         # numpy refuses NULL data; a zero-length buffer has no memory at all.
         return np.empty(shape, dtype)
-    holder = _ArrayHolder(
+    holder = ArrayHolder(
         owner,
         {"data": (ptr, readonly), "shape": shape, "typestr": dtype.str, "version": 3,
          "descr": dtype.descr},
@@ -183,3 +185,184 @@ def host_array(
         views = owner._views = weakref.WeakSet()
     views.add(holder)
     return np.asarray(holder)
+
+
+# -- transactions ---------------------------------------------------------------------
+
+
+class Transaction:
+    """Undo log of a multi-step operation (VMM map + access, pool create + attributes).
+
+    Push the undo of each step right after the step succeeded; if the block
+    raises, the undos run in reverse order (their own failures become
+    warnings, the original error propagates). On success nothing runs.
+    """
+
+    __slots__ = ("_steps",)
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def push(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Register ``fn(*args)`` as the undo of the step that just succeeded."""
+        self._steps.append((fn, args))
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        steps, self._steps = self._steps, []
+        if exc_type is not None:
+            for fn, args in reversed(steps):
+                try:
+                    fn(*args)
+                except CudaError as err:
+                    warnings.warn(f"cuda_memkit: undoing a failed step also failed: {err}",
+                                  MemkitWarning, stacklevel=2)
+
+
+# -- the allocation ledger ------------------------------------------------------------
+#
+# One Account per (kind, device, pool): its live allocations (allocation id ->
+# bytes) and running counters. Every owning object adds its memory to its
+# account when the memory exists and removes it when the memory is freed, on
+# every path (close(), ``with``, garbage collection, a pool's free()), so the
+# accounts always say what cuda_memkit holds. Sizes are the library's own
+# (the bytes asked for), not the driver's rounded ones.
+#
+# Cost and threads: ``add`` / ``remove`` are a dict store / pop and a few
+# integer updates on slots, no lock. Under the GIL a dict store or pop is
+# atomic, and the ``+=`` updates run without a call between their load and
+# store, so CPython does not switch threads or run a finalizer inside them
+# (the eval loop only does that at calls and backward jumps; int arithmetic
+# does not trigger the garbage collector). The pool and pinned-pool hot paths
+# make the same updates inline (see ``_pool_buffer``).
+
+#: The memory kinds, in reporting order: ledger account kind -> what it holds.
+KINDS: dict[str, str] = {
+    "device": "DeviceBuffer (cuMemAlloc)",
+    "pool": "PoolBuffer (cuMemAllocFromPoolAsync), per pool",
+    "managed": "ManagedBuffer (cuMemAllocManaged)",
+    "pinned": "HostBuffer (cuMemHostAlloc)",
+    "pinned_pooled": "HostBuffer from a pinned pool (HostBuffer.pooled, empty(pool=...))",
+    "registered": "RegisteredHost (cuMemHostRegister)",
+    "vmm_physical": "PhysicalMemory (cuMemCreate)",
+    "vmm_mapped": "Mapping (cuMemMap)",
+    "growable": "GrowableBuffer (mapped chunks)",
+}
+
+
+class Account:
+    """The live allocations of one memory kind on one device (and pool).
+
+    Attributes
+    ----------
+    kind : str
+        A key of :data:`KINDS`.
+    device : int or None
+        The device ordinal holding the memory; ``None`` for host memory.
+    pool : int or None
+        The pool handle (kind ``"pool"``), else ``None``.
+    live : dict
+        Allocation id -> bytes, for every allocation alive now. The id is the
+        allocation's address or handle (unique among the account's live
+        allocations); the owning object is found from it.
+    current : int
+        Bytes alive now (the sum of ``live``).
+    peak : int
+        Highest ``current`` since the account was made or :meth:`reset_peak`.
+    total : int
+        Allocations made since the account was made.
+    """
+
+    __slots__ = ("__weakref__", "current", "device", "kind", "live", "peak", "pool", "total")
+
+    def __init__(self, kind: str, device: int | None, pool: int | None = None) -> None:
+        self.kind = kind
+        self.device = device
+        self.pool = pool
+        self.live: dict[object, int] = {}
+        self.current = 0
+        self.peak = 0
+        self.total = 0
+
+    def add(self, key: object, nbytes: int) -> None:
+        """Register allocation ``key`` of ``nbytes`` bytes."""
+        self.live[key] = nbytes
+        c = self.current = self.current + nbytes
+        if c > self.peak:
+            self.peak = c
+        self.total += 1
+        if watchers:
+            notify(self, key, nbytes, True)
+
+    def remove(self, key: object) -> None:
+        """Allocation ``key`` was freed (nothing happens if it is not registered)."""
+        n = self.live.pop(key, None)
+        if n is not None:
+            self.current -= n
+            if watchers:
+                notify(self, key, n, False)
+
+    def resize(self, key: object, nbytes: int) -> None:
+        """Live allocation ``key`` now holds ``nbytes`` (a growable buffer resized)."""
+        old = self.live.get(key)
+        if old is None:
+            return
+        self.live[key] = nbytes
+        c = self.current = self.current + nbytes - old
+        if c > self.peak:
+            self.peak = c
+        if watchers:
+            if nbytes > old:
+                notify(self, key, nbytes - old, True)
+            else:
+                notify(self, key, old - nbytes, False)
+
+    def reset_peak(self) -> None:
+        """Set :attr:`peak` to :attr:`current`."""
+        self.peak = self.current
+
+    def __repr__(self) -> str:
+        where = "host" if self.device is None else f"device {self.device}"
+        pool = f" pool 0x{self.pool:x}" if self.pool is not None else ""
+        return (f"<Account {self.kind} {where}{pool}: {len(self.live)} live, "
+                f"{self.current} bytes, peak {self.peak}, {self.total} made>")
+
+
+#: Every account, by (kind, device, pool).
+LEDGER: dict[tuple[str, int | None, int | None], Account] = {}
+_ledger_lock = threading.Lock()
+
+#: Callables ``(account, key, nbytes, allocated, stream)`` told of every add
+#: and remove while non-empty (tracking); empty, they cost one truthiness test.
+watchers: list[Callable[[Account, object, int, bool, int | None], None]] = []
+
+
+def notify(acct: Account, key: object, nbytes: int, allocated: bool,
+           stream: int | None = None) -> None:
+    """Tell every watcher of an allocation (``allocated``) or a free (on ``stream``, if any)."""
+    for w in list(watchers):
+        w(acct, key, nbytes, allocated, stream)
+
+
+def account(kind: str, device: int | None = None, pool: int | None = None) -> Account:
+    """Return the account of ``kind`` memory on ``device`` (and ``pool``), made on first use."""
+    key = (kind, device, pool)
+    acct = LEDGER.get(key)
+    if acct is None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown memory kind {kind!r}")
+        with _ledger_lock:
+            acct = LEDGER.get(key)
+            if acct is None:
+                acct = LEDGER[key] = Account(kind, device, pool)
+    return acct
+
+
+def live_allocations() -> list[tuple[Account, object, int]]:
+    """Every live allocation: ``(account, allocation id, bytes)``."""
+    out: list[tuple[Account, object, int]] = []
+    for acct in list(LEDGER.values()):
+        out.extend((acct, key, n) for key, n in list(acct.live.items()))
+    return out

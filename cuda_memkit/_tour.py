@@ -34,8 +34,7 @@ def _core_step(say: Say) -> None:
 def _pinned_step(say: Say) -> None:
     import numpy as np
 
-    from ._memory import DeviceBuffer, copy
-    from ._pinned import HostAllocFlags, HostBuffer, register_host
+    from . import DeviceBuffer, HostAllocFlags, HostBuffer, copy, register_host
 
     with Stream() as s, HostBuffer.empty((1024, 256), np.float32) as host, \
             DeviceBuffer.alloc(host.nbytes) as dev:
@@ -56,9 +55,7 @@ def _pinned_step(say: Say) -> None:
 def _managed_step(say: Say) -> None:
     import numpy as np
 
-    from ._device import Location
-    from ._hints import MigrationPolicy, PrefetchPlan
-    from ._managed import ManagedBuffer, MemAdvice
+    from . import Location, ManagedBuffer, MemAdvice, MigrationPolicy, PrefetchPlan
 
     with Stream() as s, ManagedBuffer.zeros(8 << 20, np.uint8) as buf:
         buf.array[:] = 1  # the CPU writes through the same pointer the GPU uses
@@ -79,8 +76,7 @@ def _managed_step(say: Say) -> None:
 
 
 def _vmm_step(say: Say) -> None:
-    from ._growable import GrowableBuffer
-    from ._vmm import granularity
+    from . import GrowableBuffer, granularity
 
     g = granularity(0)
     with GrowableBuffer(1 << 30) as buf:
@@ -98,9 +94,7 @@ def _pool_step(say: Say) -> None:
 
     import numpy as np
 
-    from ._device import Location
-    from ._pinned import HostBuffer
-    from ._pool import MemoryPool
+    from . import HostBuffer, Location, MemoryPool
 
     with Stream() as s, MemoryPool(0, release_threshold=64 << 20) as pool:
         bufs = [pool.allocate(1 << 20, stream=s) for _ in range(8)]

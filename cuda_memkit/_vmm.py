@@ -36,263 +36,41 @@ Finalizers need no current context (the VMM calls are device-level).
 
 from __future__ import annotations
 
-import enum
-import operator
 import os
-import threading
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._device import (
-    Device,
-    Location,
-    LocationType,
-    _check_exists,
-    as_location,
-    device_count,
-    ensure_context,
-)
-from ._errors import ClosedError, CudaError, MemkitWarning
+from ._checks import nonneg, positive
+from ._device import Location, LocationType, as_location, check_exists, ensure_context
+from ._errors import ClosedError
 from ._interop import DL_CUDA, DeviceMemoryMixin
-from ._resource import Resource, State, make_finalizer
+from ._resource import Account, Resource, State, Transaction, account, make_finalizer
+from ._vmm_base import (
+    LOCK,
+    Access,
+    HandleType,
+    TargetLike,
+    access_descs,
+    alloc_prop,
+    as_access,
+    as_handle_type,
+    as_targets,
+    check_multiple,
+    free_range,
+    granularity,
+    need_ctx,
+    release_handle,
+    unmap_raw,
+)
 
-__all__ = [
-    "Access",
-    "AddressRange",
-    "HandleType",
-    "Mapping",
-    "PhysicalMemory",
-    "granularity",
-]
-
-_PINNED = _cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-_GRAN_MIN = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
-_GRAN_REC = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-
-
-class Access(enum.IntEnum):
-    """Access a location has to a mapping (values of ``CUmemAccess_flags``)."""
-
-    NONE = 0
-    READ = 1
-    READWRITE = 3
+__all__ = ["AddressRange", "Mapping", "PhysicalMemory"]
 
 
-class HandleType(enum.IntEnum):
-    """Shareable handle type of physical memory (``CUmemAllocationHandleType``).
+# -- plain state records shared by the finalizers ---------------------------
 
-    ``POSIX_FD`` is what :meth:`PhysicalMemory.export` produces on Linux.
-    """
-
-    NONE = 0
-    POSIX_FD = 1
-    FABRIC = 8
-
-
-TargetLike = Union[Location, Device, int]  # noqa: UP007 (a runtime alias)
-"""A device ordinal, :class:`Device` or :class:`Location`."""
-
-# -- argument checks ------------------------------------------------------------
-
-
-def _int(name: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
-
-
-def _positive(name: str, value: object) -> int:
-    v = _int(name, value)
-    if v <= 0:
-        raise ValueError(f"{name} must be > 0, got {v}")
-    return v
-
-
-def _nonneg(name: str, value: object) -> int:
-    v = _int(name, value)
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
-
-
-def _multiple(name: str, value: int, gran: int) -> None:
-    if value % gran:
-        raise ValueError(
-            f"{name} ({value} bytes) is not a multiple of the allocation granularity "
-            f"({gran} bytes); round it up with granularity()"
-        )
-
-
-def _as_handle_type(value: object) -> HandleType:
-    if value is None:
-        return HandleType.NONE
-    if isinstance(value, HandleType):
-        return value
-    if isinstance(value, str):
-        try:
-            return HandleType[value.upper()]
-        except KeyError:
-            raise ValueError(f"unknown handle type {value!r}") from None
-    if isinstance(value, bool):
-        raise TypeError("handle_type cannot be a bool")
-    if isinstance(value, (int, _cu.CUmemAllocationHandleType)):
-        try:
-            return HandleType(int(value))
-        except ValueError:
-            raise ValueError(f"unsupported handle type {value!r}") from None
-    raise TypeError(f"handle_type must be a HandleType, not {type(value).__name__}")
-
-
-def _as_access(value: object) -> Access:
-    if isinstance(value, Access):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, _cu.CUmemAccess_flags)):
-        raise TypeError(f"access must be an Access, not {type(value).__name__}")
-    try:
-        return Access(int(value))
-    except ValueError:
-        raise ValueError(f"invalid access {value!r}; use Access.NONE/READ/READWRITE") from None
-
-
-def _targets(targets: TargetLike | Iterable[TargetLike]) -> list[Location]:
-    if isinstance(targets, (Location, Device, int)):
-        items: list[Any] = [targets]
-    elif isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
-        raise TypeError(
-            "targets must be a device ordinal, Device, Location or an iterable of them, "
-            f"not {type(targets).__name__}"
-        )
-    else:
-        items = list(targets)
-    if not items:
-        raise ValueError("no target devices given")
-    out: dict[tuple[int, int], Location] = {}
-    for item in items:
-        loc = _check_exists(as_location(item))  # ValueError for a device that does not exist
-        out[(int(loc.type), loc.id)] = loc
-    return list(out.values())
-
-
-def _descs(locs: Iterable[Location], access: Access) -> list[_cu.CUmemAccessDesc]:
-    out = []
-    for loc in locs:
-        d = _cu.CUmemAccessDesc()
-        d.location = loc.to_cu()
-        d.flags = _cu.CUmemAccess_flags(int(access))
-        out.append(d)
-    return out
-
-
-def _prop(loc: Location, handle_type: HandleType) -> _cu.CUmemAllocationProp:
-    p = _cu.CUmemAllocationProp()
-    p.type = _PINNED
-    p.location = loc.to_cu()
-    p.requestedHandleTypes = _cu.CUmemAllocationHandleType(int(handle_type))
-    return p
-
-
-def _need_ctx() -> None:
-    """Give the calling thread a current context (device 0's primary) if it has none."""
-    if not int(_driver.check("cuCtxGetCurrent", _driver.function("cuCtxGetCurrent")())):
-        ensure_context(None)
-
-
-# -- granularity -------------------------------------------------------------------
-
-_gran_cache: dict[tuple[str, int, int, bool, int], int] = {}
-
-
-def granularity(
-    device: TargetLike = 0, *, recommended: bool = False, handle_type: object = None
-) -> int:
-    """Return the allocation granularity for physical memory at ``device``.
-
-    Sizes and offsets of :class:`PhysicalMemory`, :class:`AddressRange` and
-    mappings must be multiples of the minimum granularity; the recommended one
-    may perform better. Values are cached (they never change).
-
-    Parameters
-    ----------
-    device : int, Device or Location, default 0
-        Where the memory would live: a device, or a host location
-        (``Location.host()``, ``Location.host_numa(n)``).
-    recommended : bool, default False
-        Return the recommended instead of the minimum granularity.
-    handle_type : HandleType, optional
-        The shareable handle type the memory would be created with.
-
-    Returns
-    -------
-    int
-        Bytes (2 MiB on an H100).
-
-    Raises
-    ------
-    TypeError, ValueError
-        For bad arguments, including a device that does not exist (the driver
-        itself answers for any device).
-    """
-    if not isinstance(recommended, bool):
-        raise TypeError("recommended must be a bool")
-    loc = as_location(device)
-    ht = _as_handle_type(handle_type)
-    key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
-    g = _gran_cache.get(key)
-    if g is None:
-        if loc.type is LocationType.DEVICE and loc.id >= device_count():
-            raise ValueError(f"there is no device {loc.id} ({device_count()} devices)")
-        _need_ctx()
-        g = int(_driver.call("cuMemGetAllocationGranularity", _prop(loc, ht),
-                             _GRAN_REC if recommended else _GRAN_MIN))
-        _gran_cache[key] = g
-    return g
-
-
-# -- transactions ------------------------------------------------------------------
-
-
-class _Undo:
-    """Undo log of a multi-step operation.
-
-    Push the undo of each step right after the step succeeded; if the block
-    raises, the undos run in reverse order (their own failures become
-    warnings, the original error propagates). On success nothing runs.
-    """
-
-    __slots__ = ("_steps",)
-
-    def __init__(self) -> None:
-        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-
-    def push(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._steps.append((fn, args))
-
-    def __enter__(self) -> _Undo:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        steps, self._steps = self._steps, []
-        if exc_type is not None:
-            for fn, args in reversed(steps):
-                try:
-                    fn(*args)
-                except CudaError as err:
-                    warnings.warn(f"cuda_memkit: undoing a failed step also failed: {err}",
-                                  MemkitWarning, stacklevel=2)
-
-
-# -- ledger: plain state records shared by the finalizers ---------------------------
-
-# One lock for every ledger mutation (finalizers may run on any thread).
-_lock = threading.RLock()
 
 
 def _dead() -> None:
@@ -312,11 +90,12 @@ class _RangeState:
 
 
 class _PhysState:
-    __slots__ = ("handle", "maps", "owner", "release_wanted", "released", "size")
+    __slots__ = ("acct", "handle", "maps", "owner", "release_wanted", "released", "size")
 
-    def __init__(self, handle: int, size: int) -> None:
+    def __init__(self, handle: int, size: int, acct: Account) -> None:
         self.handle = handle
         self.size = size
+        self.acct = acct  # ledger account ("vmm_physical"), holding the handle until released
         self.maps: set[_MapState] = set()
         self.release_wanted = False
         self.released = False
@@ -324,11 +103,13 @@ class _PhysState:
 
 
 class _MapState:
-    __slots__ = ("owner", "ps", "ptr", "rs", "size", "unmapped")
+    __slots__ = ("acct", "owner", "ps", "ptr", "rs", "size", "unmapped")
 
-    def __init__(self, ptr: int, size: int, rs: _RangeState, ps: _PhysState) -> None:
+    def __init__(self, ptr: int, size: int, rs: _RangeState, ps: _PhysState,
+                 acct: Account) -> None:
         self.ptr = ptr
         self.size = size
+        self.acct = acct  # ledger account ("vmm_mapped"), holding the address until unmapped
         self.rs = rs
         self.ps = ps
         self.unmapped = False
@@ -344,6 +125,7 @@ def _unmap(ms: _MapState) -> None:
         return
     _driver.call("cuMemUnmap", ms.ptr, ms.size)
     ms.unmapped = True
+    ms.acct.remove(ms.ptr)
     ms.rs.maps.discard(ms)
     ms.ps.maps.discard(ms)
 
@@ -355,6 +137,7 @@ def _settle_phys(ps: _PhysState) -> None:
     if ps.release_wanted or ps.owner() is None:
         ps.released = True
         _driver.call("cuMemRelease", ps.handle)
+        ps.acct.remove(ps.handle)
 
 
 def _settle_range(rs: _RangeState) -> None:
@@ -368,14 +151,14 @@ def _settle_range(rs: _RangeState) -> None:
 
 
 def _fin_mapping(ms: _MapState) -> None:
-    with _lock:
+    with LOCK:
         _unmap(ms)
         _settle_phys(ms.ps)
         _settle_range(ms.rs)
 
 
 def _fin_phys(ps: _PhysState) -> None:
-    with _lock:
+    with LOCK:
         ps.release_wanted = True
         ranges = []
         for ms in sorted(ps.maps, key=lambda s: s.ptr):
@@ -389,7 +172,7 @@ def _fin_phys(ps: _PhysState) -> None:
 
 
 def _fin_range(rs: _RangeState) -> None:
-    with _lock:
+    with LOCK:
         rs.free_wanted = True
         phys = []
         for ms in sorted(rs.maps, key=lambda s: s.ptr):
@@ -398,18 +181,6 @@ def _fin_range(rs: _RangeState) -> None:
         for ps in phys:
             _settle_phys(ps)
         _settle_range(rs)
-
-
-def _release_handle(handle: int) -> None:
-    _driver.call("cuMemRelease", handle)
-
-
-def _free_range(ptr: int, size: int) -> None:
-    _driver.call("cuMemAddressFree", ptr, size)
-
-
-def _unmap_raw(ptr: int, size: int) -> None:
-    _driver.call("cuMemUnmap", ptr, size)
 
 
 # -- address ranges -------------------------------------------------------------------
@@ -464,28 +235,28 @@ class AddressRange(Resource):
             If the driver refuses (e.g. ``CudaOutOfMemoryError`` when the
             address space is exhausted).
         """
-        size = _positive("size", size)
-        alignment = _nonneg("alignment", alignment)
+        size = positive("size", size)
+        alignment = nonneg("alignment", alignment)
         if alignment & (alignment - 1):
             raise ValueError(f"alignment must be 0 or a power of two, got {alignment}")
-        fixed = _nonneg("fixed_address", fixed_address)
+        fixed = nonneg("fixed_address", fixed_address)
         ordinal = ensure_context(None)
         gran = granularity(ordinal)
-        _multiple("size", size, gran)
+        check_multiple("size", size, gran)
         if fixed:
-            _multiple("fixed_address", fixed, gran)
+            check_multiple("fixed_address", fixed, gran)
             if alignment and fixed % alignment:
                 raise ValueError(f"fixed_address 0x{fixed:x} is not aligned to {alignment}")
-            with _lock:
+            with LOCK:
                 for rs in _live_ranges.values():
                     if rs.ptr < fixed + size and fixed < rs.ptr + rs.size:
                         raise ValueError(
                             f"fixed_address range 0x{fixed:x}+{size} collides with the "
                             f"reserved range 0x{rs.ptr:x}+{rs.size}"
                         )
-        with _Undo() as undo:
+        with Transaction() as undo:
             ptr = int(_driver.call("cuMemAddressReserve", size, alignment, fixed, 0))
-            undo.push(_free_range, ptr, size)
+            undo.push(free_range, ptr, size)
             if fixed and ptr != fixed:
                 raise ValueError(
                     f"address 0x{fixed:x} is not available (the driver offered 0x{ptr:x}); "
@@ -497,7 +268,7 @@ class AddressRange(Resource):
             self._alignment = alignment
             self._open(make_finalizer(self, f"address range 0x{ptr:x}", _fin_range, rs))
             rs.owner = weakref.ref(self)
-            with _lock:
+            with LOCK:
                 _live_ranges[ptr] = rs
         return self
 
@@ -520,7 +291,7 @@ class AddressRange(Resource):
     @property
     def mappings(self) -> list[Mapping]:
         """The live :class:`Mapping` objects in this range, by address."""
-        with _lock:
+        with LOCK:
             states = sorted(self._rs.maps, key=lambda s: s.ptr)
         out = []
         for ms in states:
@@ -558,19 +329,19 @@ class AddressRange(Resource):
         if not isinstance(physical, PhysicalMemory):
             raise TypeError(f"expected a PhysicalMemory, not {type(physical).__name__}")
         physical._check_open()
-        offset = _nonneg("offset", offset)
-        _multiple("offset", offset, physical.granularity)
+        offset = nonneg("offset", offset)
+        check_multiple("offset", offset, physical.granularity)
         size = physical.size
         if offset + size > self._rs.size:
             raise ValueError(
                 f"a physical allocation of {size} bytes at offset {offset} does not fit in "
                 f"the range of {self._rs.size} bytes"
             )
-        _need_ctx()
+        need_ctx()
         ptr = self._rs.ptr + offset
-        with _Undo() as undo:
+        with Transaction() as undo:
             _driver.call("cuMemMap", ptr, size, 0, physical._ps.handle, 0)
-            undo.push(_unmap_raw, ptr, size)
+            undo.push(unmap_raw, ptr, size)
             return Mapping._new(self, physical, offset)
 
     def __repr__(self) -> str:
@@ -629,15 +400,15 @@ class PhysicalMemory(Resource):
             From ``cuMemCreate`` (e.g. ``CudaOutOfMemoryError``,
             ``CudaNotSupportedError`` for an unsupported location).
         """
-        size = _positive("size", size)
-        ht = _as_handle_type(handle_type)
+        size = positive("size", size)
+        ht = as_handle_type(handle_type)
         loc = as_location(location if location is not None else device)
         gran = granularity(loc, handle_type=ht)
-        _multiple("size", size, gran)
-        _need_ctx()
-        handle = int(_driver.call("cuMemCreate", size, _prop(loc, ht), 0))
-        with _Undo() as undo:
-            undo.push(_release_handle, handle)
+        check_multiple("size", size, gran)
+        need_ctx()
+        handle = int(_driver.call("cuMemCreate", size, alloc_prop(loc, ht), 0))
+        with Transaction() as undo:
+            undo.push(release_handle, handle)
             return cls._wrap(handle, size, loc, ht, gran)
 
     @classmethod
@@ -663,42 +434,44 @@ class PhysicalMemory(Resource):
         CudaError
             From the driver (e.g. a descriptor that names no CUDA memory).
         """
-        fd = _nonneg("fd", fd)
-        size = _positive("size", size)
-        ht = _as_handle_type(handle_type)
+        fd = nonneg("fd", fd)
+        size = positive("size", size)
+        ht = as_handle_type(handle_type)
         if ht is not HandleType.POSIX_FD:
             raise ValueError("only HandleType.POSIX_FD can be imported")
         try:
             os.fstat(fd)
         except OSError as exc:
             raise ValueError(f"file descriptor {fd} is not open ({exc.strerror})") from None
-        _need_ctx()
+        need_ctx()
         handle = int(_driver.call(
             "cuMemImportFromShareableHandle", fd,
             _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
-        with _Undo() as undo:
-            undo.push(_release_handle, handle)
+        with Transaction() as undo:
+            undo.push(release_handle, handle)
             prop = _driver.call("cuMemGetAllocationPropertiesFromHandle", handle)
             loc = Location.from_cu(int(prop.location.type), int(prop.location.id))
             if loc is None:
                 loc = Location.device(0)
             # The H100 reports no handle types for an imported handle.
-            own = _as_handle_type(int(prop.requestedHandleTypes))
+            own = as_handle_type(int(prop.requestedHandleTypes))
             gran = granularity(loc, handle_type=own)
-            _multiple("size", size, gran)
+            check_multiple("size", size, gran)
             return cls._wrap(handle, size, loc, own, gran)
 
     @classmethod
     def _wrap(cls, handle: int, size: int, loc: Location, ht: HandleType,
               gran: int) -> PhysicalMemory:
         self = cls.__new__(cls)
-        ps = _PhysState(handle, size)
+        dev = loc.id if loc.type is LocationType.DEVICE else None
+        ps = _PhysState(handle, size, account("vmm_physical", dev))
         self._ps = ps
         self._location = loc
         self._handle_type = ht
         self._granularity = gran
         self._open(make_finalizer(self, f"physical memory 0x{handle:x}", _fin_phys, ps))
         ps.owner = weakref.ref(self)
+        ps.acct.add(handle, size)
         return self
 
     @property
@@ -738,7 +511,7 @@ class PhysicalMemory(Resource):
     @property
     def mappings(self) -> list[Mapping]:
         """The live :class:`Mapping` objects of this memory."""
-        with _lock:
+        with LOCK:
             states = sorted(self._ps.maps, key=lambda s: s.ptr)
         return [m for m in (s.owner() for s in states) if isinstance(m, Mapping)]
 
@@ -762,7 +535,7 @@ class PhysicalMemory(Resource):
             If closed.
         """
         self._check_open()
-        ht = self._handle_type if handle_type is None else _as_handle_type(handle_type)
+        ht = self._handle_type if handle_type is None else as_handle_type(handle_type)
         if ht is HandleType.NONE or not int(self._handle_type) & int(ht):
             raise ValueError(
                 "this memory was created without an export handle type; create it with "
@@ -801,7 +574,9 @@ class Mapping(DeviceMemoryMixin, Resource):
     @classmethod
     def _new(cls, vrange: AddressRange, physical: PhysicalMemory, offset: int) -> Mapping:
         self = cls.__new__(cls)
-        ms = _MapState(vrange._rs.ptr + offset, physical._ps.size, vrange._rs, physical._ps)
+        pdev = physical.device
+        ms = _MapState(vrange._rs.ptr + offset, physical._ps.size, vrange._rs, physical._ps,
+                       account("vmm_mapped", pdev))
         self._ms = ms
         # Order matters: on refcount collection the physical memory is dropped
         # (released) before the range (freed).
@@ -812,9 +587,10 @@ class Mapping(DeviceMemoryMixin, Resource):
         self._device = dev if dev is not None else ensure_context(None)
         self._open(make_finalizer(self, f"mapping 0x{ms.ptr:x}", _fin_mapping, ms))
         ms.owner = weakref.ref(self)
-        with _lock:
+        with LOCK:
             ms.rs.maps.add(ms)
             ms.ps.maps.add(ms)
+        ms.acct.add(ms.ptr, ms.size)
         return self
 
     @property
@@ -888,8 +664,8 @@ class Mapping(DeviceMemoryMixin, Resource):
             From the driver (e.g. a device without peer access).
         """
         self._check_open()
-        acc = _as_access(access)
-        descs = _descs(_targets(targets), acc)
+        acc = as_access(access)
+        descs = access_descs(as_targets(targets), acc)
         _driver.call("cuMemSetAccess", self._ms.ptr, self._ms.size, descs, len(descs))
 
     def access(self, device: TargetLike | None = None) -> Access:
@@ -913,7 +689,7 @@ class Mapping(DeviceMemoryMixin, Resource):
             driver call).
         """
         self._check_open()
-        loc = as_location(self._device) if device is None else _check_exists(as_location(device))
+        loc = as_location(self._device) if device is None else check_exists(as_location(device))
         flags = _driver.call("cuMemGetAccess", loc.to_cu(), self._ms.ptr)
         return Access(int(flags))
 

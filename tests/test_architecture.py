@@ -77,3 +77,173 @@ def test_public_names_are_published_under_the_package() -> None:
         mod = getattr(obj, "__module__", None)
         if isinstance(obj, type):
             assert mod == "cuda_memkit", f"{name} shows module {mod}"
+
+
+# -- layering: no import cycles, arrows pointing one way ---------------------------------
+
+ROOT = PKG.parent
+#: Layer of each module of the package (``sim`` is the backend, below the gateway).
+GATEWAY = {"_errors", "_driver"}
+SHARED = {"_checks", "_resource", "_device", "_interop", "_dlpack", "_operands"}
+TOOLS = {"__init__", "__main__", "_cli", "_tour"}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(mod: str) -> int:
+    top = mod.split(".")[0]
+    if mod == "sim":  # sim.reset() and friends: a tool that reconfigures the backend
+        return 4
+    if top == "sim":
+        return 0
+    if top in GATEWAY:
+        return 1
+    if top in SHARED:
+        return 2
+    if top in TOOLS or top in {"allocators", "pytest_plugin"}:
+        return 4
+    return 3  # the public resources: one room per memory kind
+
+
+def _imports(path: pathlib.Path, tree: ast.AST | None = None) -> list[tuple[str, int]]:
+    """Every import of a package module from ``path``: (module, line), at any depth.
+
+    Function-level imports and ``if TYPE_CHECKING:`` imports count too: a cycle
+    through either is still a cycle for a reader and for type checkers.
+    """
+    tree = tree or ast.parse(path.read_text(), str(path))
+    me = _module_name(path)
+    pkg_parts = me.split(".")[:-1] if path.name != "__init__.py" else me.split(".")
+    if me == "__init__":
+        pkg_parts = []
+    known = {_module_name(p) for p in PKG.rglob("*.py")}
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg_parts[: len(pkg_parts) - (node.level - 1)] if node.level > 1 \
+                    else pkg_parts
+                mod = ".".join([*base, node.module] if node.module else base)
+            elif node.module and node.module.startswith("cuda_memkit"):
+                mod = node.module[len("cuda_memkit"):].lstrip(".")
+            else:
+                continue
+            for alias in node.names:  # "from . import _x": the submodule _x
+                sub = f"{mod}.{alias.name}" if mod else alias.name
+                if sub in known:
+                    out.append((sub, node.lineno))
+                else:
+                    out.append((mod or "__init__", node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("cuda_memkit"):
+                    mod = alias.name[len("cuda_memkit"):].lstrip(".") or "__init__"
+                    out.append((mod, node.lineno))
+    return [(m if m in known else m.rsplit(".", 1)[0], line) for m, line in out if m != me]
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        graph.setdefault(_module_name(path), set()).update(m for m, _ in _imports(path))
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, f"import cycles in cuda_memkit: {cycles}"
+
+
+def test_the_cycle_check_detects_a_cycle(tmp_path: pathlib.Path) -> None:
+    graph = {"_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}, "_d": {"_a"}}
+    assert _cycles(graph) == [["_a", "_b", "_c"]]
+    # a function-level import counts: the parser walks the whole module
+    sample = PKG / "_pinned.py"
+    tree = ast.parse(sample.read_text() + "\n\ndef f():\n    from ._transfers import copy\n")
+    assert ("_transfers", sample.read_text().count("\n") + 4) in _imports(sample, tree)
+
+
+def test_layers_point_one_way() -> None:
+    """Public resources -> shared internals -> gateway -> backend, never back."""
+    bad = []
+    for path in PKG.rglob("*.py"):
+        me = _module_name(path)
+        for mod, line in _imports(path):
+            if _layer(mod) > _layer(me):
+                bad.append(f"{me}:{line} imports {mod} (layer {_layer(mod)} > {_layer(me)})")
+    assert not bad, "imports against the layers: " + "; ".join(bad)
+
+
+def test_modules_stay_readable() -> None:
+    """No module over 800 lines (CONTRIBUTING): split along the concepts instead."""
+    big = []
+    for base in ("cuda_memkit", "scripts", "benchmarks", "tests"):
+        for path in (ROOT / base).rglob("*.py"):
+            n = path.read_text().count("\n")
+            if n > 800:
+                big.append(f"{path.relative_to(ROOT)}: {n}")
+    assert not big, "modules over 800 lines: " + ", ".join(big)
+
+
+def test_private_names_stay_in_their_module() -> None:
+    """A name another module uses is not underscored: no ``from ._x import _y``, no ``_x._y``."""
+    bad = []
+    for path in _modules():
+        tree = ast.parse(path.read_text(), str(path))
+        modules = set()  # names bound to package modules: "from . import _driver"
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            for a in node.names:
+                private = a.name.startswith("_") and not a.name.startswith("__")
+                if node.module is None:
+                    modules.add(a.asname or a.name)
+                elif private:
+                    bad.append(f"{path.name}:{node.lineno} imports {node.module}.{a.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in modules and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not bad, "private names used across modules: " + ", ".join(bad)

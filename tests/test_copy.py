@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _memory
+from cuda_memkit import _driver, _operands
 
 from ._helpers import no_driver_calls, record_calls
 
@@ -214,7 +214,7 @@ def test_views_of_pinned_memory_are_not_pageable(dev: cm.DeviceBuffer, stream: c
                                                  data: np.ndarray) -> None:
     with cm.HostBuffer.from_array(data) as h:
         view = h.array[N // 2:]
-        assert _memory.is_pinned_host(view)
+        assert _operands.is_pinned_host(view)
         cm.copy_async(dev, view, stream=stream, nbytes=view.nbytes)
         out = h.array.reshape(2, -1)[0]
         cm.copy_async(out, dev, stream=stream, nbytes=out.nbytes)
@@ -224,8 +224,8 @@ def test_views_of_pinned_memory_are_not_pageable(dev: cm.DeviceBuffer, stream: c
 
 
 def test_pageable_check_of_plain_numpy(data: np.ndarray) -> None:
-    assert not _memory.is_pinned_host(data)
-    assert _memory.is_pinned_host(np.zeros(0))
+    assert not _operands.is_pinned_host(data)
+    assert _operands.is_pinned_host(np.zeros(0))
 
 
 def test_raw_pointers_are_trusted(dev: cm.DeviceBuffer, stream: cm.Stream,
@@ -257,15 +257,15 @@ def test_async_copy_keeps_operands_alive(dev: cm.DeviceBuffer, stream: cm.Stream
     h = cm.HostBuffer.from_array(np.ones(N, np.float32))
     ref = weakref.ref(h)
     with monkeypatch.context() as m:
-        m.setattr(_memory, "_event_done", lambda ev: False)  # the stream is "still busy"
+        m.setattr(_operands, "_event_done", lambda ev: False)  # the stream is "still busy"
         cm.copy_async(dev, h, stream=stream)
-        assert _memory.pending_count() == 1
+        assert _operands.pending_count() == 1
         del h
         gc.collect()
         assert ref() is not None  # held until the copy is done
     stream.synchronize()
-    _memory.reap_pending()
-    assert _memory.pending_count() == 0
+    _operands.reap_pending()
+    assert _operands.pending_count() == 0
     gc.collect()
     assert ref() is None
 
@@ -274,8 +274,8 @@ def test_finished_copies_hold_nothing(dev: cm.DeviceBuffer, stream: cm.Stream) -
     h = cm.HostBuffer.from_array(np.ones(N, np.float32))
     cm.copy_async(dev, h, stream=stream)
     stream.synchronize()
-    _memory.reap_pending()
-    assert _memory.pending_count() == 0
+    _operands.reap_pending()
+    assert _operands.pending_count() == 0
     h.close()
 
 
@@ -299,7 +299,7 @@ def test_keep_alive_falls_back_to_synchronizing(dev: cm.DeviceBuffer, stream: cm
             m.setattr(_driver, "call", spy)
             cm.copy_async(dev, h, stream=stream)
         assert calls[-1] == "cuStreamSynchronize"
-        assert _memory.pending_count() == 0
+        assert _operands.pending_count() == 0
 
 
 # -- bad input: refused before the driver ------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _pool
+from cuda_memkit import _pinned_pool, _pool
 
 MiB = 1 << 20
 
@@ -143,11 +143,11 @@ def test_copies_with_pooled_buffers(stream: cm.Stream) -> None:
 
 
 def test_cache_is_bounded(default_pinned: cm.MemoryPool) -> None:
-    n = _pool.HOST_CACHE_LIMIT // _pool.HOST_CACHE_MAX_BLOCK + 4
-    bufs = [cm.HostBuffer.pooled(_pool.HOST_CACHE_MAX_BLOCK) for _ in range(n)]
+    n = _pinned_pool.HOST_CACHE_LIMIT // _pinned_pool.HOST_CACHE_MAX_BLOCK + 4
+    bufs = [cm.HostBuffer.pooled(_pinned_pool.HOST_CACHE_MAX_BLOCK) for _ in range(n)]
     for b in bufs:
         b.close()
-    assert default_pinned.stats().used_current <= _pool.HOST_CACHE_LIMIT
+    assert default_pinned.stats().used_current <= _pinned_pool.HOST_CACHE_LIMIT
 
 
 @pytest.mark.parametrize("pool,exc", [

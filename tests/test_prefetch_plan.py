@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _hints
+from cuda_memkit import _driver
+from cuda_memkit import _prefetch_plan as plan_mod
 from cuda_memkit._device import ensure_context
 
 from ._helpers import issued, record_calls
@@ -187,13 +188,13 @@ def test_entries_in_two_buffers(buf: cm.ManagedBuffer, stream: cm.Stream) -> Non
 
 
 def test_interval_helpers() -> None:
-    assert _hints._merge([(1, 10, 20), (1, 0, 5), (1, 5, 10), (2, 20, 30)]) == [(0, 20), (20, 30)]
-    assert _hints._merge([(1, 0, 10), (1, 2, 3), (1, 12, 14)]) == [(0, 10), (12, 14)]
-    assert _hints._intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
-    assert _hints._subtract([(0, 10), (20, 30)], [(5, 25)]) == [(0, 5), (25, 30)]
-    assert _hints._subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
-    assert _hints._subtract([(0, 10)], []) == [(0, 10)]
-    assert _hints._subtract([(0, 10)], [(0, 10)]) == []
+    assert plan_mod._merge([(1, 10, 20), (1, 0, 5), (1, 5, 10), (2, 20, 30)]) == [(0, 20), (20, 30)]
+    assert plan_mod._merge([(1, 0, 10), (1, 2, 3), (1, 12, 14)]) == [(0, 10), (12, 14)]
+    assert plan_mod._intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+    assert plan_mod._subtract([(0, 10), (20, 30)], [(5, 25)]) == [(0, 5), (25, 30)]
+    assert plan_mod._subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    assert plan_mod._subtract([(0, 10)], []) == [(0, 10)]
+    assert plan_mod._subtract([(0, 10)], [(0, 10)]) == []
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def test_buffer_entries_validate_without_pointer_queries(monkeypatch: pytest.Mon
 def test_raw_pointers_are_looked_up_once_per_allocation(monkeypatch: pytest.MonkeyPatch,
                                                         buf: cm.ManagedBuffer) -> None:
     with record_calls(monkeypatch) as one:
-        _hints.managed_extent(buf.ptr)
+        plan_mod.managed_extent(buf.ptr)
     per_lookup = _pointer_queries(one)
     with cm.ManagedBuffer.empty(MiB) as other:
         plan = cm.PrefetchPlan()

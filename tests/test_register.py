@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _memory
+from cuda_memkit import _driver, _operands
 
 from ._helpers import no_driver_calls, record_calls
 
@@ -26,7 +26,7 @@ def arr() -> np.ndarray:
 
 
 def is_registered(a: np.ndarray) -> bool:
-    return _memory.memory_type(a.__array_interface__["data"][0]) is not None
+    return _operands.memory_type(a.__array_interface__["data"][0]) is not None
 
 
 def test_register_and_unregister(arr: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +39,7 @@ def test_register_and_unregister(arr: np.ndarray, monkeypatch: pytest.MonkeyPatc
             assert not reg.read_only
             assert reg.array is arr
             assert is_registered(arr)
-            assert _memory.is_pinned_host(arr)
+            assert _operands.is_pinned_host(arr)
             assert "RegisteredHost" in repr(reg)
         assert reg.closed
     assert ("cuMemHostRegister", (arr.ctypes.data, N, 0)) in calls

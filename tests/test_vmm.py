@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _vmm
+from cuda_memkit import _driver, _resource
 from cuda_memkit._device import ensure_context
 
 from ._helpers import read, write
@@ -507,10 +507,10 @@ def test_mapping_context_manager(g: int, spy: Spy) -> None:
 
 def test_undo_helper_runs_in_reverse_and_only_on_failure() -> None:
     done: list[int] = []
-    with _vmm._Undo() as undo:
+    with _resource.Transaction() as undo:
         undo.push(done.append, 1)
     assert done == []
-    with pytest.raises(RuntimeError), _vmm._Undo() as undo:
+    with pytest.raises(RuntimeError), _resource.Transaction() as undo:
         undo.push(done.append, 1)
         undo.push(done.append, 2)
         raise RuntimeError("step 3 failed")
@@ -521,7 +521,8 @@ def test_undo_failure_becomes_warning() -> None:
     def bad() -> None:
         raise cm.CudaInvalidValueError(1, "cuMemRelease")
 
-    with pytest.raises(RuntimeError), pytest.warns(cm.MemkitWarning), _vmm._Undo() as undo:
+    with pytest.raises(RuntimeError), pytest.warns(cm.MemkitWarning), \
+            _resource.Transaction() as undo:
         undo.push(bad)
         raise RuntimeError("boom")
 

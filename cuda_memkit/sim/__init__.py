@@ -41,5 +41,5 @@ def reset(
     was_initialized = _state.MACHINE.initialized
     m = _state.reset(devices, memory, host_memory, batch_calls)
     m.initialized = was_initialized
-    _device._primary.clear()
+    _device.forget_contexts()
     return m

@@ -1,10 +1,10 @@
-"""The allocation hot paths: PoolBuffer's finalizer hand-over and HostBuffer.pooled's buffers.
+"""Lifecycles on the allocation hot paths: every pool allocation freed exactly once.
 
-``allocate()`` makes a finalizing subclass of PoolBuffer; ``free()`` and
-``close()`` turn it into a plain PoolBuffer once the memory is gone, so that
-every allocation is freed exactly once, whichever way it goes.
-``HostBuffer.pooled(n)`` gives a slotted HostBuffer whose ``close()`` puts its
-block straight back in the pool's cache.
+Whichever way a :class:`PoolBuffer` goes (``free()``, ``close()``, ``with``,
+garbage collection, numpy views outliving it, a closed allocation stream),
+the driver sees exactly one ``cuMemFreeAsync`` and the ledger drops it once.
+``HostBuffer.pooled(n)`` gives a full HostBuffer whose ``close()`` puts its
+block back in the pool's cache.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
-from cuda_memkit import _pool
+from cuda_memkit import _pinned_pool, _pool, _pool_buffer, _resource
 from cuda_memkit._device import STREAM_LEGACY, STREAM_PER_THREAD
 
 MiB = 1 << 20
@@ -49,20 +49,18 @@ def frees(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             return fn(dptr, cus)
         return free
 
-    resolve = _pool._resolve
-
-    def resolve_counting() -> None:
-        resolve()
-        _pool._FREE = counting(_pool._FREE)
-
-    resolve()
-    monkeypatch.setattr(_pool, "_FREE", counting(_pool._FREE))
-    monkeypatch.setattr(_pool, "_resolve", resolve_counting)
+    _pool.resolve()
+    monkeypatch.setattr(_pool_buffer, "FREE", counting(_pool_buffer.FREE))
     return calls
 
 
 def used(pool: cm.MemoryPool) -> int:
     return pool.stats().used_current
+
+
+def ledger(pool: cm.MemoryPool) -> int:
+    """Bytes the allocation ledger holds for the pool's buffers."""
+    return _resource.account("pool", pool.device, pool.handle).current
 
 
 # -- PoolBuffer: freed exactly once ------------------------------------------------------
@@ -71,10 +69,10 @@ def used(pool: cm.MemoryPool) -> int:
 def test_free_leaves_nothing_for_the_finalizer(pool: cm.MemoryPool, stream: cm.Stream,
                                                frees: list[int]) -> None:
     buf = pool.allocate(4096, stream=stream)
-    assert isinstance(buf, cm.PoolBuffer) and type(buf) is not cm.PoolBuffer  # owns memory
+    assert type(buf) is cm.PoolBuffer and ledger(pool) == 4096
     ptr = buf.ptr
     buf.free()
-    assert type(buf) is cm.PoolBuffer and buf.closed
+    assert buf.closed and ledger(pool) == 0
     assert frees == [ptr]
     del buf
     gc.collect()
@@ -91,7 +89,7 @@ def test_close_leaves_nothing_for_the_finalizer(pool: cm.MemoryPool, stream: cm.
     else:
         with buf:
             pass
-    assert type(buf) is cm.PoolBuffer and buf.closed
+    assert buf.closed and ledger(pool) == 0
     buf.close()  # again: nothing
     del buf
     gc.collect()
@@ -104,7 +102,7 @@ def test_unfreed_buffer_is_freed_once_by_gc(pool: cm.MemoryPool, stream: cm.Stre
     ptrs = sorted(b.ptr for b in bufs)
     del bufs
     gc.collect()
-    assert sorted(frees) == ptrs and used(pool) == 0
+    assert sorted(frees) == ptrs and used(pool) == 0 and ledger(pool) == 0
 
 
 def test_free_on_another_stream_hands_over_too(pool: cm.MemoryPool, stream: cm.Stream,
@@ -114,7 +112,6 @@ def test_free_on_another_stream_hands_over_too(pool: cm.MemoryPool, stream: cm.S
     with cm.Stream() as other:
         buf.free(stream=other)
         other.synchronize()
-    assert type(buf) is cm.PoolBuffer
     del buf
     gc.collect()
     assert frees == [ptr]
@@ -123,15 +120,15 @@ def test_free_on_another_stream_hands_over_too(pool: cm.MemoryPool, stream: cm.S
 def test_failed_free_keeps_the_finalizer(pool: cm.MemoryPool, stream: cm.Stream,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     buf = pool.allocate(4096, stream=stream)
-    monkeypatch.setattr(_pool, "_FREE", lambda d, c: (CUresult.CUDA_ERROR_INVALID_VALUE,))
+    monkeypatch.setattr(_pool_buffer, "FREE", lambda d, c: (CUresult.CUDA_ERROR_INVALID_VALUE,))
     with pytest.raises(cm.CudaInvalidValueError):
         buf.free()
-    assert not buf.closed and type(buf) is not cm.PoolBuffer  # still owns the memory
+    assert not buf.closed  # still owns the memory
     monkeypatch.undo()
-    assert used(pool) == 4096
+    assert used(pool) == 4096 and ledger(pool) == 4096
     del buf
     gc.collect()
-    assert used(pool) == 0
+    assert used(pool) == 0 and ledger(pool) == 0
 
 
 def test_closed_stream_refused_after_its_handle_was_cached(pool: cm.MemoryPool) -> None:
@@ -151,27 +148,26 @@ def test_views_defer_the_free_to_the_finalizer(host_pool: cm.MemoryPool, stream:
     stream.synchronize()
     arr = buf.array
     buf.close()
-    assert buf.closed and type(buf) is not cm.PoolBuffer and frees == []
+    assert buf.closed and frees == [] and ledger(host_pool) == 4096
     arr[:] = 1
     del arr, buf
     gc.collect()
-    assert frees == [ptr] and used(host_pool) == 0
+    assert frees == [ptr] and used(host_pool) == 0 and ledger(host_pool) == 0
 
 
-def test_views_switch_the_class_and_free_once_dropped(host_pool: cm.MemoryPool,
-                                                     stream: cm.Stream,
-                                                     frees: list[int]) -> None:
-    """Only buffers with numpy views pay for the views check; free() hands over as usual."""
+def test_views_refuse_free_until_dropped(host_pool: cm.MemoryPool, stream: cm.Stream,
+                                         frees: list[int]) -> None:
+    """free() refuses while numpy views are alive, and frees once after they are gone."""
     buf = host_pool.allocate(4096, stream=stream)
     ptr = buf.ptr
     stream.synchronize()
     arr = buf.array
-    assert type(buf) is _pool._ViewedPoolBuffer
     with pytest.raises(BufferError):
         buf.free()
+    assert frees == [] and not buf.closed
     del arr
     buf.free()
-    assert type(buf) is cm.PoolBuffer and frees == [ptr]
+    assert frees == [ptr] and buf.closed
     with pytest.raises(cm.ClosedError):
         buf.free()
     with pytest.raises(cm.ClosedError):
@@ -233,10 +229,10 @@ def test_int_and_default_streams(pool: cm.MemoryPool, handle: int | None) -> Non
     assert used(pool) == 0
 
 
-def test_allocate_makes_live_buffers(pool: cm.MemoryPool, stream: cm.Stream) -> None:
-    """Every PoolBuffer that owns memory has the finalizer; PoolBuffer() still refuses."""
+def test_buffers_are_made_by_allocate(pool: cm.MemoryPool, stream: cm.Stream) -> None:
+    """PoolBuffer() refuses; allocate() makes PoolBuffers."""
     buf = pool.allocate(MiB, stream=stream)
-    assert type(buf) is _pool._LivePoolBuffer
+    assert type(buf) is cm.PoolBuffer and buf.pool is pool
     with pytest.raises(TypeError):
         cm.PoolBuffer()
     buf.free()
@@ -256,13 +252,13 @@ def default_pinned() -> cm.MemoryPool:
 
 @pytest.fixture
 def default_cache(default_pinned: cm.MemoryPool) -> Iterator[Any]:
-    yield default_pinned._hcache
+    yield _pool.find_cache(default_pinned, _pinned_pool.HostCache)
     gc.collect()
     default_pinned.trim()  # cached blocks go back, for the leak check
 
 
 def cached_bytes(cache: Any) -> int:
-    return sum(b._size for blocks in cache.bins.values() for b in blocks)
+    return sum(b.size for blocks in cache.bins.values() for b in blocks)
 
 
 def test_pooled_buffer_is_a_full_hostbuffer(default_cache: Any) -> None:
@@ -313,8 +309,8 @@ def test_pooled_accounting_over_size_classes(default_cache: Any) -> None:
         assert len({b.ptr for b in bufs}) == len(sizes)
         for b in bufs:
             b.close()
-        assert default_cache.cached == cached_bytes(default_cache) <= _pool.HOST_CACHE_LIMIT
-    assert all(b._size <= _pool.HOST_CACHE_MAX_BLOCK
+        assert default_cache.cached == cached_bytes(default_cache) <= _pinned_pool.HOST_CACHE_LIMIT
+    assert all(b.size <= _pinned_pool.HOST_CACHE_MAX_BLOCK
                for blocks in default_cache.bins.values() for b in blocks)
 
 
@@ -322,7 +318,8 @@ def test_pooled_from_a_given_pool(host_pool: cm.MemoryPool) -> None:
     h = cm.HostBuffer.pooled(100, pool=host_pool)
     ptr = h.ptr
     h.close()
-    assert host_pool._hcache is not None and host_pool._hcache.cached == 128
+    cache = _pool.find_cache(host_pool, _pinned_pool.HostCache)
+    assert cache is not None and cache.cached == 128
     again = cm.HostBuffer.pooled(128, pool=host_pool)
     assert again.ptr == ptr
     again.close()

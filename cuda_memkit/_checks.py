@@ -1,0 +1,172 @@
+"""Argument checks shared by the resource modules.
+
+Each check raises ``TypeError`` or ``ValueError`` naming the argument, before
+anything is allocated or any driver call is made, and returns the value in
+the form the caller works with (a plain ``int``, a shape tuple, a dtype).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import operator
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "MAX_NBYTES",
+    "as_index",
+    "byte_count",
+    "check_dtype",
+    "check_flags",
+    "check_shape",
+    "nonneg",
+    "positive",
+    "shape_nbytes",
+    "span",
+]
+
+#: Largest byte count a buffer may have (numpy's index type limit).
+MAX_NBYTES = sys.maxsize
+
+
+def as_index(value: object, what: str) -> int:
+    """Return ``value`` as an ``int`` (anything with ``__index__``, not a bool)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+def positive(what: str, value: object) -> int:
+    """:func:`as_index`, then ``ValueError`` unless the value is > 0."""
+    v = as_index(value, what)
+    if v <= 0:
+        raise ValueError(f"{what} must be > 0, got {v}")
+    return v
+
+
+def nonneg(what: str, value: object) -> int:
+    """:func:`as_index`, then ``ValueError`` unless the value is >= 0."""
+    v = as_index(value, what)
+    if v < 0:
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    return v
+
+
+def byte_count(nbytes: object, what: str = "nbytes") -> int:
+    """A byte count: an int in ``[0, MAX_NBYTES]``."""
+    if isinstance(nbytes, bool):
+        raise TypeError(f"{what} must be an int, not bool")
+    try:
+        n = operator.index(nbytes)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(nbytes).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{what} must be >= 0, got {n}")
+    if n > MAX_NBYTES:
+        raise ValueError(f"{what}={n} is larger than any possible allocation")
+    return n
+
+
+def span(offset: object, nbytes: object, total: int, what: str = "buffer") -> tuple[int, int]:
+    """Check a byte sub-range ``[offset, offset + nbytes)`` of ``total`` bytes.
+
+    ``nbytes=None`` means "to the end". Returns ``(offset, nbytes)``.
+
+    Raises
+    ------
+    TypeError
+        For non-integer values.
+    ValueError
+        For negative values, a zero-size range or one that ends past ``total``.
+    """
+    off = as_index(offset, "offset")
+    if off < 0:
+        raise ValueError(f"offset must be >= 0, got {off}")
+    n = total - off if nbytes is None else as_index(nbytes, "nbytes")
+    if n < 0 and nbytes is not None:
+        raise ValueError(f"nbytes must be >= 0, got {n}")
+    if off > total:
+        raise ValueError(f"offset {off} lies outside the {total}-byte {what}")
+    if n == 0:
+        raise ValueError(f"zero-size range at offset {off} of the {total}-byte {what}: "
+                         "hints need at least one byte")
+    if off + n > total:
+        raise ValueError(f"range [{off}, {off + n}) lies outside the {total}-byte {what}")
+    return off, n
+
+
+def check_flags(flags: object, cls: type[enum.IntFlag], known: int) -> int:
+    """Validate a flags argument of type ``cls`` (or a plain int) and return it as an int."""
+    if isinstance(flags, bool) or not isinstance(flags, int):
+        raise TypeError(f"flags must be {cls.__name__} or int, not {type(flags).__name__}")
+    if isinstance(flags, enum.Enum) and not isinstance(flags, cls):
+        raise TypeError(f"flags must be {cls.__name__}, not {type(flags).__name__}")
+    value = int(flags)
+    if value < 0 or value & ~known:
+        raise ValueError(
+            f"unknown {cls.__name__} bits 0x{value & ~known if value >= 0 else value:x}; "
+            f"valid flags: {', '.join(m.name or '' for m in cls)}"
+        )
+    return value
+
+
+def check_shape(shape: object) -> tuple[int, ...]:
+    """An array shape: an int or a sequence of non-negative ints."""
+    if isinstance(shape, bool):
+        raise TypeError("shape must be an int or a tuple of ints, not bool")
+    try:
+        dims: tuple[Any, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+    except TypeError:
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(
+                f"shape must be an int or a tuple of ints, not {type(shape).__name__}"
+            ) from None
+        dims = tuple(shape)
+    out = []
+    for d in dims:
+        if isinstance(d, bool):
+            raise TypeError(f"shape entries must be ints, not bool: {shape!r}")
+        try:
+            n = operator.index(d)
+        except TypeError:
+            raise TypeError(
+                f"shape entries must be ints, not {type(d).__name__}: {shape!r}"
+            ) from None
+        if n < 0:
+            raise ValueError(f"negative dimension in shape {shape!r}")
+        out.append(n)
+    return tuple(out)
+
+
+def check_dtype(dtype: npt.DTypeLike, where: str = "pinned memory") -> np.dtype[Any]:
+    """A numpy dtype that can live in raw memory (no Python objects, a size)."""
+    import numpy as np
+
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"not a dtype: {dtype!r}") from exc
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in {where}")
+    if dt.itemsize == 0:
+        raise TypeError(f"dtype {dt} has no size; give a sized dtype such as 'S8' or 'U4'")
+    return dt
+
+
+def shape_nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``; ``ValueError`` past :data:`MAX_NBYTES`."""
+    n = math.prod(shape) * dtype.itemsize
+    if n > MAX_NBYTES:
+        raise ValueError(
+            f"shape {shape} of {dtype} needs {n} bytes, more than the largest possible "
+            f"buffer ({MAX_NBYTES} bytes)"
+        )
+    return n

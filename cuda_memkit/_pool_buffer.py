@@ -1,0 +1,318 @@
+"""The buffer side of a memory pool: how a :class:`~cuda_memkit.PoolBuffer` is freed.
+
+:class:`PoolBufferBase` holds everything of a ``PoolBuffer`` except its
+``pool`` property (added by :mod:`cuda_memkit._pool`, which defines the pool
+and builds buffers with :func:`new_buffer`): ``free()`` (stream-ordered
+``cuMemFreeAsync``), ``close()`` and the finalizer, the numpy view of host
+and managed pool memory, the interop protocols and ``export()``.
+
+The buffer needs little of its pool (:class:`PoolOwner`): where its memory
+lives and whether the pool is shared. The free path is part of the pool hot
+path; see :mod:`cuda_memkit._pool` for what it costs and why it is written
+as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from . import _driver, _pool_ipc
+from ._device import STREAM_LEGACY, Stream, StreamLike, StreamRef, custream, ensure_context
+from ._errors import ClosedError, CudaError, MemkitWarning
+from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
+from ._resource import Account, Resource, host_array, notify, watchers
+
+if TYPE_CHECKING:
+    import numpy as np
+    from typing_extensions import Self
+
+__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "new_buffer", "resolve_free"]
+
+_INVALID_CONTEXT = 201
+
+#: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
+FREE: Any = None
+
+
+def resolve_free() -> Any:
+    """Resolve (once) and return ``cuMemFreeAsync``."""
+    global FREE
+    if FREE is None:
+        FREE = _driver.function("cuMemFreeAsync")
+    return FREE
+
+
+class PoolOwner(Protocol):
+    """What a buffer reads of its pool (all of it public on ``MemoryPool``)."""
+
+    @property
+    def handle(self) -> int: ...
+    @property
+    def device(self) -> int | None: ...
+    @property
+    def is_host(self) -> bool: ...
+    @property
+    def managed(self) -> bool: ...
+    @property
+    def ipc(self) -> bool: ...
+    @property
+    def imported(self) -> bool: ...
+    def export(self) -> int: ...
+
+
+# -- release ---------------------------------------------------------------------------
+
+
+def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
+    """Free one pool allocation, stream-ordered: the path of close() and the finalizer."""
+    cus = sref._custream
+    if cus is None:
+        # The allocation stream is closed and work queued on it may still use
+        # the memory: wait for the device, then free on the legacy stream.
+        ensure_context(pool.device)
+        _driver.call("cuCtxSynchronize")
+        cus = custream(STREAM_LEGACY)
+    res = FREE(dptr, cus)
+    if res[0]:
+        _free_failed(res, dptr, cus, pool)
+    n = acct.live.pop(dptr, 0)
+    acct.current -= n
+    if watchers:
+        notify(acct, dptr, n, False, int(cus))
+
+
+def _free_failed(res: Any, dptr: Any, cus: Any, pool: PoolOwner) -> None:
+    if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
+        ensure_context(pool.device)  # a default stream on a thread with no context
+        res = FREE(dptr, cus)
+        if not res[0]:
+            return
+    _driver.check("cuMemFreeAsync", res)
+
+
+def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
+    """The release a buffer's ``__del__`` runs: warnings instead of exceptions."""
+    if sys.is_finalizing():
+        return
+    try:
+        _release(d, sref, pool, acct)
+    except CudaError as exc:
+        warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
+                      MemkitWarning, stacklevel=2)
+
+
+# -- buffers ---------------------------------------------------------------------------
+
+
+class PoolBufferBase(Resource, DeviceMemoryMixin):
+    """Everything of :class:`~cuda_memkit.PoolBuffer` but its ``pool`` property."""
+
+    __slots__ = ("_acct", "_deferred", "_dptr", "_nbytes", "_pool", "_sref", "_views")
+
+    _acct: Account  # the ledger account of its pool
+    _deferred: Any  # the CUdeviceptr to free once numpy views are gone (close() with views)
+    _dptr: Any  # the CUdeviceptr; None once freed
+    _nbytes: int
+    _sref: Stream | StreamRef  # its _custream: the CUstream, None once a Stream is closed
+    _pool: PoolOwner
+    _views: Any
+
+    @property
+    def closed(self) -> bool:
+        """Whether the buffer was freed or closed."""
+        return self._dptr is None
+
+    def _check_open(self) -> None:
+        if self._dptr is None:
+            raise ClosedError("PoolBuffer was freed; it cannot be used any more")
+
+    @property
+    def ptr(self) -> int:
+        """Address of the allocation (a device pointer; for host pools also the host address)."""
+        d = self._dptr
+        if d is None:
+            raise ClosedError("PoolBuffer was freed; it cannot be used any more")
+        return int(d)
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        self._check_open()
+        return self._nbytes
+
+    @property
+    def stream(self) -> int:
+        """Handle of the stream the buffer was allocated on (and is freed on by default)."""
+        sref = self._sref
+        cus = sref._custream
+        return int(cus) if cus is not None else cast(Stream, sref)._handle
+
+    def free(self, stream: StreamLike = None) -> None:
+        """Return the memory to the pool, ordered on ``stream`` (``cuMemFreeAsync``).
+
+        Parameters
+        ----------
+        stream : stream-like, optional
+            Default: the stream the buffer was allocated on. Work queued on
+            that stream before the free may still use the memory.
+
+        Raises
+        ------
+        ClosedError
+            If the buffer was already freed, or the stream is a closed
+            :class:`Stream` (the buffer then stays allocated; free it on
+            another stream, or ``close()`` it).
+        BufferError
+            If numpy views of the memory (:attr:`array`) are alive (the
+            buffer then stays allocated; drop them, or ``close()`` it, which
+            frees once they are gone).
+        CudaError
+            If the driver refuses (the buffer then stays allocated).
+        """
+        d = self._dptr  # _release() written out: this is the hot path
+        if d is None:
+            raise ClosedError("PoolBuffer was already freed")
+        if self._views:
+            raise BufferError("numpy views of this buffer are alive; drop them first, "
+                              "or close() it, which frees once they are gone")
+        if stream is None:
+            cus = self._sref._custream
+            if cus is None:
+                raise ClosedError("the stream this buffer was allocated on is closed; "
+                                  "free it with stream=another stream, or close() it")
+        else:
+            cus = custream(stream)
+        self._dptr = None  # claimed before the driver call, so that nothing frees it twice
+        res = FREE(d, cus)
+        if res[0]:
+            self._dptr = d
+            _free_failed(res, d, cus, self._pool)  # raises, or freed once a context is current
+            self._dptr = None
+        acct = self._acct  # Account.remove, written out
+        n = acct.live.pop(d, 0)
+        acct.current -= n
+        if watchers:
+            notify(acct, d, n, False, int(cus))
+
+    def close(self) -> None:
+        """Free the buffer on its allocation stream; calling it again does nothing.
+
+        With numpy views of the memory alive (:attr:`array`), the free
+        happens once they and the buffer are gone.
+        """
+        d = self._dptr
+        if d is None:
+            return
+        self._dptr = None
+        if self._views:
+            self._deferred = d  # freed by __del__, once the views (which hold us) are gone
+            return
+        try:
+            _release(d, self._sref, self._pool, self._acct)
+        except BaseException:
+            self._dptr = d
+            raise
+
+    def __del__(self) -> None:
+        try:
+            d = self._dptr
+        except AttributeError:  # never fully made
+            return
+        if d is None:
+            try:  # closed while numpy views were alive: the free was deferred
+                d = self._deferred
+            except AttributeError:
+                return
+            del self._deferred
+        self._dptr = None
+        _finalize(d, self._sref, self._pool, self._acct)
+
+    def __enter__(self) -> Self:
+        self._check_open()
+        return self
+
+    def _dl_device(self) -> tuple[int, int]:
+        pool = self._pool
+        if pool.managed:
+            return (DL_CUDA_MANAGED, 0)
+        if pool.is_host:
+            return (DL_CUDA_HOST, 0)
+        return (DL_CUDA, pool.device or 0)
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """A zero-copy ``uint8`` numpy view (host-located and managed pools only).
+
+        The view keeps the buffer alive. Synchronize the allocation stream
+        before the CPU touches the memory.
+
+        Raises
+        ------
+        TypeError
+            For device pools, whose memory the CPU cannot address.
+        """
+        import numpy as np
+
+        pool = self._pool
+        if not (pool.is_host or pool.managed):
+            raise TypeError("device pool memory is not host-accessible; copy it to a host "
+                            "buffer or allocate from a host-located pool")
+        ptr = self.ptr  # ClosedError once freed
+        return host_array(self, ptr, (self._nbytes,), np.dtype(np.uint8))
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        arr = self.array
+        return arr if dtype is None else arr.astype(dtype)
+
+    def export(self) -> bytes:
+        """Export the allocation to another process (``cuMemPoolExportPointer``).
+
+        The pool must be IPC-capable (``ipc=True``). The other process imports
+        the pool (:meth:`MemoryPool.import_`), then this pointer
+        (:meth:`MemoryPool.import_pointer`), and must free its mapping before
+        this process frees the buffer. Exports the pool first if it never was
+        (the H100 refuses pointers of a pool not yet exported), and waits for
+        the allocation's stream.
+
+        Returns
+        -------
+        bytes
+            64 opaque bytes, safe to send through any channel.
+        """
+        self._check_open()
+        pool = self._pool
+        if not pool.ipc or pool.imported:
+            raise ValueError("only buffers of a pool created with ipc=True can be exported")
+        if not _pool_ipc.was_exported(pool.handle):
+            os.close(pool.export())  # the driver exports pointers of exported pools only
+        cus = self._sref._custream
+        if cus is None:
+            ensure_context(pool.device)  # its stream is gone: wait for the device
+            _driver.call("cuCtxSynchronize")
+        else:
+            _driver.call("cuStreamSynchronize", cus)
+        return _pool_ipc.export_pointer(self._dptr)
+
+    def __repr__(self) -> str:
+        if self._dptr is None:
+            return "<PoolBuffer freed>"
+        return f"<PoolBuffer 0x{int(self._dptr):x} nbytes={self._nbytes} from {self._pool!r}>"
+
+
+_new_object = object.__new__
+
+
+def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream | StreamRef,
+               pool: PoolOwner, acct: Account) -> Any:
+    """A buffer of class ``cls`` owning the pool allocation ``dptr`` (not yet in the ledger)."""
+    buf = _new_object(cls)
+    buf._dptr = dptr
+    buf._nbytes = nbytes
+    buf._sref = sref
+    buf._pool = pool
+    buf._acct = acct
+    buf._views = None
+    return buf
