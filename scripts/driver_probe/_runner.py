@@ -236,8 +236,6 @@ def init_driver(parent=False) -> dict:
     }
 
 
-
-
 def _short(x, n=60):
     if isinstance(x, dict):
         if "exception" in x:

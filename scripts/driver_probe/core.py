@@ -9,20 +9,7 @@ import threading
 
 import numpy as np
 
-from ._framework import (
-    PAGE,
-    RUN,
-    Case,
-    Ctx,
-    KiB,
-    MiB,
-    call,
-    d,
-    jv,
-    ok,
-    probe,
-    tv,
-)
+from ._framework import PAGE, RUN, Case, Ctx, KiB, MiB, call, d, jv, ok, probe, tv
 from ._helpers import (
     P,
     ctx_after,

@@ -6,20 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ._framework import (
-    Case,
-    Ctx,
-    KiB,
-    MiB,
-    Res,
-    call,
-    d,
-    jv,
-    ok,
-    probe,
-    qcall,
-    tv,
-)
+from ._framework import Case, Ctx, KiB, MiB, Res, call, d, jv, ok, probe, qcall, tv
 from ._helpers import (
     LOCS,
     P,

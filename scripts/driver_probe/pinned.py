@@ -8,18 +8,7 @@ import time
 
 import numpy as np
 
-from ._framework import (
-    PAGE,
-    Case,
-    KiB,
-    MiB,
-    call,
-    d,
-    jv,
-    ok,
-    probe,
-    qcall,
-)
+from ._framework import PAGE, Case, KiB, MiB, call, d, jv, ok, probe, qcall
 from ._helpers import (
     P,
     ctx_after,

@@ -10,21 +10,7 @@ import time
 
 import numpy as np
 
-from ._framework import (
-    RUN,
-    UINT64_MAX,
-    Case,
-    Ctx,
-    KiB,
-    MiB,
-    Res,
-    call,
-    d,
-    jv,
-    ok,
-    probe,
-    tv,
-)
+from ._framework import RUN, UINT64_MAX, Case, Ctx, KiB, MiB, Res, call, d, jv, ok, probe, tv
 from ._helpers import (
     AT,
     HT,

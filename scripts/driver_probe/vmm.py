@@ -10,18 +10,7 @@ import time
 
 import numpy as np
 
-from ._framework import (
-    Case,
-    GiB,
-    MiB,
-    call,
-    d,
-    jv,
-    ok,
-    probe,
-    qcall,
-    tv,
-)
+from ._framework import Case, GiB, MiB, call, d, jv, ok, probe, qcall, tv
 from ._helpers import (
     AT,
     HT,
