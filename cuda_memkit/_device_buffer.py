@@ -31,9 +31,11 @@ def _copy(dst: Any, src: Any, nbytes: int | None) -> None:
 
 def _free_device(ptr: int, ordinal: int) -> None:
     """``cuMemFree`` (the release function of a DeviceBuffer's finalizer)."""
-    ensure_context()
-    _driver.call("cuMemFree", ptr)
-    account("device", ordinal).remove(ptr)
+    try:
+        ensure_context()
+        _driver.call("cuMemFree", ptr)
+    finally:  # the buffer owns the memory no more (a failure is reported as a warning)
+        account("device", ordinal).remove(ptr)
 
 
 class DeviceBuffer(DeviceMemoryMixin, Resource):

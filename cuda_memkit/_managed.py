@@ -66,10 +66,12 @@ class AttachFlags(enum.IntFlag):
 
 def _free_managed(ptr: int, ordinal: int) -> None:
     """Finalizer: free managed memory (a context must be current for cuMemFree)."""
-    if not int(_driver.call("cuCtxGetCurrent")):
-        _device.ensure_context(ordinal)
-    _driver.call("cuMemFree", ptr)
-    account("managed", ordinal).remove(ptr)
+    try:
+        if not int(_driver.call("cuCtxGetCurrent")):
+            _device.ensure_context(ordinal)
+        _driver.call("cuMemFree", ptr)
+    finally:  # the buffer owns the memory no more (a failure is reported as a warning)
+        account("managed", ordinal).remove(ptr)
 
 
 def _normalize_shape(shape: object) -> tuple[int, ...]:

@@ -404,8 +404,10 @@ class HostBuffer(Resource):
             block.release()
             return
         ptr = self._ptr
-        _free_pinned(ptr)
-        _ACCOUNT.remove(ptr)
+        try:
+            _free_pinned(ptr)
+        finally:  # the buffer owns the memory no more (a failure is reported as a warning)
+            _ACCOUNT.remove(ptr)
 
     def _free_or_warn(self) -> None:
         """Run :meth:`_free`; a driver failure becomes a :class:`MemkitWarning`.

@@ -100,6 +100,7 @@ def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) 
     try:
         _release(d, sref, pool, acct)
     except CudaError as exc:
+        acct.remove(d)  # no object owns it any more; the warning reports the failure
         warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
                       MemkitWarning, stacklevel=2)
 

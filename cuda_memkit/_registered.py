@@ -72,9 +72,11 @@ def _address(arr: np.ndarray[Any, Any]) -> int:
 def _unregister(ptr: int) -> None:
     """``cuMemHostUnregister`` (the release function of a RegisteredHost's finalizer)."""
     forget_registration(ptr)
-    ensure_context()
-    _driver.call("cuMemHostUnregister", ptr)
-    _ACCOUNT.remove(ptr)
+    try:
+        ensure_context()
+        _driver.call("cuMemHostUnregister", ptr)
+    finally:  # the registration is given up even if the driver refuses (a warning says so)
+        _ACCOUNT.remove(ptr)
 
 
 class RegisteredHost(Resource):
