@@ -12,10 +12,12 @@ Buffers from a pinned :class:`~cuda_memkit.MemoryPool` (:meth:`HostBuffer.pooled
 pools, so this one cannot import it: it plugs in through :data:`pool_source`
 when it loads (the package loads it together with this module).
 
-Lifetime: the memory is freed by ``close()``, or by ``__del__`` when the buffer
-is collected without it; both run :meth:`HostBuffer._free`. (A ``__del__``
-rather than a ``weakref.finalize``: making and running a finalizer costs
-several microseconds per buffer, which pooled buffers cannot afford.)
+Lifetime: a buffer holds the owner of its memory, a :class:`PinnedAlloc` for
+``cuMemHostAlloc`` memory or a pool's block; ``close()`` calls its
+``release()``, and when a buffer is collected without ``close()`` the owner's
+``__del__`` releases it through the same path. (Not a ``weakref.finalize``
+per buffer: making and running one costs several microseconds, which pooled
+buffers cannot afford; and the buffer itself needs no ``__del__``.)
 """
 
 from __future__ import annotations
@@ -106,13 +108,42 @@ def _alloc_pinned(nbytes: int, flags: int) -> int:
     return int(_driver.call("cuMemHostAlloc", nbytes, flags))
 
 
-def _free_pinned(ptr: int) -> None:
-    """``cuMemFreeHost`` (the H100 frees pinned memory with or without a current context)."""
-    _driver.call("cuMemFreeHost", ptr)
-
-
 #: Ledger account of ``cuMemHostAlloc`` memory (host memory: no device).
 _ACCOUNT = account("pinned")
+
+
+class PinnedAlloc:
+    """The owner of one ``cuMemHostAlloc`` allocation: the memory a HostBuffer holds.
+
+    :meth:`release` frees it (``cuMemFreeHost``, which needs no current
+    context on the H100) and leaves the ledger; ``__del__`` releases it if
+    nobody did, so a buffer collected without ``close()`` frees its memory
+    through the same path. Blocks of a pinned pool play the same part for
+    pooled buffers (``_pinned_pool.HostBlock``).
+    """
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr  #: 0 once released
+
+    def release(self) -> None:
+        """Free the memory now (once)."""
+        ptr = self.ptr
+        if ptr:
+            self.ptr = 0
+            try:
+                _driver.call("cuMemFreeHost", ptr)
+            finally:  # given up even if the driver refuses (the caller warns)
+                _ACCOUNT.remove(ptr)
+
+    def __del__(self) -> None:
+        ptr = self.ptr
+        if ptr and not sys.is_finalizing():
+            try:
+                self.release()
+            except CudaError as exc:
+                warn_free_failed("HostBuffer", ptr, exc)
 _UINT8_NAME = "uint8"  # empty()'s default dtype (the same interned str)
 _NO_FLAGS = HostAllocFlags.DEFAULT
 _U8: Any = None  # numpy's uint8 dtype, made on first use
@@ -165,6 +196,12 @@ def _pool_source() -> PoolSource:
     return pool_source
 
 
+def warn_free_failed(what: str, ptr: int, exc: CudaError) -> None:
+    """A failed free becomes a warning: ``close()`` and collection never raise driver errors."""
+    warnings.warn(f"cuda_memkit: releasing {what} 0x{ptr:x} failed: {exc}", MemkitWarning,
+                  stacklevel=3)
+
+
 # -- HostBuffer -------------------------------------------------------------------------
 
 
@@ -188,16 +225,15 @@ class HostBuffer(Resource):
     """
 
     if not TYPE_CHECKING:
-        __slots__ = ("_block", "_dptr", "_dtype", "_finalizer", "_flags", "_nbytes", "_owns",
-                     "_ptr", "_shape", "_state", "_views")
+        __slots__ = ("_block", "_dptr", "_dtype", "_finalizer", "_flags", "_nbytes", "_ptr",
+                     "_shape", "_state", "_views")
     _ptr: int
     _nbytes: int
     _shape: tuple[int, ...]
     _dtype: np.dtype[Any]
     _flags: int  # HostAllocFlags bits
     _dptr: int | None
-    _block: Any  # a pinned pool's block (cuda_memkit._pinned_pool), or None
-    _owns: bool  # the memory is not freed yet (close() with numpy views alive leaves it)
+    _block: PooledBlock | None  # what owns the memory (PinnedAlloc, a pool's block); None: freed
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError(
@@ -269,7 +305,6 @@ class HostBuffer(Resource):
         self._views = None
         self._block = None
         self._finalizer = None
-        self._owns = False
         if nbytes == 0:
             if pool is not None:
                 _pool_source().take(pool, 0, fl)  # same pool checks as a real allocation
@@ -282,12 +317,11 @@ class HostBuffer(Resource):
             block = self._block = _pool_source().take(pool, nbytes, fl)
             assert block is not None
             self._ptr = block.ptr
-            self._owns = True
             self._state = OPEN
             return self
         ptr = _alloc_pinned(nbytes, fl)
         self._ptr = ptr
-        self._owns = True
+        self._block = PinnedAlloc(ptr)
         _ACCOUNT.add(ptr, nbytes)
         self._state = OPEN
         return self
@@ -374,7 +408,6 @@ class HostBuffer(Resource):
             self._views = None
             self._finalizer = None
             self._block = block
-            self._owns = True
             self._state = OPEN
             return self
         return cls.empty(shape, dtype, pool=source.default_pool() if pool is None else pool)
@@ -391,43 +424,14 @@ class HostBuffer(Resource):
             return
         self._state = CLOSED
         if self._views:
-            return  # __del__ frees once the views (which hold this buffer) are gone
-        if self._owns:
-            self._free_or_warn()
-
-    def _free(self) -> None:
-        """Give the memory back: to its pool's cache, or to the driver."""
-        self._owns = False
+            return  # the memory's owner goes with the buffer, once the views are gone
         block = self._block
         if block is not None:
             self._block = None
-            block.release()
-            return
-        ptr = self._ptr
-        try:
-            _free_pinned(ptr)
-        finally:  # the buffer owns the memory no more (a failure is reported as a warning)
-            _ACCOUNT.remove(ptr)
-
-    def _free_or_warn(self) -> None:
-        """Run :meth:`_free`; a driver failure becomes a :class:`MemkitWarning`.
-
-        That is the rule of every release: ``close()`` and collection never
-        raise driver errors.
-        """
-        try:
-            self._free()
-        except CudaError as exc:
-            warnings.warn(f"cuda_memkit: releasing HostBuffer 0x{self._ptr:x} failed: {exc}",
-                          MemkitWarning, stacklevel=3)
-
-    def __del__(self) -> None:
-        try:
-            if not self._owns or sys.is_finalizing():
-                return
-        except AttributeError:  # never fully made (the allocation failed)
-            return
-        self._free_or_warn()
+            try:
+                block.release()
+            except CudaError as exc:  # close() never raises driver errors: warn
+                warn_free_failed("HostBuffer", self._ptr, exc)
 
     # -- metadata --------------------------------------------------------------------
     @property

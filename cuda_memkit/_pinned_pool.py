@@ -31,7 +31,7 @@ from typing import Any
 
 from . import _driver, _pinned, _pool
 from ._device import Stream
-from ._errors import ClosedError
+from ._errors import ClosedError, CudaError
 from ._pool import MemoryPool
 from ._resource import account, notify, watchers
 
@@ -116,7 +116,9 @@ class HostBlock:
     """A pinned pool block lent to a :class:`HostBuffer`; :meth:`release` gives it back.
 
     While lent (``busy``) the buffer holds it; a released block waits in its
-    cache for the next buffer of its size class.
+    cache for the next buffer of its size class. A block collected while lent
+    (its buffer was collected without ``close()``) gives its memory back
+    through a new block object, never by resurrecting itself.
     """
 
     __slots__ = ("bin", "busy", "cache", "dptr", "ptr", "size")
@@ -138,7 +140,29 @@ class HostBlock:
             acct.current -= n
             if watchers:
                 notify(acct, ptr, n, False)
-            self.cache.put(self)
+            cache = self.cache  # HostCache.put, written out
+            blocks = self.bin
+            if blocks is not None and cache.open and cache.cached + self.size <= HOST_CACHE_LIMIT:
+                blocks.append(self)
+                cache.cached += self.size
+            else:
+                cache.put(self)
+
+    def __del__(self) -> None:
+        try:
+            if not self.busy or sys.is_finalizing():
+                return
+        except AttributeError:  # never fully made
+            return
+        heir = _new_object(HostBlock)
+        heir.bin, heir.cache, heir.dptr, heir.ptr, heir.size = (self.bin, self.cache, self.dptr,
+                                                                self.ptr, self.size)
+        heir.busy = True
+        self.busy = False
+        try:
+            heir.release()
+        except CudaError as exc:
+            _pinned.warn_free_failed("pinned pool block", self.ptr, exc)
 
 
 def _cache_of(pool: object, flags: int) -> HostCache:

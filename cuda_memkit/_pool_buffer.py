@@ -223,11 +223,10 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
         except AttributeError:  # never fully made
             return
         if d is None:
-            try:  # closed while numpy views were alive: the free was deferred
-                d = self._deferred
-            except AttributeError:
+            d = self._deferred  # closed while numpy views were alive: the free was deferred
+            if d is None:
                 return
-            del self._deferred
+            self._deferred = None
         self._dptr = None
         _finalize(d, self._sref, self._pool, self._acct)
 
@@ -316,4 +315,5 @@ def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream |
     buf._pool = pool
     buf._acct = acct
     buf._views = None
+    buf._deferred = None
     return buf
