@@ -317,6 +317,9 @@ class DefaultNumbaManager(BaseCUDAMemoryManager):
     def initialize(self) -> None:
         pass
 
+    def reset(self) -> None:
+        pass
+
 
 class FakeNumba(types.ModuleType):
     """``numba`` with ``numba.cuda`` and ``numba.cuda.cudadrv.driver``."""

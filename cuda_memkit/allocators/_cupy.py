@@ -14,9 +14,9 @@ every object and call, so the allocator is a closure over everything it
 needs, resolved once at install time:
 
 * the memory object *is* the CuPy memory: a slotted subclass of CuPy's
-  ``BaseMemory`` (whose ``ptr``, ``size`` and ``device_id`` are public
-  fields) with a ``__del__`` that frees, instead of an ``UnownedMemory`` plus
-  an owner object;
+  ``UnownedMemory`` with a ``__del__`` that frees, instead of an
+  ``UnownedMemory`` plus an owner object; its C ``__init__`` fills the
+  pointer, size, device and owner (the CuPy stream) in one call;
 * driver functions come from the gateway once (``_driver.function``); the
   pool's ``CUmemoryPool`` is built once, a ``CUstream`` once per stream handle;
 * the rare cases (size 0, a bad size, a closed pool, a thread without a
@@ -88,7 +88,11 @@ _warned_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _memory_classes(base: type) -> tuple[type, type]:
-    """The memory classes for CuPy's ``BaseMemory`` ``base``: (default pools, given pool)."""
+    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (default pools, given pool).
+
+    Made with ``(ptr, size, cupy_stream, device_id)``: the stream is the
+    ``UnownedMemory``'s owner, kept alive as long as the memory.
+    """
     classes = _MEMORY_CLASSES.get(base)
     if classes is not None:
         return classes
@@ -96,7 +100,7 @@ def _memory_classes(base: type) -> tuple[type, type]:
     class Memory(base):  # type: ignore[valid-type,misc]
         """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it."""
 
-        __slots__ = ("_d", "_o", "_s")  # CUdeviceptr, CuPy stream (kept alive), CUstream
+        __slots__ = ("_d", "_s")  # the CUdeviceptr and CUstream to free with
 
         def __del__(self) -> None:
             if _exiting:
@@ -265,12 +269,10 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
     if _FREE is None:
         _FREE = _driver.function("cuMemFreeAsync")
     memory = cupy.cuda.memory
-    base, pointer = memory.BaseMemory, memory.MemoryPointer
-    Memory, PoolMemory = _memory_classes(base)
+    unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
+    Memory, PoolMemory = _memory_classes(unowned)
     get_stream = cupy.cuda.get_current_stream
     custreams: dict[int, Any] = {}
-
-    unowned = memory.UnownedMemory
 
     def null(device: int) -> Any:
         """The pointer for a 0-byte request: null, no driver call (cuFFT asks for these)."""
@@ -296,13 +298,9 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             err, d = alloc(size, cupool, cus)
             if err:
                 d = _alloc_failed(err, alloc, size, cupool, cus, dev, None)
-            m = Memory()
-            m.ptr = int(d)
-            m.size = size
-            m.device_id = dev
+            m = Memory(int(d), size, st, dev)
             m._d = d
             m._s = cus
-            m._o = st
             return pointer(m, 0)
 
         return allocate
@@ -328,18 +326,14 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         if err:
             d = _alloc_failed(err, alloc, size, cupool, cus, dev, given)
         elif given.closed:  # a closed default-pool wrapper still allocates: refuse
-            m = Memory()
-            m.ptr, m.size, m.device_id, m._d, m._s, m._o = int(d), size, dev, d, cus, st
+            m = Memory(int(d), size, st, dev)
+            m._d, m._s = d, cus
             del m  # frees it
             raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
                               "another pool (allocators.use_with_cupy(pool))")
-        m = PoolMemory()
-        m.ptr = int(d)
-        m.size = size
-        m.device_id = dev
+        m = PoolMemory(int(d), size, st, dev)
         m._d = d
         m._s = cus
-        m._o = st
         m._pool = given
         return pointer(m, 0)
 
