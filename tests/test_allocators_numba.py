@@ -85,7 +85,7 @@ def test_pinned_mapped_and_managed_host_arrays(pool: cm.MemoryPool) -> None:
         np.testing.assert_array_equal(d.copy_to_host(), p)
         m = nbcuda.mapped_array(1000, dtype=np.int32)
         m[:] = 7
-        nbcuda.to_device(np.zeros(1000, np.int32)).copy_to_device(m)  # device writes mapped memory
+        nbcuda.to_device(np.zeros(1000, np.int32)).copy_to_host(m)  # a copy into mapped memory
         nbcuda.synchronize()
         np.testing.assert_array_equal(m, 0)
         g = nbcuda.managed_array(1000, dtype=np.float64)

@@ -97,7 +97,7 @@ def _memory_classes(base: type) -> tuple[type, type]:
     if classes is not None:
         return classes
 
-    class Memory(base):  # type: ignore[valid-type,misc]
+    class Memory(base):  # type: ignore[misc]
         """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it."""
 
         __slots__ = ("_d", "_s")  # the CUdeviceptr and CUstream to free with

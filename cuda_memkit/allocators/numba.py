@@ -47,8 +47,8 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from numba import cuda as _nbcuda  # type: ignore[import-untyped]
-from numba.cuda.cudadrv import driver as _nbdrv  # type: ignore[import-untyped]
+from numba import cuda as _nbcuda
+from numba.cuda.cudadrv import driver as _nbdrv
 
 import cuda_memkit as cm
 
@@ -302,7 +302,7 @@ class MemkitNumbaManager(_nbcuda.BaseCUDAMemoryManager):  # type: ignore[misc]
         import numpy as np
 
         address = _pointer_value(pointer)
-        view = (np.frombuffer((ctypes.c_ubyte * size).from_address(address), np.uint8)
+        view = (np.frombuffer(memoryview((ctypes.c_ubyte * size).from_address(address)), np.uint8)
                 if size else np.empty(0, np.uint8))
         flags = cm.HostRegisterFlags.DEVICEMAP if mapped else cm.HostRegisterFlags.DEFAULT
         reg = self._retry_oom(lambda: cm.register_host(view, flags=flags))
