@@ -271,7 +271,12 @@ def test_ipc_needs_an_ipc_pool(ctx: fake.NumbaContext) -> None:
         ctx.get_ipc_handle(mem)
 
 
-def test_ipc_handle_round_trip(ctx: fake.NumbaContext, plugin: ModuleType) -> None:
+def test_ipc_handle_round_trip(ctx: fake.NumbaContext, plugin: ModuleType, backend: str
+                              ) -> None:
+    if backend != "sim":
+        pytest.skip("in-process pointer import is the simulator's stand-in for the "
+                    "two-process test (the GPU case is test_allocators_numba.py::"
+                    "test_ipc_through_pool_export)")
     with cm.MemoryPool(0, ipc=True) as pool:
         plugin.set_pool(pool)
         try:
