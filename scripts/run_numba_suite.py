@@ -190,8 +190,12 @@ def run_mode(mode: str, modules: list[str], tmp: str) -> dict[str, Any]:
         env["NUMBA_CUDA_MEMORY_MANAGER"] = PLUGIN
     out = os.path.join(tmp, f"numba_suite_{mode}.json")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", mode, out, *modules], env=env,
-                          capture_output=True, text=True, timeout=540, check=False)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--child", mode, out, *modules], env=env,
+                              capture_output=True, text=True, timeout=240, check=False)
+    except subprocess.TimeoutExpired as exc:
+        return {"mode": mode, "crashed": True, "rc": "timeout after 240 s",
+                "stderr": str(exc.stderr or "")[-4000:], "stdout": str(exc.stdout or "")[-2000:]}
     if not os.path.exists(out):
         return {"mode": mode, "crashed": True, "rc": proc.returncode,
                 "stderr": proc.stderr[-4000:], "stdout": proc.stdout[-2000:]}
