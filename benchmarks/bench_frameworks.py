@@ -1,0 +1,321 @@
+"""CuPy on memkit pools: allocation cost of the adaptor against CuPy's own allocators.
+
+    python benchmarks/bench_frameworks.py [--json PATH] [--quick]
+
+One table, every row measured in this run (median over interleaved samples
+of the time per allocate+free pair, 1 MiB, on one non-blocking stream that is
+CuPy's current stream; pools keep their memory: release threshold UINT64_MAX):
+
+* references: raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` on the
+  device's default pool and on a memkit pool; ``MemoryPool.allocate().free()``;
+* CuPy's allocators called directly: ``malloc_async`` (the default pool, in
+  Cython) and its caching ``MemoryPool().malloc``;
+* through CuPy's entry point ``cupy.cuda.alloc(n)`` (what CuPy's arrays call),
+  with ``set_allocator`` set to: ``malloc_async``, CuPy's ``MemoryPool``, the
+  memkit adaptor on the default pool (``use_with_cupy()``) and on a memkit
+  pool (``use_with_cupy(pool)``);
+* ``cupy.empty(256K float32)`` + drop under the same four allocators;
+* a CuPy workload (temporaries of elementwise arithmetic and a reduction on
+  64K floats), time per iteration and allocations per second under each;
+* pinned 4 KiB: CuPy's pinned pool against the memkit pinned adaptor.
+
+Target (issue 13): the memkit adaptor pair through ``cupy.cuda.alloc`` within
+1.15x of ``malloc_async`` through the same entry point. On the simulator
+(no CuPy) only the memkit rows run, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MiB = 1 << 20
+U64_MAX = (1 << 64) - 1
+Loop = Callable[[int], None]
+
+
+def measure(cases: dict[str, Loop | None], pairs: dict[str, int], samples: int,
+            sync: Callable[[], None]) -> dict[str, float | None]:
+    """Median seconds per pair; cases take turns in a shuffled order per sample."""
+    live = {k: fn for k, fn in cases.items() if fn is not None}
+    for key, fn in live.items():  # warm up
+        fn(max(pairs[key] // 10, 2))
+        sync()
+    times: dict[str, list[float]] = {k: [] for k in live}
+    order = list(live)
+    rng = random.Random(13)
+    for _ in range(samples):
+        rng.shuffle(order)
+        for key in order:
+            fn, n = live[key], pairs[key]
+            gc.collect()
+            t0 = time.perf_counter()
+            fn(n)
+            sync()
+            times[key].append((time.perf_counter() - t0) / n)
+    return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
+
+
+def import_cupy(simulated: bool) -> Any:
+    if simulated:
+        return None
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception as exc:  # absent or broken: memkit rows only
+        print(f"CuPy not usable: {exc!r}", file=sys.stderr)
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter samples")
+    args = ap.parse_args()
+
+    import cuda_memkit as cm
+    from cuda_memkit import _driver, allocators
+
+    cm.Device(0).set_current()
+    backend = _driver.backend_name()
+    simulated = backend == "sim"
+    quick = args.quick or simulated
+    if simulated:
+        from cuda_memkit.sim import driver as raw
+    else:
+        from cuda.bindings import driver as raw
+    from cuda.bindings import driver as cu
+
+    samples = 5 if quick else 15
+    n_pair = 300 if quick else 10000
+    n_empty = 300 if quick else 5000
+    n_work = 30 if quick else 1000
+    cupy = import_cupy(simulated)
+
+    s = cm.Stream()
+    cus = cu.CUstream(s.handle)
+
+    def sync() -> None:
+        (err,) = raw.cuCtxSynchronize()
+        if err:
+            raise RuntimeError(err)
+
+    pool = cm.MemoryPool(0, release_threshold=U64_MAX)
+    default = cm.MemoryPool.default(0)
+    old_threshold = default.release_threshold
+    default.release_threshold = U64_MAX
+    alloc_fn, free_fn = raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync
+
+    def raw_pairs(on: cm.MemoryPool, n: int) -> Loop:
+        cupool = cu.CUmemoryPool(on.handle)
+
+        def loop(k: int) -> None:
+            for _ in range(k):
+                err, ptr = alloc_fn(n, cupool, cus)
+                if err:
+                    raise RuntimeError(err)
+                (err,) = free_fn(ptr, cus)
+                if err:
+                    raise RuntimeError(err)
+
+        return loop
+
+    allocate = pool.allocate
+
+    def memkit_pair(k: int) -> None:
+        for _ in range(k):
+            allocate(MiB, stream=s).free()
+
+    cases: dict[str, Loop | None] = {
+        "raw default": raw_pairs(default, MiB), "raw pool": raw_pairs(pool, MiB),
+        "memkit pool": memkit_pair}
+    empty_cases: dict[str, Loop | None] = {}
+    work_cases: dict[str, Loop | None] = {}
+    pinned_cases: dict[str, Loop | None] = {}
+    allocs_per_iter: dict[str, int] = {}
+    previous = previous_pinned = None
+    if cupy is not None:
+        stream = cupy.cuda.ExternalStream(s.handle)
+        stream.use()
+        previous = cupy.cuda.get_allocator()
+        cupy_pool = cupy.cuda.MemoryPool()
+        adaptors = {"malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
+                    "memkit default": allocators.cupy_allocator(),
+                    "memkit pool": allocators.cupy_allocator(pool)}
+        calloc, set_allocator = cupy.cuda.alloc, cupy.cuda.set_allocator
+
+        def direct(fn: Callable[[int], Any]) -> Loop:
+            def loop(k: int) -> None:
+                for _ in range(k):
+                    p = fn(MiB)
+                    del p
+            return loop
+
+        def through_alloc(fn: Callable[[int], Any]) -> Loop:
+            def loop(k: int) -> None:
+                set_allocator(fn)
+                for _ in range(k):
+                    p = calloc(MiB)
+                    del p
+            return loop
+
+        def empties(fn: Callable[[int], Any]) -> Loop:
+            empty, f32 = cupy.empty, cupy.float32
+
+            def loop(k: int) -> None:
+                set_allocator(fn)
+                for _ in range(k):
+                    a = empty(MiB // 4, dtype=f32)
+                    del a
+            return loop
+
+        x = cupy.arange(1 << 16, dtype=cupy.float32)
+
+        def workload(fn: Callable[[int], Any]) -> Loop:
+            def loop(k: int) -> None:
+                set_allocator(fn)
+                for _ in range(k):
+                    y = ((x * 2.0 + 1.0) * x - x / 3.0).sum()
+                    del y
+            return loop
+
+        cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
+        cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
+        for name, fn in adaptors.items():
+            cases[f"alloc: {name}"] = through_alloc(fn)
+            empty_cases[name] = empties(fn)
+            work_cases[name] = workload(fn)
+        # allocations per workload iteration (counted once, not timed)
+        for name, fn in adaptors.items():
+            count = [0]
+
+            def counting(n: int, _fn: Callable[[int], Any] = fn, _c: list[int] = count) -> Any:
+                _c[0] += 1
+                return _fn(n)
+
+            set_allocator(counting)
+            y = ((x * 2.0 + 1.0) * x - x / 3.0).sum()
+            del y
+            allocs_per_iter[name] = count[0]
+        set_allocator(previous)
+
+        alloc_pinned = cupy.cuda.alloc_pinned_memory
+        set_pinned = cupy.cuda.set_pinned_memory_allocator
+        previous_pinned = cupy.get_default_pinned_memory_pool().malloc
+        memkit_pinned = allocators.cupy_pinned_allocator()
+
+        def pinned_loop(fn: Callable[[int], Any]) -> Loop:
+            def loop(k: int) -> None:
+                set_pinned(fn)
+                for _ in range(k):
+                    p = alloc_pinned(4096)
+                    del p
+            return loop
+
+        pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
+                        "memkit pinned": pinned_loop(memkit_pinned)}
+
+    pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync)
+    empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync)
+    work_t = measure(work_cases, dict.fromkeys(work_cases, n_work), samples, sync)
+    pinned_t = measure(pinned_cases, dict.fromkeys(pinned_cases, n_pair), samples, sync)
+    if cupy is not None:
+        cupy.cuda.set_allocator(previous)
+        cupy.cuda.set_pinned_memory_allocator(previous_pinned)
+        cupy.cuda.Stream.null.use()
+        del x
+        gc.collect()
+    sync()
+    default.release_threshold = old_threshold
+    default.trim()
+    pool.close()
+    s.close()
+
+    rows: list[dict[str, Any]] = []
+
+    def row(case: str, value: float | None, ref: float | None, target: str,
+            ok: bool | None = None, unit: str = "us/pair") -> None:
+        rows.append({"case": case, "us": None if value is None else value * 1e6, "unit": unit,
+                     "ratio": None if value is None or not ref else value / ref,
+                     "target": target, "ok": ok})
+
+    raw_ref = pair["raw default"]
+    row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
+    row("1 MiB: raw pool pair, memkit pool", pair["raw pool"], raw_ref, "info")
+    row("1 MiB: MemoryPool.allocate(stream=s).free()", pair["memkit pool"], raw_ref, "info")
+    row("1 MiB: CuPy malloc_async (direct)", pair.get("cupy malloc_async"), raw_ref, "info")
+    row("1 MiB: CuPy MemoryPool().malloc (direct)", pair.get("cupy MemoryPool"), raw_ref,
+        "info")
+    ma = pair.get("alloc: malloc_async")
+    for name, label in [("malloc_async", "CuPy malloc_async"),
+                        ("cupy pool", "CuPy MemoryPool"),
+                        ("memkit default", "memkit adaptor, default pool"),
+                        ("memkit pool", "memkit adaptor, memkit pool")]:
+        v = pair.get(f"alloc: {name}")
+        memkit = name.startswith("memkit")
+        ok = None if not memkit or v is None or ma is None else v / ma <= 1.15
+        row(f"1 MiB via cupy.cuda.alloc: {label}", v, raw_ref,
+            "<= 1.15x malloc_async" if memkit else "info", ok)
+    if ma is not None:
+        for name in ("memkit default", "memkit pool"):
+            v = pair.get(f"alloc: {name}")
+            if v is not None:
+                rows.append({"case": f"   ratio {name} / malloc_async (via cupy.cuda.alloc)",
+                             "us": None, "unit": "", "ratio": v / ma,
+                             "target": "<= 1.15", "ok": v / ma <= 1.15})
+    ea = empty_t.get("malloc_async")
+    for name in ("malloc_async", "cupy pool", "memkit default", "memkit pool"):
+        row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
+            "info (ratio vs malloc_async)")
+    wa = work_t.get("malloc_async")
+    for name in ("malloc_async", "cupy pool", "memkit default", "memkit pool"):
+        v = work_t.get(name)
+        row(f"workload iteration ({allocs_per_iter.get(name, '?')} allocs): {name}", v, wa,
+            "info (ratio vs malloc_async)", unit="us/iter")
+        if v is not None and allocs_per_iter.get(name):
+            rows[-1]["allocs_per_s"] = allocs_per_iter[name] / v
+    pa = pinned_t.get("cupy pinned pool")
+    row("4 KiB pinned: CuPy pinned pool", pa, pa, "reference")
+    row("4 KiB pinned: memkit pinned adaptor (HostBuffer.pooled)",
+        pinned_t.get("memkit pinned"), pa, "info")
+
+    note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
+    print(f"bench_frameworks on backend {backend} ({cm.Device(0).name}){note}")
+    if cupy is None:
+        print("CuPy rows need a GPU with CuPy installed: not measured here")
+    else:
+        print(f"CuPy {cupy.__version__}")
+    print(f"median of {samples} samples; loops of {n_pair} pairs, {n_empty} cupy.empty, "
+          f"{n_work} workload iterations")
+    print(f"{'case':64} {'time':>10} {'unit':>8} {'ratio':>9}  target")
+    for r in rows:
+        value = "" if r["us"] is None else f"{r['us']:10.3f}"
+        if r["us"] is None and r["unit"]:
+            value = "n/a"
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
+        verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
+        extra = f"  ({r['allocs_per_s'] / 1e6:.2f} M allocs/s)" if r.get("allocs_per_s") else ""
+        print(f"{r['case']:64} {value:>10} {r['unit']:>8} {ratio:>9}  {r['target']}{verdict}"
+              f"{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": backend, "simulated": simulated, "samples": samples,
+                       "cupy": None if cupy is None else cupy.__version__, "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
