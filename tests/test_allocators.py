@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, allocators
+from cuda_memkit import _driver, _resource, allocators
 from cuda_memkit.allocators import _cupy
 
 from . import _fake_frameworks as fake
@@ -116,10 +116,18 @@ def test_allocations_come_from_the_pool_and_go_back(cupy: fake.FakeCupy, stream:
         data = np.arange(4 * KiB, dtype=np.uint8)
         write(a.ptr, data)
         assert np.array_equal(read(a.ptr, 4 * KiB), data)
+        ledger = _resource.account("pool", 0, pool.handle)
+        assert sorted(ledger.live.values()) == [100, 4 * KiB]  # the allocation ledger sees them
         del a
-        assert used(pool) >= base + 100
+        assert used(pool) >= base + 100 and ledger.current == 100
         del b
-        assert used(pool) == base
+        assert used(pool) == base and not ledger.live
+        default = cm.MemoryPool.default(0)
+        dflt = _resource.account("pool", 0, default.handle)
+        c = allocators.cupy_allocator()(300)
+        assert 300 in dflt.live.values()
+        del c
+        assert 300 not in dflt.live.values()
 
 
 def test_the_default_pool_of_cupys_current_device(cupy: fake.FakeCupy, ndevices: int) -> None:

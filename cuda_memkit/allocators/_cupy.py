@@ -42,6 +42,7 @@ from cuda.bindings import driver as _cu
 
 from .. import _driver
 from .._errors import ClosedError, MemkitWarning
+from .._resource import Account, account, notify, watchers
 
 if TYPE_CHECKING:
     from .._pool import MemoryPool
@@ -100,14 +101,16 @@ def _memory_classes(base: type) -> tuple[type, type]:
     class Memory(base):  # type: ignore[misc]
         """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it."""
 
-        __slots__ = ("_d", "_s")  # the CUdeviceptr and CUstream to free with
+        __slots__ = ("_a", "_d", "_s")  # ledger account, the CUdeviceptr and CUstream
 
         def __del__(self) -> None:
             if _exiting:
                 return
-            res = _FREE(self._d, self._s)
+            d = self._d
+            res = _FREE(d, self._s)
             if res[0]:
                 _free_failed(self, res)
+            _forget(self._a, d)
 
         def __repr__(self) -> str:
             return (f"<cuda_memkit CuPy memory 0x{self.ptr:x} size={self.size} "
@@ -121,16 +124,37 @@ def _memory_classes(base: type) -> tuple[type, type]:
         def __del__(self) -> None:
             if _exiting:
                 return
-            res = _FREE(self._d, self._s)
+            d = self._d
+            res = _FREE(d, self._s)
             if res[0]:
                 _free_failed(self, res)
             elif self._pool.closed:
                 _freed_after_close(self._pool)
+            _forget(self._a, d)
 
     Memory.__module__ = PoolMemory.__module__ = __name__
     Memory.__qualname__, PoolMemory.__qualname__ = "CupyMemory", "CupyPoolMemory"
     classes = _MEMORY_CLASSES[base] = (Memory, PoolMemory)
     return classes
+
+
+def _note(acct: Account, d: Any, size: int, cus: Any) -> None:
+    """Enter a CuPy allocation in the ledger (the pool's account)."""
+    acct.live[d] = size
+    c = acct.current = acct.current + size
+    if c > acct.peak:
+        acct.peak = c
+    acct.total += 1
+    if watchers:
+        notify(acct, d, size, True, int(cus))
+
+
+def _forget(acct: Account, d: Any) -> None:
+    """A CuPy allocation was freed (or given up): it leaves the ledger."""
+    n = acct.live.pop(d, 0)
+    acct.current -= n
+    if watchers:
+        notify(acct, d, n, False)
 
 
 def _free_failed(mem: Any, res: Any) -> None:
@@ -281,8 +305,9 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
     if pool is None:
         import cuda_memkit as cm
 
-        cupools = [_cu.CUmemoryPool(cm.MemoryPool.default(i).handle)
-                   for i in range(cm.device_count())]
+        defaults = [cm.MemoryPool.default(i) for i in range(cm.device_count())]
+        cupools = [_cu.CUmemoryPool(p.handle) for p in defaults]
+        accounts = [account("pool", i, p.handle) for i, p in enumerate(defaults)]
 
         def allocate(size: int) -> Any:
             dev = get_device()
@@ -301,12 +326,15 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             m = Memory(int(d), size, st, dev)
             m._d = d
             m._s = cus
+            m._a = acct = accounts[dev]
+            _note(acct, d, size, cus)
             return pointer(m, 0)
 
         return allocate
 
     given = pool
     cupool = _cu.CUmemoryPool(given.handle)
+    given_acct = account("pool", given.device, given.handle)
     pool_device = -1 if given.device is None else given.device  # managed pools: any device
 
     def allocate_from_pool(size: int) -> Any:
@@ -327,7 +355,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             d = _alloc_failed(err, alloc, size, cupool, cus, dev, given)
         elif given.closed:  # a closed default-pool wrapper still allocates: refuse
             m = Memory(int(d), size, st, dev)
-            m._d, m._s = d, cus
+            m._d, m._s, m._a = d, cus, given_acct
             del m  # frees it
             raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
                               "another pool (allocators.use_with_cupy(pool))")
@@ -335,6 +363,8 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         m._d = d
         m._s = cus
         m._pool = given
+        m._a = given_acct
+        _note(given_acct, d, size, cus)
         return pointer(m, 0)
 
     return allocate_from_pool
