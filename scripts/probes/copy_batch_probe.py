@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import numpy as np
+from cuda.bindings import driver as cu  # types and enums (the simulator reuses them)
 
 SIM = "--sim" in sys.argv
 QUICK = "--quick" in sys.argv or SIM
@@ -42,7 +43,6 @@ if SIM:
     from cuda_memkit.sim import driver as d
 else:
     from cuda.bindings import driver as d
-from cuda.bindings import driver as cu  # types and enums (the simulator reuses them)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 P = cu.CUdeviceptr
@@ -498,6 +498,134 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def _time_shape(c: Case, n: int, b: int, bufs: tuple[int, ...], s: int, s2: int, reps: int,
+                rng: Any, first: bool) -> dict[str, float]:
+    """GB/s of every variant for n blocks of b bytes (interleaved samples, medians)."""
+    hostA, hostB, devA, devB, devC = bufs
+    rows: dict[str, float] = {}
+    a_stream, a_any = [attrs(STREAM)], [attrs(ANY)]
+    a_overlap = [attrs(STREAM, OVERLAP)]
+    nbytes = n * b
+    perm = rng.permutation(n)
+    dps = (devA + perm * b).tolist()
+    hps = (hostA + np.arange(n) * b).tolist()
+    dl, hl, szl = [P(x) for x in dps], [P(x) for x in hps], [b] * n
+    dst_d2h = (hostB + perm * b).tolist()
+    src_d2h = (devB + np.arange(n) * b).tolist()
+    dl2, sl2 = [P(x) for x in dst_d2h], [P(x) for x in src_d2h]
+    dl3 = [P(x) for x in (devC + perm * b).tolist()]
+    per_copy = [attrs(STREAM) for _ in range(n)]
+    per_idx = list(range(n))
+    tag = f"{n}x{b // KiB}KiB"
+    h2d = d.cuMemcpyHtoDAsync
+    d2h = d.cuMemcpyDtoHAsync
+    bat = d.cuMemcpyBatchAsync
+
+    def loop_h2d() -> None:
+        for x, y in zip(dps, hps, strict=True):
+            if h2d(x, y, b, s)[0]:
+                raise RuntimeError("loop copy failed")
+
+    def loop_d2h() -> None:
+        for x, y in zip(dst_d2h, src_d2h, strict=True):
+            if d2h(x, y, b, s)[0]:
+                raise RuntimeError("loop copy failed")
+
+    def one(fn: Any, *args: Any) -> Any:
+        def go() -> None:
+            r = fn(*args)
+            if int(r[0]):
+                raise RuntimeError(f"{fn.__name__}: {rname(r)}")
+        return go
+
+    def chunked(k: int, ats: list[Any]) -> Any:
+        step = n // k
+
+        def go() -> None:
+            for j in range(0, n, step):
+                r = bat(dl[j:j + step], hl[j:j + step], szl[j:j + step], step, ats, [0], 1, s)
+                if int(r[0]):
+                    raise RuntimeError(rname(r))
+        return go
+
+    def build_and_batch() -> None:  # lists of new CUdeviceptr objects from arrays
+        r = bat(list(map(P, (devA + perm * b).tolist())),
+                list(map(P, (hostA + np.arange(n) * b).tolist())), [b] * n, n, a_stream,
+                [0], 1, s)
+        if int(r[0]):
+            raise RuntimeError(rname(r))
+
+    variants: dict[str, Any] = {
+        f"H2D {tag} contiguous": one(h2d, devA, hostA, nbytes, s),
+        f"H2D {tag} loop cuMemcpyHtoDAsync": loop_h2d,
+        f"H2D {tag} batch prebuilt [STREAM]": one(bat, dl, hl, szl, n, a_stream, [0], 1, s),
+        f"H2D {tag} batch built from arrays": build_and_batch,
+        f"H2D {tag} batch [ANY]": one(bat, dl, hl, szl, n, a_any, [0], 1, s),
+        f"H2D {tag} batch [PREFER_OVERLAP]": one(bat, dl, hl, szl, n, a_overlap, [0], 1, s),
+        f"H2D {tag} batch per-copy attrs": one(bat, dl, hl, szl, n, per_copy, per_idx, n, s),
+        f"D2H {tag} contiguous": one(d2h, hostB, devB, nbytes, s),
+        f"D2H {tag} loop cuMemcpyDtoHAsync": loop_d2h,
+        f"D2H {tag} batch prebuilt": one(bat, dl2, sl2, szl, n, a_stream, [0], 1, s),
+        f"D2D {tag} batch (device scatter)": one(bat, dl3, [P(x) for x in src_d2h], szl, n,
+                                                 a_stream, [0], 1, s),
+    }
+    if n >= 1024:
+        for k in (2, 4, 8, 16):
+            variants[f"H2D {tag} batch in {k} calls"] = chunked(k, a_stream)
+    if first:
+        def duplex_one() -> None:
+            r = bat(dl + dl2, hl + sl2, szl + szl, 2 * n, [attrs(), attrs()], [0, n], 2, s)
+            if int(r[0]):
+                raise RuntimeError(rname(r))
+
+        def duplex_two_streams() -> None:
+            for lst_d, lst_s, st in ((dl, hl, s), (dl2, sl2, s2)):
+                r = bat(lst_d, lst_s, szl, n, a_stream, [0], 1, st)
+                if int(r[0]):
+                    raise RuntimeError(rname(r))
+            ok(d.cuStreamSynchronize, s2)
+
+        def duplex_same_stream() -> None:
+            for lst_d, lst_s in ((dl, hl), (dl2, sl2)):
+                r = bat(lst_d, lst_s, szl, n, a_stream, [0], 1, s)
+                if int(r[0]):
+                    raise RuntimeError(rname(r))
+
+        variants[f"H2D+D2H {tag} one batch (2 attrs)"] = duplex_one
+        variants[f"H2D+D2H {tag} two batches, one stream"] = duplex_same_stream
+        variants[f"H2D+D2H {tag} two batches, two streams"] = duplex_two_streams
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():  # warm-up
+        fn()
+        ok(d.cuStreamSynchronize, s)
+    for _ in range(reps):
+        for k, fn in variants.items():  # interleaved
+            ok(d.cuStreamSynchronize, s)
+            t0 = time.perf_counter()
+            fn()
+            ok(d.cuStreamSynchronize, s)
+            samples[k].append(time.perf_counter() - t0)
+    for k, xs in samples.items():
+        moved = 2 * nbytes if k.startswith("H2D+D2H") else nbytes
+        rows[k] = round(moved / _median(xs) / 1e9, 3)
+    # host-side cost of building the pointer lists, 2 x n entries
+    addrs = devA + perm * b
+    slots = np.zeros(n, np.uint64)
+    views = [P(_ptr=slots.ctypes.data + 8 * i) for i in range(n)]
+    t_obj, t_view = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        _ = list(map(P, addrs.tolist())), list(map(P, addrs.tolist()))
+        t_obj.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        slots[:] = addrs
+        _ = views[:n], views[:n]
+        t_view.append(time.perf_counter() - t0)
+    c.values[f"build 2x{n} CUdeviceptr objects: us"] = round(_median(t_obj) * 1e6, 1)
+    c.values[f"write 2x{n} CUdeviceptr views: us"] = round(_median(t_view) * 1e6, 1)
+    return rows
+
+
 def group_timing() -> dict[str, Any]:
     init()
     c = Case("timing")
@@ -512,127 +640,9 @@ def group_timing() -> dict[str, Any]:
     shapes = [(4096, 64 * KiB), (1024, 256 * KiB), (65536, 4 * KiB)]
     if QUICK:
         shapes = [(n * total // (256 * MiB), b) for n, b in shapes]
-    a_stream, a_any = [attrs(STREAM)], [attrs(ANY)]
-    a_overlap = [attrs(STREAM, OVERLAP)]
-    for n, b in shapes:
-        nbytes = n * b
-        perm = rng.permutation(n)
-        dps = (devA + perm * b).tolist()
-        hps = (hostA + np.arange(n) * b).tolist()
-        dl, hl, szl = [P(x) for x in dps], [P(x) for x in hps], [b] * n
-        dst_d2h = (hostB + perm * b).tolist()
-        src_d2h = (devB + np.arange(n) * b).tolist()
-        dl2, sl2 = [P(x) for x in dst_d2h], [P(x) for x in src_d2h]
-        per_copy = [attrs(STREAM) for _ in range(n)]
-        per_idx = list(range(n))
-        tag = f"{n}x{b // KiB}KiB"
-        h2d = d.cuMemcpyHtoDAsync
-        d2h = d.cuMemcpyDtoHAsync
-        bat = d.cuMemcpyBatchAsync
-
-        def loop_h2d() -> None:
-            for x, y in zip(dps, hps):
-                if h2d(x, y, b, s)[0]:
-                    raise RuntimeError("loop copy failed")
-
-        def loop_d2h() -> None:
-            for x, y in zip(dst_d2h, src_d2h):
-                if d2h(x, y, b, s)[0]:
-                    raise RuntimeError("loop copy failed")
-
-        def one(fn: Any, *args: Any) -> Any:
-            def go() -> None:
-                r = fn(*args)
-                if int(r[0]):
-                    raise RuntimeError(f"{fn.__name__}: {rname(r)}")
-            return go
-
-        def chunked(k: int, ats: list[Any]) -> Any:
-            step = n // k
-
-            def go() -> None:
-                for j in range(0, n, step):
-                    r = bat(dl[j:j + step], hl[j:j + step], szl[j:j + step], step, ats, [0], 1, s)
-                    if int(r[0]):
-                        raise RuntimeError(rname(r))
-            return go
-
-        def build_and_batch() -> None:  # lists of new CUdeviceptr objects from arrays
-            r = bat(list(map(P, (devA + perm * b).tolist())),
-                    list(map(P, (hostA + np.arange(n) * b).tolist())), [b] * n, n, a_stream,
-                    [0], 1, s)
-            if int(r[0]):
-                raise RuntimeError(rname(r))
-
-        variants: dict[str, Any] = {
-            f"H2D {tag} contiguous": one(h2d, devA, hostA, nbytes, s),
-            f"H2D {tag} loop cuMemcpyHtoDAsync": loop_h2d,
-            f"H2D {tag} batch prebuilt [STREAM]": one(bat, dl, hl, szl, n, a_stream, [0], 1, s),
-            f"H2D {tag} batch built from arrays": build_and_batch,
-            f"H2D {tag} batch [ANY]": one(bat, dl, hl, szl, n, a_any, [0], 1, s),
-            f"H2D {tag} batch [PREFER_OVERLAP]": one(bat, dl, hl, szl, n, a_overlap, [0], 1, s),
-            f"H2D {tag} batch per-copy attrs": one(bat, dl, hl, szl, n, per_copy, per_idx, n, s),
-            f"D2H {tag} contiguous": one(d2h, hostB, devB, nbytes, s),
-            f"D2H {tag} loop cuMemcpyDtoHAsync": loop_d2h,
-            f"D2H {tag} batch prebuilt": one(bat, dl2, sl2, szl, n, a_stream, [0], 1, s),
-            f"D2D {tag} batch (device scatter)": one(bat, [P(x) for x in (devC + perm * b).tolist()],
-                                                     [P(x) for x in src_d2h], szl, n, a_stream,
-                                                     [0], 1, s),
-        }
-        if n >= 1024:
-            for k in (2, 4, 8, 16):
-                variants[f"H2D {tag} batch in {k} calls"] = chunked(k, a_stream)
-        if n == shapes[0][0]:
-            def duplex_one() -> None:
-                r = bat(dl + dl2, hl + sl2, szl + szl, 2 * n, [attrs(), attrs()], [0, n], 2, s)
-                if int(r[0]):
-                    raise RuntimeError(rname(r))
-
-            def duplex_two_streams() -> None:
-                for lst_d, lst_s, st in ((dl, hl, s), (dl2, sl2, s2)):
-                    r = bat(lst_d, lst_s, szl, n, a_stream, [0], 1, st)
-                    if int(r[0]):
-                        raise RuntimeError(rname(r))
-                ok(d.cuStreamSynchronize, s2)
-
-            def duplex_same_stream() -> None:
-                for lst_d, lst_s in ((dl, hl), (dl2, sl2)):
-                    r = bat(lst_d, lst_s, szl, n, a_stream, [0], 1, s)
-                    if int(r[0]):
-                        raise RuntimeError(rname(r))
-
-            variants[f"H2D+D2H {tag} one batch (2 attrs)"] = duplex_one
-            variants[f"H2D+D2H {tag} two batches, one stream"] = duplex_same_stream
-            variants[f"H2D+D2H {tag} two batches, two streams"] = duplex_two_streams
-        samples: dict[str, list[float]] = {k: [] for k in variants}
-        for fn in variants.values():  # warm-up
-            fn()
-            ok(d.cuStreamSynchronize, s)
-        for _ in range(reps):
-            for k, fn in variants.items():  # interleaved
-                ok(d.cuStreamSynchronize, s)
-                t0 = time.perf_counter()
-                fn()
-                ok(d.cuStreamSynchronize, s)
-                samples[k].append(time.perf_counter() - t0)
-        for k, xs in samples.items():
-            moved = 2 * nbytes if k.startswith("H2D+D2H") else nbytes
-            rows[k] = round(moved / _median(xs) / 1e9, 3)
-        # host-side cost of building the pointer lists, 2 x n entries
-        addrs = devA + perm * b
-        slots = np.zeros(n, np.uint64)
-        views = [P(_ptr=slots.ctypes.data + 8 * i) for i in range(n)]
-        t_obj, t_view = [], []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            _ = list(map(P, addrs.tolist())), list(map(P, addrs.tolist()))
-            t_obj.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            slots[:] = addrs
-            _ = views[:n], views[:n]
-            t_view.append(time.perf_counter() - t0)
-        c.values[f"build 2x{n} CUdeviceptr objects: us"] = round(_median(t_obj) * 1e6, 1)
-        c.values[f"write 2x{n} CUdeviceptr views: us"] = round(_median(t_view) * 1e6, 1)
+    bufs = (hostA, hostB, devA, devB, devC)
+    for i, (n, b) in enumerate(shapes):
+        rows.update(_time_shape(c, n, b, bufs, s, s2, reps, rng, i == 0))
     c.values["GB/s"] = rows
     for p in (hostA, hostB):
         ok(d.cuMemFreeHost, p)

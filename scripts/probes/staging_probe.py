@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import functools
 import statistics
 import sys
 import time
@@ -44,6 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from cuda.bindings import driver as cu  # types and enums (the simulator reuses them)
 
 SIM = "--sim" in sys.argv
 if SIM:
@@ -51,7 +53,6 @@ if SIM:
     from cuda_memkit.sim import driver as d
 else:
     from cuda.bindings import driver as d
-from cuda.bindings import driver as cu  # types and enums (the simulator reuses them)
 
 MiB, GiB = 1 << 20, 1 << 30
 SIZE = (int(sys.argv[sys.argv.index("--size") + 1]) * MiB if "--size" in sys.argv
@@ -280,18 +281,20 @@ def host_ceiling(rig: Rig) -> dict[str, float]:
     out = {}
     chunk = 8 * MiB
     bufs = rig.buffers(max(THREADS), chunk)
+    nchunks = SIZE // chunk
+
+    def fill(t: int, i: int) -> None:
+        np.copyto(bufs[i % t], rig.src[i * chunk:(i + 1) * chunk])
+
+    def drain(t: int, i: int) -> None:
+        np.copyto(rig.dst[i * chunk:(i + 1) * chunk], bufs[i % t])
+
+    def run(fn: Any, t: int) -> None:
+        list(rig.pool(t).map(functools.partial(fn, t), range(nchunks)))
+
     for t in THREADS:
-        pool = rig.pool(t)
-        nchunks = SIZE // chunk
-
-        def fill(i: int) -> None:
-            np.copyto(bufs[i % t], rig.src[i * chunk:(i + 1) * chunk])
-
-        def drain(i: int) -> None:
-            np.copyto(rig.dst[i * chunk:(i + 1) * chunk], bufs[i % t])
-
         for name, fn in (("pageable->pinned", fill), ("pinned->pageable", drain)):
-            ts = timed(lambda fn=fn: list(pool.map(fn, range(nchunks))), REPS_GRID + 1)
+            ts = timed(functools.partial(run, fn, t), REPS_GRID + 1)
             out[f"host memcpy {name}, {t} threads"] = gbps(ts)
     return out
 
@@ -359,10 +362,10 @@ def main() -> int:
                 if SIZE // c < 2:
                     continue
                 key = f"chunk {chunk} MiB, {t} threads, {nbuf} buffers, 2 streams"
-                grid["H2D " + key] = gbps(timed(lambda: h2d(rig, rig.src, c, t, nbuf, 2),
-                                                REPS_GRID))
-                grid["D2H " + key] = gbps(timed(lambda: d2h(rig, rig.dst, c, t, nbuf, 2),
-                                                REPS_GRID))
+                grid["H2D " + key] = gbps(timed(
+                    functools.partial(h2d, rig, rig.src, c, t, nbuf, 2), REPS_GRID))
+                grid["D2H " + key] = gbps(timed(
+                    functools.partial(d2h, rig, rig.dst, c, t, nbuf, 2), REPS_GRID))
     result["grid GB/s"] = grid
     best: dict[str, tuple[int, int, int]] = {}
     for direction in ("H2D", "D2H"):
