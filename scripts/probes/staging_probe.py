@@ -35,9 +35,9 @@ About 2-3 minutes on the H100.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
-import functools
 import statistics
 import sys
 import time
