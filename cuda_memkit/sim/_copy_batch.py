@@ -30,6 +30,7 @@ once that run is in.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from cuda.bindings import driver as cu
@@ -82,7 +83,7 @@ def _check_attrs(attrs: list[Any], idxs: list[int], nattrs: int, n: int) -> None
     if nattrs == 0 or nattrs > n:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     starts = idxs[:nattrs]
-    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:], strict=False)):
+    if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if starts[-1] >= n:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
