@@ -184,7 +184,7 @@ class _Group:
         # Sort by destination (a batch has no order), refuse overlapping
         # destinations, merge blocks contiguous on both sides.
         if len(d) > 1 and not (d[1:] >= d[:-1]).all():
-            order = np.argsort(d, kind="stable")
+            order = np.argsort(d)
             d, s, z = d[order], s[order], z[order]
             idx = order if idx is None else idx[order]
         if len(d) > 1:
@@ -240,7 +240,7 @@ def _check_hazards(groups: list[_Group]) -> None:
     ss = np.concatenate([p[1] for p in pairs])
     z = np.concatenate(zs)
     if len(groups) > 1:  # within one group this was checked on offsets
-        order = np.argsort(ds, kind="stable")
+        order = np.argsort(ds)
         ds_sorted, de_sorted = ds[order], ds[order] + z[order]
         if (ds_sorted[1:] < de_sorted[:-1]).any():
             raise ValueError("two blocks of the batch write overlapping memory: the copies of "
