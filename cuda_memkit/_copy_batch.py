@@ -375,11 +375,6 @@ def _issue_loop(groups: list[_Group], stream: int) -> None:
                 check("cuMemcpyAsync", res)
 
 
-def batch_available() -> bool:
-    """Whether the backend has ``cuMemcpyBatchAsync`` (bindings-wise; see ``_run``)."""
-    return _driver.has_function("cuMemcpyBatchAsync")
-
-
 def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: bool) -> None:
     """Check across groups, then issue the batch (or the loop) on the stream."""
     h = 0 if sync else stream_handle(stream)
