@@ -33,7 +33,8 @@ def reset(
     host_memory : int
         Bytes of host memory pinned/managed allocations may use.
     batch_calls : bool
-        Whether the batched prefetch/discard calls (CUDA >= 13.0) exist.
+        Whether the batch calls exist: prefetch/discard (CUDA >= 13.0) and
+        ``cuMemcpyBatchAsync``.
     """
     from .. import _device
     from . import _state

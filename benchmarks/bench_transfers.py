@@ -1,0 +1,491 @@
+"""Real-data transfers: scattered blocks, pageable arrays, array-built prefetch plans.
+
+    python benchmarks/bench_transfers.py [--json PATH] [--quick] [--only SECTIONS]
+
+(SECTIONS: a comma-separated subset of scattered,pageable,prefetch.)
+
+One table, every row measured in this run (interleaved samples, medians; each
+sample is the wall-clock time of issuing the work and waiting for it):
+
+* Scattered pinned -> device blocks (4096 x 64 KiB, 1024 x 256 KiB,
+  65536 x 4 KiB; block i of a pinned buffer goes to slot perm[i] of a device
+  buffer): one contiguous ``cuMemcpyHtoDAsync`` of the same bytes (the
+  PCIe limit), a raw loop of ``cuMemcpyHtoDAsync``, one raw
+  ``cuMemcpyBatchAsync`` with its pointer lists built beforehand, and
+  ``cuda_memkit.copy_batch`` from the offset arrays (its checks, merging and
+  pointer lists inside the sample); for information ``cuda.core``'s
+  ``copy_batch`` (prebuilt Buffer lists) and, for 4 KiB blocks, one
+  contiguous copy plus a CuPy scatter kernel on the device (what closes the
+  small-block gap).
+* A 1 GiB pageable numpy array to the device and back: the driver's pageable
+  path (``cuMemcpyHtoD`` / ``cuMemcpyDtoH``), register + copy + unregister,
+  cuda_memkit's staged copy, today's ``cuda_memkit.copy``, torch
+  ``from_numpy(a).pin_memory().to('cuda')`` / ``copy_`` into
+  ``from_numpy(dst)``, CuPy ``asarray`` / ``get(out=)``.
+* A 4096-entry ``PrefetchPlan`` of 512 MiB of managed memory built from
+  arrays (``add_ranges``, when the library has it) and executed, against the
+  whole-range prefetch; each sample first sends the pages back to the host.
+
+Targets (issue 14): 4096 x 64 KiB copy_batch >= 2.0x the raw loop and
+>= 0.95x the prebuilt raw batch; 1024 x 256 KiB copy_batch >= 0.85x
+contiguous; pageable H2D >= 30 GB/s and D2H >= 25 GB/s, H2D ahead of torch
+``pin_memory().to()`` and ``cupy.asarray``; PrefetchPlan build+execute of
+4096 entries <= 1.1x the whole range. 65536 x 4 KiB is information.
+
+On the simulator the numbers are the simulator's (``--quick`` is implied:
+small sizes, few repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def check(res: Any) -> Any:
+    """Payload of a raw ``(CUresult, ...)`` tuple; raise on failure."""
+    if int(res[0]):
+        raise RuntimeError(f"driver call failed: {res[0]!r}")
+    return res[1] if len(res) == 2 else res[1:] if len(res) > 2 else None
+
+
+def interleaved(cases: dict[str, Callable[[], None]], sync: Callable[[], None], repeat: int,
+                before: Callable[[], None] | None = None, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per case; the cases take turns (ABBA) so that drift hits them alike."""
+    def one(fn: Callable[[], None]) -> float:
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        for fn in cases.values():
+            one(fn)
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    order = list(cases.items())
+    for i in range(repeat):
+        for key, fn in (order if i % 2 == 0 else order[::-1]):
+            samples[key].append(one(fn))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, case: str, *, gbps: float | None = None, ms: float | None = None,
+            ratio: float | None = None, vs: str = "", target: str = "", ok: bool | None = None,
+            note: str = "") -> None:
+        self.rows.append({"case": case, "gbps": gbps, "ms": ms, "ratio": ratio, "vs": vs,
+                          "target": target, "ok": ok, "note": note})
+
+    def print(self) -> None:
+        print(f"{'case':72} {'result':>12} {'ratio':>16}  target")
+        for r in self.rows:
+            if r["gbps"] is not None:
+                value = f"{r['gbps']:7.2f} GB/s"
+            elif r["ms"] is not None:
+                value = f"{r['ms']:9.2f} ms"
+            else:
+                value = "n/a"
+            ratio = f"{r['ratio']:6.3f}x {r['vs']}" if r["ratio"] is not None else ""
+            verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
+            extra = f"  ({r['note']})" if r["note"] else ""
+            print(f"{r['case']:72} {value:>12} {ratio:>16}  {r['target']}{verdict}{extra}")
+
+
+# -- scattered blocks -------------------------------------------------------------------------
+
+
+def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int) -> None:
+    from cuda_memkit._copy_batch import copy_batch
+
+    shapes = [(4096, 64 * KiB, "targets"), (1024, 256 * KiB, "targets"), (65536, 4 * KiB, "info")]
+    if quick:
+        shapes = [(n // 64, b, t) for n, b, t in shapes]
+    total = max(n * b for n, b, _ in shapes)
+    s = cm.Stream()
+    h = s.handle
+    host = cm.HostBuffer.empty(total)
+    host.array[:] = 1
+    dev = cm.DeviceBuffer.alloc(total)
+    stage = cm.DeviceBuffer.alloc(total)
+    rng = np.random.default_rng(0)
+
+    def sync() -> None:
+        check(raw.cuStreamSynchronize(h))
+
+    copy_fn = raw.cuMemcpyHtoDAsync
+    batch_fn = raw.cuMemcpyBatchAsync
+    attrs = cu.CUmemcpyAttributes()
+    attrs.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    try:
+        for n, b, kind in shapes:
+            nbytes = n * b
+            perm = rng.permutation(n)
+            d_off = perm * b
+            s_off = np.arange(n) * b
+            dps = (dev.ptr + d_off).tolist()
+            hps = (host.ptr + s_off).tolist()
+            dl = [cu.CUdeviceptr(x) for x in dps]
+            hl = [cu.CUdeviceptr(x) for x in hps]
+            szl = [b] * n
+            def loop(dps: list[int] = dps, hps: list[int] = hps, b: int = b) -> None:
+                for x, y in zip(dps, hps, strict=True):
+                    if copy_fn(x, y, b, h)[0]:
+                        raise RuntimeError("raw loop copy failed")
+
+            cases: dict[str, Callable[[], None]] = {
+                "contiguous": lambda nbytes=nbytes: check(copy_fn(dev.ptr, host.ptr, nbytes, h)),
+                "loop": loop,
+                "batch": lambda dl=dl, hl=hl, szl=szl, n=n: check(
+                    batch_fn(dl, hl, szl, n, [attrs], [0], 1, h)),
+                "memkit": lambda d_off=d_off, s_off=s_off, b=b: copy_batch(
+                    dev, host, dst_offsets=d_off, src_offsets=s_off, sizes=b, stream=s),
+            }
+            extra_notes: dict[str, str] = {}
+            core = _cuda_core_case(dev, host, d_off, s_off, b, h)
+            if isinstance(core, str):
+                extra_notes["cuda.core"] = core
+            else:
+                cases["cuda.core"] = core
+            if kind == "info":
+                scatter = _cupy_scatter_case(dev, stage, host, perm, b, h)
+                if isinstance(scatter, str):
+                    extra_notes["cupy scatter"] = scatter
+                else:
+                    cases["cupy scatter"] = scatter
+            res = interleaved(cases, sync, repeat)
+            bw = {k: nbytes / v / 1e9 for k, v in res.items()}
+            got = dev.to_numpy()[: nbytes : max(1, nbytes // 4096)]
+            if not (got == 1).all():
+                raise RuntimeError("scattered copies left wrong bytes")
+            tag = f"{n} x {b // KiB} KiB pinned->device"
+            table.add(f"{tag}: raw contiguous cuMemcpyHtoDAsync", gbps=bw["contiguous"],
+                      ratio=1.0, vs="contig", target="reference")
+            table.add(f"{tag}: raw loop cuMemcpyHtoDAsync", gbps=bw["loop"],
+                      ratio=bw["loop"] / bw["contiguous"], vs="contig", target="reference")
+            table.add(f"{tag}: raw cuMemcpyBatchAsync (prebuilt lists)", gbps=bw["batch"],
+                      ratio=bw["batch"] / bw["contiguous"], vs="contig", target="reference")
+            mk = bw["memkit"]
+            if n >= 4096 and b == 64 * KiB:
+                table.add(f"{tag}: copy_batch from arrays", gbps=mk, ratio=mk / bw["loop"],
+                          vs="loop", target=">= 2.0x loop", ok=mk / bw["loop"] >= 2.0)
+                table.add(f"{tag}: copy_batch from arrays", gbps=mk, ratio=mk / bw["batch"],
+                          vs="batch", target=">= 0.95x batch", ok=mk / bw["batch"] >= 0.95)
+            elif b == 256 * KiB and not quick:
+                table.add(f"{tag}: copy_batch from arrays", gbps=mk,
+                          ratio=mk / bw["contiguous"], vs="contig", target=">= 0.85x contig",
+                          ok=mk / bw["contiguous"] >= 0.85)
+            else:
+                table.add(f"{tag}: copy_batch from arrays", gbps=mk, ratio=mk / bw["batch"],
+                          vs="batch", target="info")
+            for key, label in (("cuda.core", "cuda.core copy_batch (prebuilt Buffers)"),
+                               ("cupy scatter", "1 contiguous copy + CuPy scatter kernel")):
+                if key in bw:
+                    table.add(f"{tag}: {label}", gbps=bw[key], ratio=bw[key] / bw["contiguous"],
+                              vs="contig", target="info")
+                elif key in extra_notes:
+                    table.add(f"{tag}: {label}", target="info", note=extra_notes[key])
+    finally:
+        s.synchronize()
+        for obj in (host, dev, stage, s):
+            obj.close()
+
+
+def _cuda_core_case(dev: Any, host: Any, d_off: np.ndarray, s_off: np.ndarray, b: int,
+                    h: int) -> Callable[[], None] | str:
+    """cuda.core.utils.copy_batch over prebuilt Buffer lists, or why it cannot run."""
+    try:
+        from cuda import core
+        from cuda.core.utils import copy_batch as core_copy_batch
+
+        core.Device(0).set_current()
+        stream = core.Stream.from_handle(h)
+        dsts = [core.Buffer.from_handle(int(dev.ptr + x), b) for x in d_off]
+        srcs = [core.Buffer.from_handle(int(host.ptr + x), b) for x in s_off]
+    except Exception as exc:  # not importable, or an API this version lacks
+        return f"{type(exc).__name__}: {exc}"[:80]
+    return lambda: core_copy_batch(stream, srcs, dsts)
+
+
+def _cupy_scatter_case(dev: Any, stage: Any, host: Any, perm: np.ndarray, b: int,
+                       h: int) -> Callable[[], None] | str:
+    """One contiguous H2D into a device staging area, then a CuPy scatter kernel."""
+    try:
+        import cupy
+
+        n = len(perm)
+        cstream = cupy.cuda.ExternalStream(h)
+        mem_stage = cupy.cuda.UnownedMemory(stage.ptr, n * b, stage)
+        mem_dev = cupy.cuda.UnownedMemory(dev.ptr, n * b, dev)
+        src = cupy.ndarray((n, b // 8), cupy.uint64, cupy.cuda.MemoryPointer(mem_stage, 0))
+        dst = cupy.ndarray((n, b // 8), cupy.uint64, cupy.cuda.MemoryPointer(mem_dev, 0))
+        idx = cupy.asarray(perm)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:80]
+    from cuda.bindings import driver as raw
+
+    def run() -> None:
+        check(raw.cuMemcpyHtoDAsync(stage.ptr, host.ptr, n * b, h))
+        with cstream:
+            dst[idx] = src
+    return run
+
+
+# -- pageable arrays -----------------------------------------------------------------------
+
+
+def pageable(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
+    from cuda_memkit import _staging
+
+    size = 64 * MiB if quick else GiB
+    src = np.empty(size, np.uint8)
+    src[:] = 7
+    dst = np.zeros(size, np.uint8)
+    dev = cm.DeviceBuffer.alloc(size)
+    dptr = dev.ptr
+    s = _staging.settings()
+    if quick and s.threshold > size // 2:
+        _staging.configure(threshold=size // 2)
+
+    def nothing() -> None:
+        return None
+
+    def reg(arr: np.ndarray, to_dev: bool) -> Callable[[], None]:
+        def go() -> None:
+            check(raw.cuMemHostRegister(arr.ctypes.data, size, 0))
+            try:
+                if to_dev:
+                    check(raw.cuMemcpyHtoD(dptr, arr, size))
+                else:
+                    check(raw.cuMemcpyDtoH(arr, dptr, size))
+            finally:
+                check(raw.cuMemHostUnregister(arr.ctypes.data))
+        return go
+
+    def staged(to_dev: bool) -> Callable[[], None]:
+        def go() -> None:
+            done = (_staging.staged_copy(dptr, src) if to_dev
+                    else _staging.staged_copy(dst, dptr))
+            if not done:
+                raise RuntimeError("the staged copy stepped aside (settings?)")
+        return go
+
+    h2d: dict[str, Callable[[], None]] = {
+        "driver": lambda: check(raw.cuMemcpyHtoD(dptr, src, size)),
+        "register": reg(src, True),
+        "memkit staged": staged(True),
+        "memkit copy": lambda: cm.copy(dev, src),
+    }
+    d2h: dict[str, Callable[[], None]] = {
+        "driver": lambda: check(raw.cuMemcpyDtoH(dst, dptr, size)),
+        "register": reg(dst, False),
+        "memkit staged": staged(False),
+        "memkit copy": lambda: cm.copy(dst, dev),
+    }
+    notes: dict[str, str] = {}
+    _torch_cases(h2d, d2h, src, dst, size, notes)
+    _cupy_cases(h2d, d2h, src, dst, size, notes)
+    try:
+        res_h = interleaved(h2d, nothing, repeat)
+        res_d = interleaved(d2h, nothing, repeat)
+        dst[:] = 0
+        staged(False)()
+        if not (dst[::4096] == 7).all():
+            raise RuntimeError("pageable copies left wrong bytes")
+    finally:
+        _staging.release()
+        if quick:
+            _staging.configure(threshold=s.threshold)
+        dev.close()
+    label = f"{size // MiB} MiB pageable"
+    for direction, res, need in (("H2D", res_h, 30.0), ("D2H", res_d, 25.0)):
+        bw = {k: size / v / 1e9 for k, v in res.items()}
+        ref = bw["driver"]
+        table.add(f"{label} {direction}: driver pageable path", gbps=ref, ratio=1.0,
+                  vs="driver", target="reference")
+        table.add(f"{label} {direction}: register + copy + unregister", gbps=bw["register"],
+                  ratio=bw["register"] / ref, vs="driver", target="info")
+        table.add(f"{label} {direction}: cuda_memkit.copy(dst, src)",
+                  gbps=bw["memkit copy"], ratio=bw["memkit copy"] / ref, vs="driver",
+                  target="info")
+        mk = bw["memkit staged"]
+        table.add(f"{label} {direction}: memkit staged", gbps=mk, ratio=mk / ref, vs="driver",
+                  target=f">= {need:.0f} GB/s", ok=None if quick else mk >= need)
+        for key in [k for k in bw if k.startswith(("torch", "cupy"))]:
+            peer = key.split(" ", 1)[1]
+            is_target = direction == "H2D" and key in ("torch pin_memory().to()",
+                                                       "cupy asarray")
+            table.add(f"{label} {direction}: {peer}", gbps=bw[key], ratio=mk / bw[key],
+                      vs="memkit/peer", target="memkit ahead" if is_target else "info",
+                      ok=(mk > bw[key]) if is_target and not quick else None)
+        for key, note in notes.items():
+            if key.startswith(direction):
+                table.add(f"{label} {key}", target="info", note=note)
+
+
+def _torch_cases(h2d: dict[str, Callable[[], None]], d2h: dict[str, Callable[[], None]],
+                 src: np.ndarray, dst: np.ndarray, size: int, notes: dict[str, str]) -> None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no GPU")
+    except Exception as exc:
+        notes["H2D torch"] = notes["D2H torch"] = f"{type(exc).__name__}: {exc}"[:80]
+        return
+    tdev = torch.empty(size, dtype=torch.uint8, device="cuda")
+    tdst = torch.from_numpy(dst)
+
+    def pin_to() -> None:
+        x = torch.from_numpy(src).pin_memory().to("cuda")
+        torch.cuda.synchronize()
+        del x
+
+    def copy_into() -> None:
+        tdst.copy_(tdev)
+
+    h2d["torch pin_memory().to()"] = pin_to
+    d2h["torch copy_ into from_numpy(dst)"] = copy_into
+
+
+def _cupy_cases(h2d: dict[str, Callable[[], None]], d2h: dict[str, Callable[[], None]],
+                src: np.ndarray, dst: np.ndarray, size: int, notes: dict[str, str]) -> None:
+    try:
+        import cupy
+
+        cdev = cupy.empty(size, dtype=cupy.uint8)
+    except Exception as exc:
+        notes["H2D cupy"] = notes["D2H cupy"] = f"{type(exc).__name__}: {exc}"[:80]
+        return
+
+    def asarray() -> None:
+        x = cupy.asarray(src)
+        cupy.cuda.runtime.deviceSynchronize()
+        del x
+
+    h2d["cupy asarray"] = asarray
+    d2h["cupy get(out=dst)"] = lambda: cdev.get(out=dst)
+
+
+# -- prefetch plans from arrays ------------------------------------------------------------
+
+
+def prefetch(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
+    size = 64 * MiB if quick else 512 * MiB
+    free, _ = cm.Device(0).mem_info()
+    while size > 16 * MiB and size + 256 * MiB > free:
+        size //= 2
+    n = 4096
+    chunk = size // n
+    buf = cm.ManagedBuffer.empty(size)
+    buf.array[:] = 1
+    stream = cm.Stream(0)
+    h = stream.handle
+    to_dev = cm.Location.device(0)
+    host_loc = cm.Location.host().to_cu()
+    offsets = np.arange(n, dtype=np.int64) * chunk
+    sizes = np.full(n, chunk, np.int64)
+
+    def back() -> None:
+        check(raw.cuMemPrefetchAsync(buf.ptr, size, host_loc, 0, h))
+        check(raw.cuStreamSynchronize(h))
+
+    def per_entry() -> None:
+        plan = cm.PrefetchPlan()
+        for off in offsets.tolist():
+            plan.add(buf, to_dev, offset=off, nbytes=chunk)
+        plan.execute(stream)
+
+    cases: dict[str, Callable[[], None]] = {
+        "whole": lambda: buf.prefetch(to_dev, stream=stream),
+        "per-entry": per_entry,
+    }
+    if hasattr(cm.PrefetchPlan, "add_ranges"):
+        def from_arrays() -> None:
+            plan = cm.PrefetchPlan()
+            plan.add_ranges(buf, to_dev, offsets, sizes)
+            plan.execute(stream)
+        cases["add_ranges"] = from_arrays
+    try:
+        res = interleaved(cases, stream.synchronize, repeat, before=back)
+    finally:
+        back()
+        stream.close()
+        buf.close()
+    base = res["whole"]
+    tag = f"PrefetchPlan {n} x {chunk // KiB} KiB managed->device"
+    table.add(f"{tag}: whole-range buf.prefetch", ms=base * 1e3, ratio=1.0, vs="whole",
+              target="reference")
+    table.add(f"{tag}: add() x {n} + execute", ms=res["per-entry"] * 1e3,
+              ratio=res["per-entry"] / base, vs="whole", target="info")
+    if "add_ranges" not in res:
+        table.add(f"{tag}: add_ranges + execute", target="<= 1.1x whole",
+                  note="n/a: PrefetchPlan.add_ranges is not in this build")
+    else:
+        r = res["add_ranges"] / base
+        table.add(f"{tag}: add_ranges + execute", ms=res["add_ranges"] * 1e3, ratio=r,
+                  vs="whole", target="<= 1.1x whole", ok=None if quick else r <= 1.1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    ap.add_argument("--only", default="scattered,pageable,prefetch",
+                    help="comma-separated sections to run")
+    args = ap.parse_args()
+
+    import cuda_memkit as cm
+    from cuda_memkit import _driver
+
+    dev = cm.Device(0)
+    dev.set_current()
+    backend = _driver.backend_name()
+    simulated = backend == "sim"
+    quick = args.quick or simulated
+    from cuda.bindings import driver as cu
+
+    if simulated:
+        from cuda_memkit.sim import driver as raw
+    else:
+        from cuda.bindings import driver as raw
+    repeat = 3 if quick else 7
+    table = Table()
+    sections = set(args.only.split(","))
+    t0 = time.perf_counter()
+    if "scattered" in sections:
+        scattered(cm, raw, cu, table, quick, repeat)
+    if "pageable" in sections:
+        pageable(cm, raw, table, quick, repeat)
+    if "prefetch" in sections:
+        prefetch(cm, raw, table, quick, repeat)
+    note = "  [SIMULATED: CPU simulator, numbers are not GPU timings]" if simulated else ""
+    print(f"bench_transfers on backend {backend} ({dev.name}), median of {repeat} interleaved "
+          f"samples, wall clock incl. the wait; {time.perf_counter() - t0:.0f} s{note}")
+    table.print()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "bench_transfers", "backend": backend,
+                       "simulated": simulated, "device": dev.name, "repeat": repeat,
+                       "rows": table.rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
