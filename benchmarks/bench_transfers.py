@@ -260,9 +260,9 @@ def pageable(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
     dst = np.zeros(size, np.uint8)
     dev = cm.DeviceBuffer.alloc(size)
     dptr = dev.ptr
-    s = _staging.settings()
+    s = _staging.staging_settings()
     if quick and s.threshold > size // 2:
-        _staging.configure(threshold=size // 2)
+        _staging.configure_staging(threshold=size // 2)
 
     def nothing() -> None:
         return None
@@ -310,9 +310,9 @@ def pageable(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
         if not (dst[::4096] == 7).all():
             raise RuntimeError("pageable copies left wrong bytes")
     finally:
-        _staging.release()
+        _staging.release_staging()
         if quick:
-            _staging.configure(threshold=s.threshold)
+            _staging.configure_staging(threshold=s.threshold)
         dev.close()
     label = f"{size // MiB} MiB pageable"
     for direction, res, need in (("H2D", res_h, 30.0), ("D2H", res_d, 25.0)):

@@ -32,6 +32,7 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
+    from ._copy_batch import CopyBatch, copy_batch
     from ._device import Device, Location, LocationType, Stream, device_count
     from ._device_buffer import DeviceBuffer
     from ._growable import GrowableBuffer
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._pool import MemoryPool, PoolBuffer, PoolStats
     from ._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
     from ._registered import HostRegisterFlags, RegisteredHost, register_host
+    from ._staging import StagingSettings, configure_staging, release_staging, staging_settings
     from ._transfers import copy, copy_async
     from ._vmm import AddressRange, Mapping, PhysicalMemory
     from ._vmm_base import Access, HandleType, granularity
@@ -52,6 +54,8 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_device": ("Device", "Location", "LocationType", "Stream", "device_count"),
     "_device_buffer": ("DeviceBuffer",),
     "_transfers": ("copy", "copy_async"),
+    "_copy_batch": ("CopyBatch", "copy_batch"),
+    "_staging": ("StagingSettings", "configure_staging", "release_staging", "staging_settings"),
     "_pinned": ("HostAllocFlags", "HostBuffer"),
     "_registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
     "_managed": ("AttachFlags", "ManagedBuffer"),
@@ -107,6 +111,13 @@ __all__ = [
     "RegisteredHost",
     "copy",
     "copy_async",
+    # -- transfers (issue 14) --
+    "CopyBatch",
+    "StagingSettings",
+    "configure_staging",
+    "copy_batch",
+    "release_staging",
+    "staging_settings",
     "register_host",
     # -- managed names (issue 4) --
     "AttachFlags",

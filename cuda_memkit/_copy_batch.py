@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 from . import _driver
 from ._device import StreamLike, as_location, stream_handle
 from ._errors import CudaDriverNotFoundError
-from ._memory import (
-    _HOST,
-    _RAW,
-    _keep_alive,
-    _need_context,
-    _operand,
-    _pending,
+from ._operands import (
+    HOST,
+    RAW,
     is_pinned_host,
+    keep_alive,
+    need_context,
+    operand,
+    pending_operands,
     reap_pending,
 )
 
@@ -167,8 +167,8 @@ class _Group:
         import numpy as np
 
         self.dst, self.src = dst, src
-        self.dst_op = _operand(dst, True)
-        self.src_op = _operand(src, False)
+        self.dst_op = operand(dst, True)
+        self.src_op = operand(src, False)
         self.src_hint = None if src_location is None else as_location(src_location)
         self.dst_hint = None if dst_location is None else as_location(dst_location)
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
@@ -210,13 +210,13 @@ class _Group:
 
     def refresh(self) -> None:
         """Resolve the operands again (a closed buffer raises ClosedError)."""
-        self.dst_op = _operand(self.dst, True)
-        self.src_op = _operand(self.src, False)
+        self.dst_op = operand(self.dst, True)
+        self.src_op = operand(self.src, False)
 
     def pageable(self) -> str | None:
         """Which operand is pageable host memory ("destination"/"source"), if any."""
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
-            if op[3] == _HOST and op[1] and not is_pinned_host(op[4]):
+            if op[3] == HOST and op[1] and not is_pinned_host(op[4]):
                 return role
         return None
 
@@ -390,9 +390,9 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     _check_hazards(groups)
     if not any(g.nbytes for g in groups):
         return
-    if _pending:
+    if pending_operands:
         reap_pending()
-    _need_context()
+    need_context()
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
@@ -406,9 +406,9 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
         _driver.call("cuStreamSynchronize", issue_on)
         return
     refs = tuple(x for g in groups for x, op in ((g.dst, g.dst_op), (g.src, g.src_op))
-                 if op[3] != _RAW)
+                 if op[3] != RAW)
     if refs:
-        _keep_alive(h, refs)
+        keep_alive(h, refs)
 
 
 # -- public API ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ managed memory and ``enabled=False`` go through the driver's path instead.
 
 The staging memory (one pinned ``HostBuffer`` of ``buffers * chunk`` bytes),
 the streams, events and worker threads are made on first use, per device,
-and kept for the next copy; :func:`release` gives them back. An error in the
+and kept for the next copy; :func:`release_staging` gives them back. An error in the
 middle of a copy drains the pipeline (every queued chunk finished or
 cancelled, the streams synchronised), releases everything, and re-raises.
 """
@@ -42,7 +42,13 @@ from ._pinned import HostBuffer
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["StagingSettings", "configure", "release", "settings", "staged_copy"]
+__all__ = [
+    "StagingSettings",
+    "configure_staging",
+    "release_staging",
+    "staged_copy",
+    "staging_settings",
+]
 
 MiB = 1 << 20
 _EVENT_DISABLE_TIMING = 0x2
@@ -55,7 +61,7 @@ THREAD_PREFIX = "cuda_memkit-staging"
 
 @dataclass(frozen=True)
 class StagingSettings:
-    """How pageable copies are staged (see :func:`configure`).
+    """How pageable copies are staged (see :func:`configure_staging`).
 
     PROVISIONAL defaults, to be set from ``scripts/probes/staging_probe.py``
     on the H100 (the chunk x threads x buffers grid and the 4-64 MiB rows).
@@ -103,12 +109,12 @@ _lock = threading.Lock()  # guards _settings and _rings
 _rings: dict[int, _Ring] = {}
 
 
-def settings() -> StagingSettings:
+def staging_settings() -> StagingSettings:
     """The current staging settings."""
     return _settings
 
 
-def configure(**changes: Any) -> StagingSettings:
+def configure_staging(**changes: Any) -> StagingSettings:
     """Change the staging settings; return the new ones.
 
     Parameters
@@ -131,7 +137,7 @@ def configure(**changes: Any) -> StagingSettings:
     try:
         new = replace(_settings, **changes)
     except TypeError as exc:  # an unknown field
-        raise TypeError(f"configure(): {exc}") from None
+        raise TypeError(f"configure_staging(): {exc}") from None
     with _lock:
         old, _settings = _settings, new
         if _sizes(old) != _sizes(new):
@@ -145,7 +151,7 @@ def configure(**changes: Any) -> StagingSettings:
     return new
 
 
-def release() -> None:
+def release_staging() -> None:
     """Free the staging memory, streams, events and worker threads of every device.
 
     Waits for a staged copy in progress to finish first. The next staged copy
@@ -437,7 +443,7 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     while True:
         ring = _ring(device)
         with ring.lock:
-            if ring.pool is None:  # released by configure() or release() meanwhile
+            if ring.pool is None:  # released by configure_staging() or release_staging()
                 continue
             try:
                 _run(ring, h2d, ptr, arr[:n], h)

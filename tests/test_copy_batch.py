@@ -11,7 +11,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _copy_batch, _driver, _memory
+from cuda_memkit import _copy_batch, _driver, _operands
 from cuda_memkit._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import Calls, no_driver_calls, record_calls
@@ -271,8 +271,8 @@ def test_stream_ordered_keeps_operands_alive(dev: cm.DeviceBuffer, stream: cm.St
                stream=stream)
     del src  # the pending copy holds it
     stream.synchronize()
-    _memory.reap_pending()
-    assert _memory.pending_count() == 0
+    _operands.reap_pending()
+    assert _operands.pending_count() == 0
     assert (dev.to_numpy().reshape(N, B)[perm] == want).all()
 
 

@@ -25,11 +25,12 @@ CHUNK = 256 * KiB
 @pytest.fixture(autouse=True)
 def small_staging() -> Iterator[None]:
     """Small chunks so that a few MiB make a real pipeline; everything released after."""
-    old = _staging.settings()
-    _staging.configure(enabled=True, threshold=MiB, chunk=CHUNK, buffers=3, threads=2, streams=2)
+    old = _staging.staging_settings()
+    _staging.configure_staging(enabled=True, threshold=MiB, chunk=CHUNK, buffers=3, threads=2,
+                               streams=2)
     yield
-    _staging.release()
-    _staging.configure(**{f: getattr(old, f) for f in
+    _staging.release_staging()
+    _staging.configure_staging(**{f: getattr(old, f) for f in
                           ("enabled", "threshold", "chunk", "buffers", "threads", "streams")})
     assert not staging_threads()
 
@@ -102,14 +103,14 @@ def test_ring_is_reused_and_released(dev: cm.DeviceBuffer) -> None:
     assert len(staging_threads()) <= 2
     staged_copy(dev.ptr, src)
     assert _staging.cached_bytes() == 3 * CHUNK
-    _staging.configure(chunk=2 * CHUNK)  # other sizes: the old ring goes
+    _staging.configure_staging(chunk=2 * CHUNK)  # other sizes: the old ring goes
     assert _staging.cached_bytes() == 0 and not staging_threads()
     staged_copy(dev.ptr, src)
     assert _staging.cached_bytes() == 6 * CHUNK
-    _staging.configure(threshold=2 * MiB)  # the threshold alone keeps the ring
+    _staging.configure_staging(threshold=2 * MiB)  # the threshold alone keeps the ring
     assert _staging.cached_bytes() == 6 * CHUNK
-    _staging.release()
-    _staging.release()
+    _staging.release_staging()
+    _staging.release_staging()
     assert _staging.cached_bytes() == 0 and not staging_threads()
 
 
@@ -164,7 +165,7 @@ def test_not_staged(dev: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> No
         assert staged_copy(pinned.ptr, data(2 * MiB)) is False  # not device memory
     finally:
         pinned.close()
-    _staging.configure(enabled=False)
+    _staging.configure_staging(enabled=False)
     with record_calls(monkeypatch) as calls:
         assert staged_copy(dev.ptr, data(2 * MiB)) is False
     assert not calls
@@ -181,7 +182,7 @@ def test_managed_memory_is_not_staged() -> None:
 
 
 def test_env_switch_turns_staging_off() -> None:
-    code = "from cuda_memkit import _staging; print(_staging.settings().enabled)"
+    code = "from cuda_memkit import _staging; print(_staging.staging_settings().enabled)"
     env = dict(os.environ, CUDA_MEMKIT_STAGING="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
@@ -282,7 +283,74 @@ def test_issue_failure_drains_and_releases(dev: cm.DeviceBuffer,
     ({"streams": True}, TypeError), ({"colour": "red"}, TypeError),
 ])
 def test_configure_refuses_bad_values(change: dict[str, Any], exc: type[Exception]) -> None:
-    before = _staging.settings()
+    before = _staging.staging_settings()
     with pytest.raises(exc):
-        _staging.configure(**change)
-    assert _staging.settings() == before
+        _staging.configure_staging(**change)
+    assert _staging.staging_settings() == before
+
+
+# -- through copy() -------------------------------------------------------------------------
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every staged_copy the transfer module makes (passed through)."""
+    from cuda_memkit import _transfers
+
+    seen: list[str] = []
+    real = _transfers.staged_copy
+
+    def spy(dst: Any, src: Any, nbytes: int | None = None, **kw: Any) -> bool:
+        done = real(dst, src, nbytes, **kw)
+        if done:
+            seen.append("H2D" if isinstance(src, np.ndarray) else "D2H")
+        return done
+
+    monkeypatch.setattr(_transfers, "staged_copy", spy)
+    return seen
+
+
+def test_copy_stages_large_pageable_copies(dev: cm.DeviceBuffer,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _calls(monkeypatch)
+    src = data(dev.nbytes, seed=3)
+    cm.copy(dev, src)
+    out = np.empty_like(src)
+    cm.copy(out, dev)
+    assert seen == ["H2D", "D2H"] and np.array_equal(out, src)
+
+
+def test_copy_staged_false_takes_the_drivers_path(dev: cm.DeviceBuffer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _calls(monkeypatch)
+    src = data(dev.nbytes, seed=4)
+    cm.copy(dev, src, staged=False)
+    out = np.empty_like(src)
+    cm.copy(out, dev, staged=False)
+    assert seen == [] and np.array_equal(out, src)
+    with pytest.raises(TypeError, match="staged must be a bool"):
+        cm.copy(dev, src, staged=1)  # type: ignore[arg-type]
+
+
+def test_copy_small_and_pinned_copies_are_not_staged(dev: cm.DeviceBuffer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _calls(monkeypatch)
+    cm.copy(dev, data(1000, seed=5), nbytes=1000)  # below the threshold
+    with cm.HostBuffer.from_array(data(dev.nbytes, seed=6)) as h:
+        cm.copy(dev, h)  # pinned: the driver's full-speed path
+    assert seen == []
+
+
+def test_stream_copies_stage_only_with_allow_pageable(dev: cm.DeviceBuffer,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _calls(monkeypatch)
+    src = data(dev.nbytes, seed=7)
+    with cm.Stream() as s:
+        with pytest.raises(ValueError, match="pageable"):
+            cm.copy(dev, src, stream=s)  # refused before anything is issued
+        assert seen == []
+        cm.copy(dev, src, stream=s, allow_pageable=True)  # complete on return
+        out = np.empty_like(src)
+        cm.copy(out, dev, stream=s, allow_pageable=True)
+        assert np.array_equal(out, src)
+        s.synchronize()
+    assert seen == ["H2D", "D2H"]
