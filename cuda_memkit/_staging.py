@@ -31,7 +31,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import _driver
@@ -85,8 +85,8 @@ class StagingSettings:
     enabled: bool = True
     threshold: int = 32 * MiB
     chunk: int = 8 * MiB
-    buffers: int = 6
-    threads: int = 4
+    buffers: int = 10
+    threads: int = field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)))
     streams: int = 2
 
     def __post_init__(self) -> None:

@@ -19,7 +19,13 @@ os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 import cuda_memkit as cm
 from cuda_memkit import _driver
 
-from ._leaks import GPU_MANAGED_TOLERANCE, GPU_TOLERANCE, Snapshot, snapshot
+from ._leaks import (
+    GPU_FRAMEWORK_TOLERANCE,
+    GPU_MANAGED_TOLERANCE,
+    GPU_TOLERANCE,
+    Snapshot,
+    snapshot,
+)
 
 BACKEND = _driver.backend_name()
 
@@ -82,7 +88,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if "allow_leaks" in request.keywords:
         yield
         return
-    tolerance = (GPU_MANAGED_TOLERANCE if "uses_managed_memory" in request.keywords
+    tolerance = (GPU_FRAMEWORK_TOLERANCE if "framework_kernels" in request.keywords
+                 else GPU_MANAGED_TOLERANCE if "uses_managed_memory" in request.keywords
                  else GPU_TOLERANCE)
     before: Snapshot = snapshot()
     yield

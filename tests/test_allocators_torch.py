@@ -24,6 +24,8 @@ if not torch.cuda.is_available():
 
 MiB = 1 << 20
 
+pytestmark = pytest.mark.framework_kernels
+
 
 @pytest.fixture(scope="module", autouse=True)
 def warm() -> Iterator[None]:

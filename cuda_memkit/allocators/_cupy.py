@@ -346,6 +346,9 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             size = _size_arg(size)
             if not size:
                 return null(dev)
+        if given.closed:  # before the driver: a destroyed pool must never reach it
+            raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
+                              "another pool (allocators.use_with_cupy(pool))")
         st = get_stream(dev)
         cus = custreams.get(st.ptr)
         if cus is None:
@@ -353,12 +356,6 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         err, d = alloc(size, cupool, cus)
         if err:
             d = _alloc_failed(err, alloc, size, cupool, cus, dev, given)
-        elif given.closed:  # a closed default-pool wrapper still allocates: refuse
-            m = Memory(int(d), size, st, dev)
-            m._d, m._s, m._a = d, cus, given_acct
-            del m  # frees it
-            raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
-                              "another pool (allocators.use_with_cupy(pool))")
         m = PoolMemory(int(d), size, st, dev)
         m._d = d
         m._s = cus
