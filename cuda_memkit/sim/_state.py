@@ -157,6 +157,18 @@ class Machine:
         self._next_handle = 0x5100_0000
         # Feature modules keep their own tables here (name -> anything).
         self.ext: dict[str, Any] = {}
+        #: Injected failures: API name -> codes its next calls return (see fail_next).
+        self.faults: dict[str, list[cu.CUresult]] = {}
+
+    # -- injected failures -----------------------------------------------------
+    def fail_next(self, api_name: str, code: cu.CUresult, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``api_name`` return ``code`` and do nothing.
+
+        For tests of paths the real driver takes rarely (a release that fails
+        in a finalizer, an allocation that fails in the middle of a multi-step
+        operation). ``faults.clear()`` removes what was not used.
+        """
+        self.faults.setdefault(api_name, []).extend([code] * times)
 
     # -- handles ---------------------------------------------------------------
     def new_handle(self) -> int:
@@ -360,6 +372,10 @@ def api(nout: int) -> Callable[[F], F]:
                     return (R.CUDA_ERROR_NOT_INITIALIZED, *none)
                 if stale_checked and m.stale_ctx and m.current_ctx in m.stale_ctx:
                     return (STALE_CONTEXT_ERROR, *none)  # PROVISIONAL model
+                if m.faults:
+                    queued = m.faults.get(name)
+                    if queued:
+                        return (queued.pop(0), *none)
                 try:
                     out = fn(*args)
                 except Fail as f:
