@@ -323,8 +323,9 @@ case("copy_async(size mismatch)",
 
 
 class _BadCAI:
-    __cuda_array_interface__ = {"data": (0x1000, False), "shape": (4, 4), "typestr": "<f4",
-                                "strides": (4, 16), "version": 3}
+    def __init__(self) -> None:
+        self.__cuda_array_interface__ = {"data": (0x1000, False), "shape": (4, 4),
+                                         "typestr": "<f4", "strides": (4, 16), "version": 3}
 
 
 case("copy(strided __cuda_array_interface__)", lambda o: cm.copy(_BadCAI(), o.host_f32),
@@ -483,7 +484,8 @@ case("ManagedMemoryHints.set_preferred_location(99)", lambda o: o.hints.set_pref
      ValueError, "device 99")
 case("ManagedMemoryHints.set_accessed_by(host NUMA)",
      lambda o: o.hints.set_accessed_by(cm.Location.host_numa(0)), ValueError, "cannot be")
-case("ManagedMemoryHints.unset_accessed_by('x')", lambda o: o.hints.unset_accessed_by("x"), TypeError,
+case("ManagedMemoryHints.unset_accessed_by('x')",
+     lambda o: o.hints.unset_accessed_by("x"), TypeError,
      "Location")
 case("ManagedMemoryHints.prefetch_range(-1, 10, 0)", lambda o: o.hints.prefetch_range(-1, 10, 0),
      ValueError, "offset")
@@ -491,9 +493,12 @@ case("ManagedMemoryHints.prefetch_range(0, 2N, 0)", lambda o: o.hints.prefetch_r
      ValueError, "outside")
 case("ManagedMemoryHints.prefetch_range(stream='s')",
      lambda o: o.hints.prefetch_range(0, 10, 0, "s"), TypeError, "stream")
-case("ManagedMemoryHints.prefetch_to('gpu')", lambda o: o.hints.prefetch_to("gpu"), TypeError, "Location")
-case("ManagedMemoryHints.prefetch_to(99)", lambda o: o.hints.prefetch_to(99), ValueError, "device 99")
-case("ManagedMemoryHints.apply_policy('read_mostly')", lambda o: o.hints.apply_policy("read_mostly"),
+case("ManagedMemoryHints.prefetch_to('gpu')",
+     lambda o: o.hints.prefetch_to("gpu"), TypeError, "Location")
+case("ManagedMemoryHints.prefetch_to(99)",
+     lambda o: o.hints.prefetch_to(99), ValueError, "device 99")
+case("ManagedMemoryHints.apply_policy('read_mostly')",
+     lambda o: o.hints.apply_policy("read_mostly"),
      TypeError, "policy|MigrationPolicy")
 case("ManagedMemoryHints.advise('x')", lambda o: o.hints.advise("x"), TypeError, "advice")
 case("ManagedMemoryHints.discard(stream=1.5)", lambda o: o.hints.discard(1.5), TypeError, "stream")
@@ -539,7 +544,8 @@ case("PrefetchPlan.add(ptr, nbytes=0)", lambda o: cm.PrefetchPlan().add(o.manage
      ValueError, "nbytes")
 case("PrefetchPlan.add(ptr, offset=-1)",
      lambda o: cm.PrefetchPlan().add(o.managed.ptr, 0, offset=-1), ValueError, "offset")
-case("PrefetchPlan.add(closed ManagedBuffer)", lambda o: cm.PrefetchPlan().add(o.closed.ManagedBuffer, 0),
+case("PrefetchPlan.add(closed ManagedBuffer)",
+     lambda o: cm.PrefetchPlan().add(o.closed.ManagedBuffer, 0),
      cm.ClosedError, "closed")
 case("PrefetchPlan.discard(offset=-1)", lambda o: cm.PrefetchPlan().discard(o.managed, offset=-1),
      ValueError, "offset")
@@ -673,8 +679,10 @@ case("GrowableBuffer.resize(max_size + 1)", lambda o: o.grow.resize(4 * o.g + 1)
      "max_size")
 case("GrowableBuffer.resize('1')", lambda o: o.grow.resize("1"), TypeError, "nbytes")
 case("GrowableBuffer.resize(1.5)", lambda o: o.grow.resize(1.5), TypeError, "nbytes")
-case("GrowableBuffer.grant_access(99)", lambda o: o.grow.grant_access(99), ValueError, "does not exist")
-case("GrowableBuffer.grant_access(host)", lambda o: o.grow.grant_access(cm.Location.host()), ValueError,
+case("GrowableBuffer.grant_access(99)",
+     lambda o: o.grow.grant_access(99), ValueError, "does not exist")
+case("GrowableBuffer.grant_access(host)",
+     lambda o: o.grow.grant_access(cm.Location.host()), ValueError,
      "devices")
 case("GrowableBuffer.grant_access(0, NONE)", lambda o: o.grow.grant_access(0, cm.Access.NONE),
      ValueError, "owning")
@@ -715,7 +723,8 @@ for bad, exc in [(0, ValueError), (-1, ValueError), ("1", TypeError), (1.5, Type
 case("MemoryPool.allocate(no stream)", lambda o: o.pool.allocate(N), TypeError, "stream")
 case("MemoryPool.allocate(stream='s')", lambda o: o.pool.allocate(N, stream="s"), TypeError,
      "stream")
-case("MemoryPool.allocate(stream=-1)", lambda o: o.pool.allocate(N, stream=-1), ValueError, "stream")
+case("MemoryPool.allocate(stream=-1)",
+     lambda o: o.pool.allocate(N, stream=-1), ValueError, "stream")
 case("MemoryPool.allocate(stream=closed Stream)",
      lambda o: o.pool.allocate(N, stream=o.closed.Stream), cm.ClosedError, "closed")
 
@@ -748,7 +757,8 @@ case("MemoryPool.access(99)", lambda o: o.pool.access(99), ValueError, "does not
 case("MemoryPool.access('0')", lambda o: o.pool.access("0"), TypeError, "Location")
 case("MemoryPool.export() (not ipc)", lambda o: o.pool.export(), ValueError, "ipc")
 case("MemoryPool.import_pointer('x')", lambda o: o.pool.import_pointer("x"), TypeError, "data")
-case("MemoryPool.import_pointer(b'x')", lambda o: o.pool.import_pointer(b"x"), ValueError, "64 bytes")
+case("MemoryPool.import_pointer(b'x')",
+     lambda o: o.pool.import_pointer(b"x"), ValueError, "64 bytes")
 case("MemoryPool.import_pointer(nbytes=0)",
      lambda o: o.pool.import_pointer(bytes(64), nbytes=0), ValueError, "nbytes")
 case("MemoryPool.import_pointer(nbytes='1')",
