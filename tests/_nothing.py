@@ -139,18 +139,21 @@ def record_api_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str
 
 
 @contextlib.contextmanager
-def nothing_allocated(monkeypatch: pytest.MonkeyPatch, *, driver_may_refuse: bool = False
-                      ) -> Iterator[list[tuple[str, bool]]]:
+def nothing_allocated(monkeypatch: pytest.MonkeyPatch, *, driver_may_refuse: bool = False,
+                      undone: bool = False) -> Iterator[list[tuple[str, bool]]]:
     """Fail if the block makes a forbidden driver call or changes the ledger.
 
     With ``driver_may_refuse`` a forbidden call that *failed* (the driver
-    refusing the request, which is then the expected error) is allowed.
+    refusing the request, which is then the expected error) is allowed. With
+    ``undone`` forbidden calls are allowed altogether: a multi-step operation
+    that failed part-way must have undone them, which the ledger checks.
     """
     before = ledger()
     with record_api_names(monkeypatch) as calls:
         yield calls
     after = ledger()
-    bad = [n for n, ok in calls if n in FORBIDDEN and (ok or not driver_may_refuse)]
+    bad = [n for n, ok in calls
+           if n in FORBIDDEN and not undone and (ok or not driver_may_refuse)]
     assert not bad, f"forbidden driver calls on a failing path: {bad}"
     diff = before.differences(after)
     assert not diff, "the failing call changed: " + "; ".join(diff)
