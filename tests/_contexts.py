@@ -89,3 +89,61 @@ def other_device_current() -> Iterator[int]:
         yield current()
     finally:
         _driver.call("cuCtxSetCurrent", prev)
+
+
+# -- simulator: free what a failed release left behind -----------------------------------
+
+
+def sim_mark() -> dict[str, set[int]]:
+    """What exists now on the simulator (allocations, streams, events, VMM, pools)."""
+    from cuda_memkit.sim import machine
+
+    m = machine()
+    return {
+        "allocs": set(m.allocs), "streams": set(m.streams), "events": set(m.events),
+        "ranges": set(m.ext.get("vmm.ranges", {})), "handles": set(m.ext.get("vmm.handles", {})),
+        "pools": set(m.ext.get("pool.pools", {})),
+    }
+
+
+def sim_release_since(mark: dict[str, set[int]]) -> list[str]:
+    """Free (with raw driver calls) what appeared since ``mark``; return what it freed.
+
+    For tests whose subject failed to release memory: the test has already
+    failed, and this keeps the leftovers from changing what later tests see
+    (device bytes in use, default pool statistics).
+    """
+    from cuda_memkit.sim import machine
+
+    m = machine()
+    _device.ensure_context(0)
+    freed: list[str] = []
+    release = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost",
+               "registered": "cuMemHostUnregister"}
+    new = [a for start, a in sorted(m.allocs.items()) if start not in mark["allocs"]]
+    for a in new:
+        if a.kind == "vmm":
+            _driver.call("cuMemUnmap", a.start, a.size)
+        elif "pool" in a.extra:
+            _driver.call("cuMemFreeAsync", a.start, 0)
+        elif a.kind in release:
+            _driver.call(release[a.kind], a.start)
+        else:
+            continue
+        freed.append(f"{a.kind} 0x{a.start:x}")
+    for h in sorted(set(m.ext.get("vmm.handles", {})) - mark["handles"]):
+        _driver.call("cuMemRelease", h)
+        freed.append(f"handle 0x{h:x}")
+    for r in sorted(set(m.ext.get("vmm.ranges", {})) - mark["ranges"]):
+        _driver.call("cuMemAddressFree", r, m.ext["vmm.ranges"][r].size)
+        freed.append(f"range 0x{r:x}")
+    for p in sorted(set(m.ext.get("pool.pools", {})) - mark["pools"]):
+        _driver.call("cuMemPoolDestroy", p)
+        freed.append(f"pool 0x{p:x}")
+    for s in sorted(set(m.streams) - mark["streams"]):
+        _driver.call("cuStreamDestroy", s)
+        freed.append(f"stream 0x{s:x}")
+    for e in sorted(set(m.events) - mark["events"]):
+        _driver.call("cuEventDestroy", e)
+        freed.append(f"event 0x{e:x}")
+    return freed
