@@ -64,6 +64,7 @@ def load(backend: str) -> None:
         import types
 
         from cuda.bindings import driver as real
+
         from cuda_memkit.sim import driver as sim_driver
 
         class Mixed(types.SimpleNamespace):
