@@ -7,13 +7,18 @@ closes it explicitly. Sizes are small: these run on both backends.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 
 import cuda_memkit as cm
+from cuda_memkit import _driver
+
+from . import _leaks
 
 N = 1 << 20  # bytes per buffer
 
@@ -65,3 +70,26 @@ def close_all(obj: Any) -> None:
     """Close ``obj`` (each element, in order, for a list)."""
     for o in obj if isinstance(obj, list) else [obj]:
         o.close()
+
+
+def kind_params(names: list[str] | tuple[str, ...]) -> list[Any]:
+    """``names`` for ``parametrize``, managed kinds marked ``uses_managed_memory``."""
+    return [pytest.param(k, marks=pytest.mark.uses_managed_memory) if k in MANAGED else k
+            for k in names]
+
+
+def leaks_since(before: _leaks.Snapshot, settle: Callable[[], _leaks.Snapshot],
+                managed: bool = False) -> list[str]:
+    """What leaked since ``before`` (``settle()`` takes the new snapshot).
+
+    Exact on the simulator. On a GPU with the suite's tolerances, waiting up to
+    2 s for the driver to give back freed managed pages, as the leak check does.
+    """
+    tol = _leaks.GPU_MANAGED_TOLERANCE if managed else _leaks.GPU_TOLERANCE
+    problems = before.leaks(settle(), tol)
+    if problems and _driver.backend_name() == "cuda":
+        deadline = time.monotonic() + 2.0
+        while problems and time.monotonic() < deadline:
+            time.sleep(0.05)
+            problems = before.leaks(settle(), tol)
+    return problems

@@ -39,7 +39,7 @@ from ._contexts import (
     sim_release_since,
     stale_context_current,
 )
-from ._kinds import KINDS, MANAGED, Env, close_all
+from ._kinds import KINDS, MANAGED, Env, close_all, kind_params, leaks_since
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,7 +92,7 @@ SITUATIONS: dict[str, Callable[[], Any]] = {
     "other device current": other_device_current,
 }
 
-KIND_IDS = list(KINDS)
+KIND_IDS = kind_params(list(KINDS))
 
 
 def _settled_snapshot(env: Env) -> _leaks.Snapshot:
@@ -121,39 +121,34 @@ def _run(situation: Callable[[], Any], obj: list[Any], how: str
 @pytest.mark.parametrize("kind", KIND_IDS)
 @pytest.mark.parametrize("situation", list(SITUATIONS))
 def test_release_with_any_current_context(situation: str, kind: str, how: str,
-                                          env: Env, request: pytest.FixtureRequest) -> None:
+                                          env: Env) -> None:
     """Defect D1: a release with a destroyed (or other) context current must still free.
 
     Expected: the memory is gone (exact on the simulator), no exception and no
     MemkitWarning. Where the release needs the owning device's context, the
     fix pushes its primary context, retries and pops it again.
     """
-    if kind in MANAGED:
-        request.applymarker(pytest.mark.uses_managed_memory)
     before = _settled_snapshot(env)
     obj = [KINDS[kind](env)]
     error, warned, _ctx, _still = _run(SITUATIONS[situation], obj, how)
-    after = _settled_snapshot(env)
+    leaked = leaks_since(before, lambda: _settled_snapshot(env), kind in MANAGED)
     assert error is None, f"{kind}.{how} raised {error!r} with a {situation}"
     assert not warned, warned
-    assert not before.leaks(after), f"{kind} not freed: {before.leaks(after)}"
+    assert not leaked, f"{kind} not freed: {leaked}"
 
 
 @pytest.mark.parametrize("how", ["close", "gc"])
 @pytest.mark.parametrize("kind", KIND_IDS)
-def test_release_on_a_thread_without_context(kind: str, how: str, env: Env,
-                                             request: pytest.FixtureRequest) -> None:
+def test_release_on_a_thread_without_context(kind: str, how: str, env: Env) -> None:
     """A buffer made on this thread, dropped (or closed) on a thread with no context."""
-    if kind in MANAGED:
-        request.applymarker(pytest.mark.uses_managed_memory)
     before = _settled_snapshot(env)
     obj = [KINDS[kind](env)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         on_thread(lambda: _release(obj, how))
     assert not _memkit_warnings(caught), _memkit_warnings(caught)
-    after = _settled_snapshot(env)
-    assert not before.leaks(after), f"{kind} not freed: {before.leaks(after)}"
+    leaked = leaks_since(before, lambda: _settled_snapshot(env), kind in MANAGED)
+    assert not leaked, f"{kind} not freed: {leaked}"
 
 
 def _no_context() -> Any:
@@ -169,8 +164,7 @@ def _no_context() -> Any:
 
 @pytest.mark.parametrize("kind", KIND_IDS)
 @pytest.mark.parametrize("situation", ["no context", *SITUATIONS])
-def test_release_leaves_the_current_context_alone(situation: str, kind: str, env: Env,
-                                                  request: pytest.FixtureRequest) -> None:
+def test_release_leaves_the_current_context_alone(situation: str, kind: str, env: Env) -> None:
     """Defect D3: a finalizer must not change the collecting thread's current context.
 
     Garbage collection runs finalizers on whatever thread allocates at that
@@ -181,8 +175,6 @@ def test_release_leaves_the_current_context_alone(situation: str, kind: str, env
     device 0's, one with its own context loses it. Expected: the context
     current before the release is current after it (push/pop around a retry).
     """
-    if kind in MANAGED:
-        request.applymarker(pytest.mark.uses_managed_memory)
     obj = [KINDS[kind](env)]
     if situation == "no context":
         error, _warned, ctx, still = on_thread(lambda: _run(_no_context, obj, "gc"))

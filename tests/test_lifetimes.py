@@ -30,7 +30,7 @@ import cuda_memkit as cm
 from cuda_memkit import _driver
 
 from . import _leaks
-from ._kinds import KINDS, MANAGED, Env
+from ._kinds import KINDS, MANAGED, Env, kind_params, leaks_since
 
 N = 1 << 20
 R = cu.CUresult
@@ -89,11 +89,10 @@ HOST_VIEWS: dict[str, Callable[[Env], Any]] = {
 }
 
 
-@pytest.mark.parametrize("kind", list(HOST_VIEWS))
-def test_host_view_outlives_its_owner(kind: str, env: Env,
-                                      request: pytest.FixtureRequest) -> None:
-    if "Managed" in kind:
-        request.applymarker(pytest.mark.uses_managed_memory)
+@pytest.mark.parametrize("kind", [
+    pytest.param(k, marks=pytest.mark.uses_managed_memory) if "Managed" in k else k
+    for k in HOST_VIEWS])
+def test_host_view_outlives_its_owner(kind: str, env: Env) -> None:
     before = settled(env)
     view = HOST_VIEWS[kind](env)  # the owner is already unreachable but for the view
     gc.collect()
@@ -101,9 +100,11 @@ def test_host_view_outlives_its_owner(kind: str, env: Env,
     gc.collect()
     assert (view == 7).all()
     del view
-    assert not before.leaks(settled(env)), f"{kind}: memory not freed after the view went"
+    leaked = leaks_since(before, lambda: settled(env), "Managed" in kind)
+    assert not leaked, f"{kind}: memory not freed after the view went: {leaked}"
 
 
+@pytest.mark.uses_managed_memory
 def test_close_with_views_alive_defers_the_free(env: Env) -> None:
     for make in (lambda: cm.HostBuffer.empty(N), lambda: cm.HostBuffer.pooled(N),
                  lambda: cm.ManagedBuffer.empty(N)):
@@ -120,7 +121,7 @@ def test_close_with_views_alive_defers_the_free(env: Env) -> None:
         gc.collect()
         view[:] = 4
         del view
-        assert not before.leaks(settled(env))
+        assert not leaks_since(before, lambda: settled(env), managed=True)
 
 
 def test_host_pool_buffer_view_outlives_the_buffer(env: Env) -> None:
@@ -140,6 +141,7 @@ def test_host_pool_buffer_view_outlives_the_buffer(env: Env) -> None:
     assert not before.leaks(settled(env))
 
 
+@pytest.mark.uses_managed_memory
 def test_typed_device_view_outlives_its_owner(env: Env) -> None:
     before = settled(env)
     for make in (lambda: cm.DeviceBuffer.alloc(N), lambda: cm.ManagedBuffer.empty(N),
@@ -150,7 +152,7 @@ def test_typed_device_view_outlives_its_owner(env: Env) -> None:
         assert view.__cuda_array_interface__["data"][0] != 0
         assert (read_back(view.ptr, N).view(np.float32) == 1.5).all()
         del view
-    assert not before.leaks(settled(env))
+    assert not leaks_since(before, lambda: settled(env), managed=True)
 
 
 def test_mapping_keeps_its_range_and_physical_memory(env: Env) -> None:
@@ -178,6 +180,7 @@ def test_pool_buffer_keeps_its_pool_and_stream(env: Env) -> None:
     assert not before.leaks(settled(env))
 
 
+@pytest.mark.uses_managed_memory
 def test_plan_and_hints_keep_their_buffers(env: Env) -> None:
     before = settled(env)
     plan = cm.PrefetchPlan().add(cm.ManagedBuffer.zeros(N), cm.Location.device(0))
@@ -187,7 +190,7 @@ def test_plan_and_hints_keep_their_buffers(env: Env) -> None:
     hints.set_read_mostly().prefetch_to(cm.Location.device(0), env.stream)
     env.stream.synchronize()
     del plan, hints
-    assert not before.leaks(settled(env))
+    assert not leaks_since(before, lambda: settled(env), managed=True)
 
 
 def test_async_copy_keeps_its_operands(env: Env) -> None:
@@ -204,18 +207,16 @@ def test_async_copy_keeps_its_operands(env: Env) -> None:
 # -- reference cycles ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_reference_cycle_is_collected(kind: str, env: Env,
-                                      request: pytest.FixtureRequest) -> None:
-    if kind in MANAGED:
-        request.applymarker(pytest.mark.uses_managed_memory)
+@pytest.mark.parametrize("kind", kind_params(list(KINDS)))
+def test_reference_cycle_is_collected(kind: str, env: Env) -> None:
     before = settled(env)
     node = types.SimpleNamespace(obj=KINDS[kind](env))
     node.me = node
     if kind.startswith("HostBuffer") or kind in ("ManagedBuffer", "RegisteredHost"):
         node.view = node.obj.array  # the cycle goes through a numpy view too
     del node
-    assert not before.leaks(settled(env)), f"{kind} in a reference cycle was not freed"
+    leaked = leaks_since(before, lambda: settled(env), kind in MANAGED)
+    assert not leaked, f"{kind} in a reference cycle was not freed: {leaked}"
 
 
 def test_cycle_between_buffers_and_their_pool(env: Env) -> None:
@@ -281,6 +282,7 @@ EXIT_SCRIPTS = {
 
 
 @pytest.mark.slow_subprocess
+@pytest.mark.uses_managed_memory
 @pytest.mark.parametrize("variant", list(EXIT_SCRIPTS))
 def test_interpreter_exit_with_live_objects_is_quiet(variant: str) -> None:
     """Exit with live objects of every kind: rc 0, only what the script prints, no stderr."""
@@ -391,7 +393,7 @@ def _c_grow(o: Any) -> Callable[[], None]:
 
 
 @pytest.mark.sim_only
-@pytest.mark.parametrize("kind", list(_INJECT))
+@pytest.mark.parametrize("kind", kind_params(list(_INJECT)))
 def test_failing_release_in_a_finalizer_warns_once(kind: str, env: Env,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from cuda_memkit.sim import machine

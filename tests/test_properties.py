@@ -348,6 +348,7 @@ operand = st.tuples(st.sampled_from(KINDS), st.sampled_from(DTYPES),
                     st.sampled_from([0, 1, 2, 3, 4, 8, 16, 64]))
 
 
+@pytest.mark.uses_managed_memory
 @SETTINGS
 @given(dst=operand, src=operand,
        nbytes=st.none() | st.integers(-2, 520), stream=st.booleans())

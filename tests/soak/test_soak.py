@@ -31,10 +31,10 @@ def default_pinned() -> Iterator[cm.MemoryPool]:
     yield pool
 
 
-@pytest.mark.parametrize("kind", harness.KIND_NAMES)
-def test_soak(kind: str, request: pytest.FixtureRequest) -> None:
-    if kind == "ManagedBuffer":
-        request.applymarker(pytest.mark.uses_managed_memory)
+@pytest.mark.parametrize("kind", [
+    pytest.param(k, marks=pytest.mark.uses_managed_memory) if k == "ManagedBuffer" else k
+    for k in harness.KIND_NAMES])
+def test_soak(kind: str) -> None:
     r = harness.run_kind(kind, CYCLES)
     assert not r.errors, r.errors
     assert r.cycles_run == CYCLES
