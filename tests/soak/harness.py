@@ -264,8 +264,9 @@ class PoolBufferKind(Kind):
         self.pool = pool
 
     def setup(self) -> None:
-        # a stream of its own where a context is current; the legacy stream otherwise
-        self.stream = cm.Stream(0) if _has_context() else None
+        # a stream of the current context (kept current) where there is one; the
+        # legacy stream otherwise
+        self.stream = cm.Stream() if _has_context() else None
 
     def teardown(self) -> None:
         if self.stream is not None:
@@ -415,13 +416,15 @@ def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
     before_ledger, before_free = ledger(), _device_free()
     res.pool_stats_before = _pool_stats(pool)
     res.rss_before = rss()
-    deadline = None if time_cap is None else time.monotonic() + time_cap
+    start = time.monotonic()
     t0 = time.perf_counter()
-    for (label, enter), n in zip(where.items(), share, strict=True):
+    for k, ((label, enter), n) in enumerate(zip(where.items(), share, strict=True)):
+        # each setting gets its share of the time cap, so a slow kind still runs in all
+        deadline = None if time_cap is None else start + time_cap * (k + 1) / len(where)
         done = [0]
         errors: list[BaseException] = []
 
-        def body(enter: Callable[[], Any] = enter, n: int = n,
+        def body(enter: Callable[[], Any] = enter, n: int = n, deadline: float | None = deadline,
                  done: list[int] = done, errors: list[BaseException] = errors) -> None:
             rel = Releaser()
             kind = PoolBufferKind(rel, pool) if pool is not None else _KINDS[name](rel)
