@@ -3,6 +3,13 @@
 ``cuda_memkit.sim.driver`` has the call forms and return tuples of
 ``cuda.bindings.driver``; :func:`reset` rebuilds the simulated machine (for
 tests: number of devices, memory per device, whether batch calls exist).
+
+For tests of failure paths, ``machine().fail_next(api, code, times=1)`` makes
+the next calls of ``api`` return ``code`` without doing anything, and
+``cuCtxCreate`` / ``cuCtxDestroy`` / ``cuCtxPushCurrent`` / ``cuCtxPopCurrent``
+make other contexts current, or leave a destroyed one current on a thread
+(``_contexts``; what calls answer then is provisional, see
+``_state.STALE_CONTEXT_ERROR``).
 """
 
 from __future__ import annotations

@@ -172,10 +172,15 @@ def cuCtxGetCurrent() -> cu.CUcontext:
 
 @api(0)
 def cuCtxSetCurrent(ctx: Any) -> None:
+    m = M()
     h = int(ctx) if ctx is not None else 0
-    if h and M().ctx_device(h) is None:
+    if h and m.ctx_device(h) is None:
         raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
-    M().current_ctx = h
+    if not h:  # NULL pops the thread's context stack (a no-op on an empty one)
+        stack = m.ctx_stack()
+        m.current_ctx = stack.pop() if stack else 0
+        return
+    m.current_ctx = h  # replaces the top of the stack
 
 
 @api(1)

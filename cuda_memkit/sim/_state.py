@@ -36,6 +36,29 @@ PAGE = 4096
 DEVICE_VA_BASE = 0x0001_0000_0000_0000
 DEVICE_VA_END = 0x0002_0000_0000_0000
 GiB = 1 << 30
+#: Handles of contexts made by ``cuCtxCreate`` start here (primary contexts:
+#: ``0x7C00_0000 + ordinal * 0x1000``).
+CREATED_CTX_BASE = 0x7D00_0000
+#: ``Machine.ext`` key of the live ``cuCtxCreate`` contexts (handle -> device
+#: ordinal), counted by the leak check like every other table.
+CONTEXTS = "ctx.contexts"
+
+# -- PROVISIONAL: a destroyed context left current on a thread ---------------------------
+# ``cuCtxDestroy`` leaves the context current on the *other* threads it was
+# current to; the CUDA documentation says their calls then fail with
+# CUDA_ERROR_CONTEXT_IS_DESTROYED. Which calls check (in particular whether the
+# release calls that need no context at all, such as the VMM ones, look at a
+# broken current context) has not been measured on the H100 yet:
+# ``scripts/probes/invalid_context_probe.py`` records it. Until its results are
+# in, the simulator takes the pessimistic reading: every call that needs a
+# context (``Machine.need_ctx``) and every release call below fails. Replace
+# both constants with the probe's answers.
+STALE_CONTEXT_ERROR = R.CUDA_ERROR_CONTEXT_IS_DESTROYED
+STALE_CONTEXT_CHECKED = frozenset({
+    "cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease",
+    "cuMemUnmap", "cuMemAddressFree", "cuMemPoolDestroy", "cuStreamDestroy",
+    "cuEventDestroy",
+})
 
 
 class Fail(Exception):
@@ -124,12 +147,28 @@ class Machine:
         self._starts: list[int] = []
         self._next_va = DEVICE_VA_BASE
         self.primary_retain = [0] * devices
-        self.tls = threading.local()
+        self.tls = threading.local()  # .ctx: current context; .stack: contexts pushed below it
+        self._next_ctx = CREATED_CTX_BASE
+        #: Handles of contexts destroyed by cuCtxDestroy (they may still be current
+        #: on other threads); never reused.
+        self.stale_ctx: set[int] = set()
         self.streams: dict[int, SimStream] = {}
         self.events: dict[int, SimEvent] = {}
         self._next_handle = 0x5100_0000
         # Feature modules keep their own tables here (name -> anything).
         self.ext: dict[str, Any] = {}
+        #: Injected failures: API name -> codes its next calls return (see fail_next).
+        self.faults: dict[str, list[cu.CUresult]] = {}
+
+    # -- injected failures -----------------------------------------------------
+    def fail_next(self, api_name: str, code: cu.CUresult, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``api_name`` return ``code`` and do nothing.
+
+        For tests of paths the real driver takes rarely (a release that fails
+        in a finalizer, an allocation that fails in the middle of a multi-step
+        operation). ``faults.clear()`` removes what was not used.
+        """
+        self.faults.setdefault(api_name, []).extend([code] * times)
 
     # -- handles ---------------------------------------------------------------
     def new_handle(self) -> int:
@@ -142,10 +181,32 @@ class Machine:
         return 0x7C00_0000 + ordinal * 0x1000
 
     def ctx_device(self, ctx: int) -> int | None:
+        """The device of a live context handle (primary or created), else None."""
+        created = self.ext.get(CONTEXTS)
+        if created and ctx in created:
+            return int(created[ctx])
         ordinal, rem = divmod(ctx - 0x7C00_0000, 0x1000)
         if rem or not 0 <= ordinal < len(self.devices):
             return None
         return ordinal
+
+    def new_ctx(self, ordinal: int) -> int:
+        """Register a new created (non-primary) context of device ``ordinal``."""
+        self._next_ctx += 0x10
+        h = self._next_ctx
+        self.ext.setdefault(CONTEXTS, {})[h] = ordinal
+        return h
+
+    def ctx_stack(self) -> list[int]:
+        """The calling thread's contexts below the current one (push/pop)."""
+        stack: list[int] | None = getattr(self.tls, "stack", None)
+        if stack is None:
+            stack = self.tls.stack = []
+        return stack
+
+    def stale_current(self) -> bool:
+        """Whether the calling thread's current context was destroyed (PROVISIONAL model)."""
+        return bool(self.stale_ctx) and self.current_ctx in self.stale_ctx
 
     @property
     def current_ctx(self) -> int:
@@ -159,6 +220,13 @@ class Machine:
         """Return the current context's device or fail with INVALID_CONTEXT."""
         ctx = self.current_ctx
         if not ctx:
+            raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+        if ctx >= CREATED_CTX_BASE:
+            created = self.ext.get(CONTEXTS)
+            if created and ctx in created:
+                return int(created[ctx])
+            if ctx in self.stale_ctx:
+                raise Fail(STALE_CONTEXT_ERROR)  # PROVISIONAL (see STALE_CONTEXT_ERROR)
             raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
         ordinal = self.ctx_device(ctx)
         if ordinal is None or self.primary_retain[ordinal] <= 0:
@@ -294,6 +362,7 @@ def api(nout: int) -> Callable[[F], F]:
         none = (None,) * nout
         name = fn.__name__
         needs_init = name not in NO_INIT
+        stale_checked = name in STALE_CONTEXT_CHECKED
 
         @functools.wraps(fn)
         def wrapper(*args: Any) -> Any:
@@ -301,6 +370,12 @@ def api(nout: int) -> Callable[[F], F]:
             with m.lock:
                 if needs_init and not m.initialized:
                     return (R.CUDA_ERROR_NOT_INITIALIZED, *none)
+                if stale_checked and m.stale_ctx and m.current_ctx in m.stale_ctx:
+                    return (STALE_CONTEXT_ERROR, *none)  # PROVISIONAL model
+                if m.faults:
+                    queued = m.faults.get(name)
+                    if queued:
+                        return (queued.pop(0), *none)
                 try:
                     out = fn(*args)
                 except Fail as f:
