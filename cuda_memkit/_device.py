@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, Union, runtime_checkable
 
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._errors import CudaError
 from ._resource import Resource, driver_release, make_finalizer
 
 __all__ = [
@@ -84,6 +87,48 @@ def primary_context(ordinal: int) -> int:
                 ctx = int(_driver.call("cuDevicePrimaryCtxRetain", dev))
                 _primary[ordinal] = ctx
     return ctx
+
+
+#: What a release answers when the calling thread has no usable current
+#: context: CUDA_ERROR_INVALID_CONTEXT (none) or CUDA_ERROR_CONTEXT_IS_DESTROYED
+#: (another thread destroyed it). The H100 gives the second for cuMemFree,
+#: cuMemFreeHost, cuMemHostUnregister and cuMemFreeAsync on the legacy stream
+#: (invalid_context_probe, device run 3); every one succeeds with the owning
+#: device's primary context pushed.
+CONTEXT_ERRORS = frozenset({201, 709})
+
+
+@contextlib.contextmanager
+def primary_pushed(ordinal: int) -> Iterator[None]:
+    """Device ``ordinal``'s primary context current inside; the thread's own after.
+
+    ``cuCtxPushCurrent`` / ``cuCtxPopCurrent``: whatever was current before
+    (nothing, another device's context, a destroyed one) is current again
+    afterwards, so a finalizer never changes the collecting thread's state.
+    """
+    _driver.call("cuCtxPushCurrent", primary_context(ordinal))
+    try:
+        yield
+    finally:
+        _driver.call("cuCtxPopCurrent")
+
+
+def release_call(ordinal: int | None, api: str, *args: Any) -> None:
+    """Make release call ``api(*args)``, whatever context is current on this thread.
+
+    Tried as it is first (most releases need no context on the H100); after
+    :data:`CONTEXT_ERRORS` it is retried once with the primary context of device
+    ``ordinal`` (device 0 for host memory) pushed, and the thread's own context
+    restored. Other errors propagate.
+    """
+    try:
+        _driver.call(api, *args)
+        return
+    except CudaError as exc:
+        if exc.code not in CONTEXT_ERRORS:
+            raise
+    with primary_pushed(ordinal or 0):
+        _driver.call(api, *args)
 
 
 def ensure_any_context() -> None:
@@ -203,7 +248,15 @@ class Device:
         ----------
         attr : CUdevice_attribute or int
             The attribute.
+
+        Raises
+        ------
+        TypeError
+            If ``attr`` is not a ``CUdevice_attribute`` or an int.
         """
+        if isinstance(attr, bool) or not isinstance(attr, (int, _A)):
+            raise TypeError(f"attr must be a CUdevice_attribute or an int, not "
+                            f"{type(attr).__name__}")
         key = int(attr)
         value = self._attrs.get(key)
         if value is None:
@@ -449,8 +502,6 @@ class Stream(Resource):
 
     def query(self) -> bool:
         """Return ``True`` if all queued work has finished, ``False`` if not."""
-        from ._errors import CudaError
-
         try:
             _driver.call("cuStreamQuery", self.handle)
         except CudaError as exc:

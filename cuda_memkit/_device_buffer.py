@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _driver
 from ._checks import byte_count
-from ._device import StreamLike, check_ordinal, ensure_context, stream_handle
+from ._device import StreamLike, check_ordinal, ensure_context, release_call, stream_handle
 from ._interop import DL_CUDA, DeviceMemoryMixin, normalize_view
 from ._operands import copy_size, copy_sync, need_context, operand, pending_operands, reap_pending
 from ._resource import Resource, State, account, make_finalizer
@@ -32,8 +32,7 @@ def _copy(dst: Any, src: Any, nbytes: int | None) -> None:
 def _free_device(ptr: int, ordinal: int) -> None:
     """``cuMemFree`` (the release function of a DeviceBuffer's finalizer)."""
     try:
-        ensure_context()
-        _driver.call("cuMemFree", ptr)
+        release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
     finally:  # the buffer owns the memory no more (a failure is reported as a warning)
         account("device", ordinal).remove(ptr)
 

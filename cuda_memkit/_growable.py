@@ -135,6 +135,9 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
                  peers: Iterable[Device | int] = ()) -> None:
         max_size = positive("max_size", max_size)
         ordinal = check_ordinal(device)
+        if isinstance(peers, (str, bytes)) or not isinstance(peers, Iterable):
+            raise TypeError(f"peers must be an iterable of devices (ints or Devices), not "
+                            f"{type(peers).__name__}; for one peer pass peers=[n]")
         peer_list = [existing_ordinal(p, "peer") for p in peers]
         gran = granularity(ordinal)
         if chunk is None:

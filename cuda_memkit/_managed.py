@@ -67,9 +67,7 @@ class AttachFlags(enum.IntFlag):
 def _free_managed(ptr: int, ordinal: int) -> None:
     """Finalizer: free managed memory (a context must be current for cuMemFree)."""
     try:
-        if not int(_driver.call("cuCtxGetCurrent")):
-            _device.ensure_context(ordinal)
-        _driver.call("cuMemFree", ptr)
+        _device.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
     finally:  # the buffer owns the memory no more (a failure is reported as a warning)
         account("managed", ordinal).remove(ptr)
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _driver
 from ._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
-from ._device import ensure_any_context
+from ._device import ensure_any_context, release_call
 from ._errors import CudaError, CudaInvalidContextError, MemkitWarning
 from ._operands import (
     copy_size,
@@ -133,7 +133,7 @@ class PinnedAlloc:
         if ptr:
             self.ptr = 0
             try:
-                _driver.call("cuMemFreeHost", ptr)
+                release_call(0, "cuMemFreeHost", ptr)
             finally:  # given up even if the driver refuses (the caller warns)
                 _ACCOUNT.remove(ptr)
 

@@ -33,6 +33,7 @@ from . import _driver, _pinned, _pool
 from ._device import Stream
 from ._errors import ClosedError, CudaError
 from ._pool import MemoryPool
+from ._pool_buffer import free_failed
 from ._resource import account, notify, watchers
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
@@ -91,7 +92,10 @@ class HostCache:
 
     def _free(self, block: HostBlock) -> None:
         d, block.dptr = block.dptr, None
-        _driver.check("cuMemFreeAsync", _pool.resolve()[1](d, self.custream()))
+        cus = self.custream()
+        res = _pool.resolve()[1](d, cus)
+        if res[0]:  # any current context (or none) will do: see free_failed
+            free_failed(res, d, cus, None)
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""

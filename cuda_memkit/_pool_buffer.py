@@ -20,7 +20,15 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import _driver, _pool_ipc
-from ._device import STREAM_LEGACY, Stream, StreamLike, StreamRef, custream, ensure_context
+from ._device import (
+    CONTEXT_ERRORS,
+    STREAM_LEGACY,
+    Stream,
+    StreamLike,
+    StreamRef,
+    custream,
+    primary_pushed,
+)
 from ._errors import ClosedError, CudaError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
 from ._resource import Account, Resource, host_array, notify, watchers
@@ -32,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["FREE", "PoolBufferBase", "PoolOwner", "new_buffer", "resolve_free"]
 
 _INVALID_CONTEXT = 201
+_LEGACY = (0, 1)  # the legacy default stream handles: never "destroyed"
 
 #: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
 FREE: Any = None
@@ -72,25 +81,53 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
     if cus is None:
         # The allocation stream is closed and work queued on it may still use
         # the memory: wait for the device, then free on the legacy stream.
-        ensure_context(pool.device)
-        _driver.call("cuCtxSynchronize")
-        cus = custream(STREAM_LEGACY)
-    res = FREE(dptr, cus)
+        with primary_pushed(pool.device or 0):
+            _driver.call("cuCtxSynchronize")
+            cus = custream(STREAM_LEGACY)
+            res = FREE(dptr, cus)
+    else:
+        res = FREE(dptr, cus)
     if res[0]:
-        _free_failed(res, dptr, cus, pool)
+        cus = free_failed(res, dptr, cus, pool.device)
     n = acct.live.pop(dptr, 0)
     acct.current -= n
     if watchers:
         notify(acct, dptr, n, False, int(cus))
 
 
-def _free_failed(res: Any, dptr: Any, cus: Any, pool: PoolOwner) -> None:
-    if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
-        ensure_context(pool.device)  # a default stream on a thread with no context
-        res = FREE(dptr, cus)
-        if not res[0]:
-            return
+def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
+    """Recover a ``cuMemFreeAsync`` the driver refused; return the stream it was freed on.
+
+    * No usable current context (:data:`CONTEXT_ERRORS`: none on this thread, or
+      one destroyed behind its back): retried with the device's primary context
+      pushed (device 0 for host and managed pools), the thread's own restored.
+    * Still ``CUDA_ERROR_INVALID_CONTEXT`` with a context current: the stream
+      itself is gone (a handle destroyed while the buffer lived, as the H100
+      answers, invalid_context_probe "destroyed_stream"). Work queued on it may
+      have used the memory, so the device is synchronized and the memory freed
+      on the legacy stream, with a :class:`MemkitWarning` about the stream.
+    * Anything else raises the driver's error.
+    """
+    code = int(res[0])
+    if code in CONTEXT_ERRORS:
+        with primary_pushed(device or 0):
+            res = FREE(dptr, cus)
+            if not res[0]:
+                return cus
+            if int(res[0]) == _INVALID_CONTEXT and int(cus) not in _LEGACY:
+                _driver.call("cuCtxSynchronize")
+                legacy = custream(STREAM_LEGACY)
+                res = FREE(dptr, legacy)
+                if not res[0]:
+                    warnings.warn(
+                        f"cuda_memkit: pool buffer 0x{int(dptr):x} outlived its stream "
+                        f"0x{int(cus):x} (destroyed while the buffer was alive): freed on the "
+                        "legacy stream after synchronizing the device. Keep a stream alive "
+                        "while buffers allocated on it are (pass the Stream object, not its "
+                        "handle)", MemkitWarning, stacklevel=4)
+                    return legacy
     _driver.check("cuMemFreeAsync", res)
+    return cus  # pragma: no cover - check() raised
 
 
 def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
@@ -190,7 +227,7 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
         res = FREE(d, cus)
         if res[0]:
             self._dptr = d
-            _free_failed(res, d, cus, self._pool)  # raises, or freed once a context is current
+            cus = free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
             self._dptr = None
         acct = self._acct  # Account.remove, written out
         n = acct.live.pop(d, 0)
@@ -290,8 +327,8 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
             os.close(pool.export())  # the driver exports pointers of exported pools only
         cus = self._sref._custream
         if cus is None:
-            ensure_context(pool.device)  # its stream is gone: wait for the device
-            _driver.call("cuCtxSynchronize")
+            with primary_pushed(pool.device or 0):  # its stream is gone: wait for the device
+                _driver.call("cuCtxSynchronize")
         else:
             _driver.call("cuStreamSynchronize", cus)
         return _pool_ipc.export_pointer(self._dptr)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _driver
 from ._checks import check_flags
-from ._device import ensure_context
+from ._device import ensure_context, release_call
 from ._operands import (
     forget_registration,
     mapped_device_ptr,
@@ -71,11 +71,10 @@ def _address(arr: np.ndarray[Any, Any]) -> int:
 
 def _unregister(ptr: int) -> None:
     """``cuMemHostUnregister`` (the release function of a RegisteredHost's finalizer)."""
-    forget_registration(ptr)
     try:
-        ensure_context()
-        _driver.call("cuMemHostUnregister", ptr)
-    finally:  # the registration is given up even if the driver refuses (a warning says so)
+        release_call(0, "cuMemHostUnregister", ptr)
+        forget_registration(ptr)  # only once the driver has unregistered it
+    finally:  # the object gives the registration up even if the driver refuses (a warning says so)
         _ACCOUNT.remove(ptr)
 
 

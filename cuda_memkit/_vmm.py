@@ -135,9 +135,11 @@ def _settle_phys(ps: _PhysState) -> None:
     if ps.released or ps.maps:
         return
     if ps.release_wanted or ps.owner() is None:
-        ps.released = True
-        _driver.call("cuMemRelease", ps.handle)
-        ps.acct.remove(ps.handle)
+        ps.released = True  # never retried: a failure is the finalizer's warning
+        try:
+            _driver.call("cuMemRelease", ps.handle)
+        finally:
+            ps.acct.remove(ps.handle)
 
 
 def _settle_range(rs: _RangeState) -> None:

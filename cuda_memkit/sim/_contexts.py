@@ -71,8 +71,7 @@ def cuCtxDestroy(ctx: Any) -> None:
     created = m.ext.get(CONTEXTS, {})
     if h not in created:  # NULL, a primary context, or one destroyed already (PROVISIONAL)
         raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
-    del created[h]
-    m.stale_ctx.add(h)
+    m.stale_ctx[h] = created.pop(h)  # its device: cuCtxGetDevice still answers (H100)
     if m.current_ctx == h:
         stack = m.ctx_stack()
         m.current_ctx = stack.pop() if stack else 0

@@ -185,7 +185,10 @@ def cuCtxSetCurrent(ctx: Any) -> None:
 
 @api(1)
 def cuCtxGetDevice() -> cu.CUdevice:
-    return cu.CUdevice(M().need_ctx())
+    m = M()
+    if m.stale_current():  # the H100 still answers for a destroyed context (device run 3)
+        return cu.CUdevice(m.stale_ctx[m.current_ctx])
+    return cu.CUdevice(m.need_ctx())
 
 
 @api(0)
@@ -346,7 +349,8 @@ def cuMemFree(dptr: Any) -> None:
         return
     if a is None or a.kind not in ("device", "managed"):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # checked before the context, as on the H100
-    m.need_ctx()
+    # No current context needed: the H100 frees device and managed memory on a
+    # thread with none (invalid_context_probe, device run 3, situation "none").
     m.remove(a)
     if a.kind == "managed":
         from ._managed import release_managed

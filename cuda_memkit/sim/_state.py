@@ -43,22 +43,20 @@ CREATED_CTX_BASE = 0x7D00_0000
 #: ordinal), counted by the leak check like every other table.
 CONTEXTS = "ctx.contexts"
 
-# -- PROVISIONAL: a destroyed context left current on a thread ---------------------------
+# -- a destroyed context left current on a thread -----------------------------------------
 # ``cuCtxDestroy`` leaves the context current on the *other* threads it was
-# current to; the CUDA documentation says their calls then fail with
-# CUDA_ERROR_CONTEXT_IS_DESTROYED. Which calls check (in particular whether the
-# release calls that need no context at all, such as the VMM ones, look at a
-# broken current context) has not been measured on the H100 yet:
-# ``scripts/probes/invalid_context_probe.py`` records it. Until its results are
-# in, the simulator takes the pessimistic reading: every call that needs a
-# context (``Machine.need_ctx``) and every release call below fails. Replace
-# both constants with the probe's answers.
+# current to. What the H100 answers then (scripts/probes/invalid_context_probe.py,
+# device run 3, situation "destroyed_elsewhere"): every call that needs a
+# context (``Machine.need_ctx``: cuCtxSynchronize, cuEventCreate, cuMemAlloc,
+# cuMemGetInfo, cuStreamQuery of the legacy stream) fails with
+# CUDA_ERROR_CONTEXT_IS_DESTROYED, and so do these release calls (below), while
+# cuMemFreeAsync on a live stream, cuMemRelease, cuMemUnmap, cuMemAddressFree,
+# cuMemPoolDestroy, cuStreamDestroy, cuEventDestroy, cuCtxGetDevice,
+# cuMemAddressReserve and cuPointerGetAttribute succeed. cuMemFreeAsync on the
+# legacy stream fails too (sim/_pool.py). With the device's primary context
+# pushed, every failing release succeeds.
 STALE_CONTEXT_ERROR = R.CUDA_ERROR_CONTEXT_IS_DESTROYED
-STALE_CONTEXT_CHECKED = frozenset({
-    "cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease",
-    "cuMemUnmap", "cuMemAddressFree", "cuMemPoolDestroy", "cuStreamDestroy",
-    "cuEventDestroy",
-})
+STALE_CONTEXT_CHECKED = frozenset({"cuMemFree", "cuMemFreeHost", "cuMemHostUnregister"})
 
 
 class Fail(Exception):
@@ -151,7 +149,7 @@ class Machine:
         self._next_ctx = CREATED_CTX_BASE
         #: Handles of contexts destroyed by cuCtxDestroy (they may still be current
         #: on other threads); never reused.
-        self.stale_ctx: set[int] = set()
+        self.stale_ctx: dict[int, int] = {}  # destroyed created contexts -> their device
         self.streams: dict[int, SimStream] = {}
         self.events: dict[int, SimEvent] = {}
         self._next_handle = 0x5100_0000
@@ -205,7 +203,7 @@ class Machine:
         return stack
 
     def stale_current(self) -> bool:
-        """Whether the calling thread's current context was destroyed (PROVISIONAL model)."""
+        """Whether the calling thread's current context was destroyed (see STALE_CONTEXT_ERROR)."""
         return bool(self.stale_ctx) and self.current_ctx in self.stale_ctx
 
     @property
@@ -226,7 +224,7 @@ class Machine:
             if created and ctx in created:
                 return int(created[ctx])
             if ctx in self.stale_ctx:
-                raise Fail(STALE_CONTEXT_ERROR)  # PROVISIONAL (see STALE_CONTEXT_ERROR)
+                raise Fail(STALE_CONTEXT_ERROR)  # as the H100 (see STALE_CONTEXT_ERROR)
             raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
         ordinal = self.ctx_device(ctx)
         if ordinal is None or self.primary_retain[ordinal] <= 0:
@@ -371,7 +369,7 @@ def api(nout: int) -> Callable[[F], F]:
                 if needs_init and not m.initialized:
                     return (R.CUDA_ERROR_NOT_INITIALIZED, *none)
                 if stale_checked and m.stale_ctx and m.current_ctx in m.stale_ctx:
-                    return (STALE_CONTEXT_ERROR, *none)  # PROVISIONAL model
+                    return (STALE_CONTEXT_ERROR, *none)  # as the H100 (STALE_CONTEXT_CHECKED)
                 if m.faults:
                     queued = m.faults.get(name)
                     if queued:

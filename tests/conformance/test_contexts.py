@@ -3,10 +3,11 @@
 The stack answers follow the CUDA documentation (``cuCtxCreate`` pushes,
 ``cuCtxPopCurrent`` restores, ``cuCtxSetCurrent`` replaces the top, ``NULL``
 pops). What calls return on a thread whose current context another thread
-destroyed is **provisional** (marker ``provisional``): the documented
-``CUDA_ERROR_CONTEXT_IS_DESTROYED`` for every call that uses the current
-context, including the release calls; ``scripts/probes/invalid_context_probe.py``
-records the H100's answers, and these cases follow them once it has run.
+destroyed, or with no current context at all, is the H100's answer
+(``scripts/probes/invalid_context_probe.py``, device run 3): the calls that
+need a context and four release calls fail with
+``CUDA_ERROR_CONTEXT_IS_DESTROYED``; the VMM, pool, stream and event releases
+succeed; with the device's primary context pushed every release succeeds.
 """
 
 from __future__ import annotations
@@ -86,18 +87,55 @@ def test_pop_without_context() -> None:
     assert err.api == "cuCtxPopCurrent"
 
 
-# -- a destroyed context left current (provisional) -------------------------------------
+# -- a destroyed context left current (H100: invalid_context_probe, device run 3) ---------
 
 
-@pytest.mark.provisional
 def test_destroyed_context_stays_current_on_other_threads() -> None:
     with stale_context_current(0) as ctx:
         assert current() == ctx
-        expect_error(cm.CudaError, R.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxGetDevice")
+        assert int(_driver.call("cuCtxGetDevice")) == 0  # it still answers
         expect_error(cm.CudaError, R.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuMemAlloc", 4096)
+        expect_error(cm.CudaError, R.CUDA_ERROR_CONTEXT_IS_DESTROYED, "cuCtxSynchronize")
+        va = _driver.call("cuMemAddressReserve", 2 << 20, 0, 0, 0)  # needs no context
+    assert int(va)
+    _driver.call("cuMemAddressFree", va, 2 << 20)
 
 
-@pytest.mark.provisional
+def test_vmm_and_handle_releases_work_with_a_destroyed_context_current() -> None:
+    """cuMemAddressFree, cuStreamDestroy, cuEventDestroy: no context needed (H100)."""
+    va = _driver.call("cuMemAddressReserve", 2 << 20, 0, 0, 0)
+    s = _driver.call("cuStreamCreate", 1)
+    e = _driver.call("cuEventCreate", 2)
+    with stale_context_current(0):
+        _driver.call("cuMemAddressFree", va, 2 << 20)
+        _driver.call("cuStreamDestroy", s)
+        _driver.call("cuEventDestroy", e)
+
+
+def test_releases_on_a_thread_without_a_context() -> None:
+    """cuMemFree and cuMemHostUnregister need no current context; the legacy stream does."""
+    import numpy as np
+
+    p = _driver.call("cuMemAlloc", 4096)
+    q = _driver.call("cuMemAlloc", 4096)
+    arr = np.zeros(4096, np.uint8)
+    _driver.call("cuMemHostRegister", arr.ctypes.data, arr.nbytes, 0)
+    results: list[object] = []
+
+    def release() -> None:
+        results.append(_driver.call("cuMemFree", p))
+        results.append(_driver.call("cuMemHostUnregister", arr.ctypes.data))
+        try:
+            _driver.call("cuMemFreeAsync", q, 1)  # CU_STREAM_LEGACY
+        except cm.CudaError as exc:
+            results.append(exc.code)
+
+    on_thread(release)
+    assert results == [None, None, int(R.CUDA_ERROR_INVALID_CONTEXT)]
+    _driver.call("cuMemFreeAsync", q, 1)
+    _driver.call("cuStreamSynchronize", 1)
+
+
 def test_release_calls_fail_with_a_destroyed_context_current() -> None:
     """cuMemFree of primary-context memory while a destroyed context is current."""
     p = _driver.call("cuMemAlloc", 4096)
