@@ -50,7 +50,7 @@ def release() -> None:
     """Stop the recorder (the pytest session ended), unless a report at exit needs it."""
     global _recorder
     if _recorder is not None and not _at_exit:
-        _recorder.stop()
+        _recorder.halt()
         _recorder = None
 
 

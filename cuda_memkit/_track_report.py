@@ -30,20 +30,37 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _driver
-from ._observe import Frame, format_bytes
+from ._observe import Allocation, Frame, MemoryEvent, format_bytes
 from ._resource import KINDS
-
-if TYPE_CHECKING:
-    from ._tracking import Tracker
 
 __all__ = ["SCHEMA", "KindSummary", "SiteSummary", "Timeline", "TrackSummary", "plot", "save",
            "summarize", "timeline", "to_dict"]
 
 SCHEMA = "cuda_memkit.track/1"
 _ALLOC, _FREE, _GROW, _SHRINK = 0, 1, 2, 3
+
+
+class Tracker(Protocol):
+    """What this module reads of a :class:`cuda_memkit.Tracker` (no import: no cycle)."""
+
+    _t0: int
+    _events: list[tuple[Any, ...]]
+    _live: dict[tuple[Any, object], list[Any]]
+    stacks: bool
+    threads: str
+    errors: list[Exception]
+
+    @property
+    def baseline(self) -> dict[str, int]: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def started_at(self) -> float: ...
+    def events(self) -> list[MemoryEvent]: ...
+    def live(self) -> list[Allocation]: ...
 
 
 @dataclass(frozen=True)

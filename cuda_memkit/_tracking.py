@@ -244,6 +244,16 @@ class Tracker:
         RuntimeError
             If it is not recording.
         """
+        self.halt()
+        if self.errors:
+            first = self.errors[0]
+            warnings.warn(f"cuda_memkit.track: {len(self.errors)} event(s) could not be "
+                          f"recorded (first: {type(first).__name__}: {first}); the "
+                          "allocations themselves were not affected", MemkitWarning,
+                          stacklevel=2)
+
+    def halt(self) -> None:
+        """:meth:`stop` without the warning about :attr:`errors`."""
         global _active, _want_stacks
         with _lock:
             if self._state != _ACTIVE:
@@ -257,12 +267,6 @@ class Tracker:
                     pass
             self._t1 = _now()
             self._state = _DONE
-        if self.errors:
-            first = self.errors[0]
-            warnings.warn(f"cuda_memkit.track: {len(self.errors)} event(s) could not be "
-                          f"recorded (first: {type(first).__name__}: {first}); the "
-                          "allocations themselves were not affected", MemkitWarning,
-                          stacklevel=2)
 
     def __enter__(self) -> Self:
         return self.start()
