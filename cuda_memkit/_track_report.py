@@ -345,43 +345,52 @@ def _scale(peak: int) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def plot(tr: Tracker, path: Any = None) -> Any:
-    """Memory over time per kind, peaks marked (see :meth:`Tracker.plot`)."""
+def plot(tr: Tracker, path: Any = None, kinds: Any = None) -> Any:
+    """Memory over time, one panel per kind, peaks marked (see :meth:`Tracker.plot`)."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or path-like, not {type(path).__name__}")
+    wanted = None
+    if kinds is not None:
+        wanted = [kinds] if isinstance(kinds, str) else list(kinds)
+        bad = [k for k in wanted if k not in KINDS]
+        if bad:
+            raise ValueError(f"unknown memory kind(s) {bad}; one of {', '.join(KINDS)}")
     try:
         import matplotlib
     except ImportError as exc:
         raise ImportError("Tracker.plot() needs matplotlib, which is not installed: "
                           "pip install matplotlib (or cuda_memkit[plot])") from exc
-    lines = timeline(tr)
+    lines = {k: tl for k, tl in timeline(tr).items() if wanted is None or k in wanted}
+    rows = max(len(lines), 1)
+    size = (8.0, 1.0 + 1.7 * rows)
     if path is None:
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(8, 4))
+        fig, grid = plt.subplots(rows, 1, sharex=True, squeeze=False, figsize=size)
     else:
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(8, 4))
-        ax = fig.add_subplot()
-    top = max((tl.peak for tl in lines.values()), default=0)
-    div, unit = _scale(top)
+        fig = Figure(figsize=size)
+        grid = fig.subplots(rows, 1, sharex=True, squeeze=False)
+    axes = list(grid[:, 0])
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     for i, (kind, tl) in enumerate(lines.items()):
-        color = colors[i % len(colors)]
+        ax, color = axes[i], colors[i % len(colors)]
+        div, unit = _scale(tl.peak)
         ax.step(tl.times, [v / div for v in tl.nbytes], where="post", color=color,
                 label=f"{kind} (peak {format_bytes(tl.peak)})")
-        ax.plot([tl.peak_time], [tl.peak / div], marker="v", color=color, markersize=8)
-    ax.set_xlabel("seconds since tracking started")
-    ax.set_ylabel(f"memory held ({unit})")
-    ax.set_title(f"cuda_memkit memory by kind ({_driver.backend_name()} backend)")
-    if lines:
-        ax.legend(loc="best", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no events recorded", ha="center", va="center",
-                transform=ax.transAxes)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
+        ax.plot([tl.peak_time], [tl.peak / div], marker="v", color=color, markersize=8,
+                linestyle="none")
+        ax.annotate(f"peak {format_bytes(tl.peak)}", (tl.peak_time, tl.peak / div),
+                    textcoords="offset points", xytext=(6, -10), fontsize="small")
+        ax.set_ylabel(f"{kind}\n({unit})")
+        ax.set_ylim(bottom=0, top=max(tl.peak / div, 1e-9) * 1.15)
+        ax.grid(alpha=0.3)
+    if not lines:
+        axes[0].text(0.5, 0.5, "no events recorded", ha="center", va="center",
+                     transform=axes[0].transAxes)
+    axes[0].set_title(f"cuda_memkit memory held, by kind ({_driver.backend_name()} backend)")
+    axes[-1].set_xlabel("seconds since tracking started")
     if path is not None:
         try:
             fig.savefig(os.fspath(path), dpi=100, bbox_inches="tight")

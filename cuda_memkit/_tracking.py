@@ -367,14 +367,19 @@ class Tracker:
 
         save(self, path)
 
-    def plot(self, path: Any = None) -> Any:
-        """Plot memory over time per kind, peaks marked (needs matplotlib).
+    def plot(self, path: Any = None, *, kinds: Any = None) -> Any:
+        """Plot memory over time, one panel per kind, peaks marked (needs matplotlib).
+
+        Each panel is a kind's :meth:`timeline` on its own scale, so a small
+        leak shows next to a large workload.
 
         Parameters
         ----------
         path : str or path-like, optional
             Save the figure there (any format matplotlib knows by the
             suffix) instead of leaving it open for display.
+        kinds : str or iterable of str, optional
+            Only these kinds (default: every kind with events).
 
         Returns
         -------
@@ -385,10 +390,12 @@ class Tracker:
         ------
         ImportError
             If matplotlib is not installed (``pip install matplotlib``).
+        ValueError
+            For an unknown kind.
         """
         from ._track_report import plot
 
-        return plot(self, path)
+        return plot(self, path, kinds)
 
     def __repr__(self) -> str:
         state = ("not started", "recording", "stopped")[self._state]

@@ -358,11 +358,15 @@ def test_plot(tmp_path: pathlib.Path) -> None:
             cm.HostBuffer.pooled(4096).close()
     fig = t.plot(tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    ax = fig.axes[0]
-    labels = [line.get_label() for line in ax.get_lines()]
-    assert any(lbl.startswith("device (peak 3.00 MiB") for lbl in labels)
-    assert any(lbl.startswith("pinned_pooled") for lbl in labels)
-    assert "MiB" in ax.get_ylabel()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["device\n(MiB)", "pinned_pooled\n(KiB)"]
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert "device (peak 3.00 MiB)" in labels and "pinned_pooled (peak 4.00 KiB)" in labels
+    peak_marker = fig.axes[0].get_lines()[1]
+    assert list(peak_marker.get_ydata()) == [3.0]
+    only = t.plot(tmp_path / "one.png", kinds="pinned_pooled")
+    assert [ax.get_ylabel() for ax in only.axes] == ["pinned_pooled\n(KiB)"]
+    with pytest.raises(ValueError, match="unknown memory kind"):
+        t.plot(kinds=["gpu"])
     with cm.track() as empty:
         pass
     empty.plot(tmp_path / "empty.png")
