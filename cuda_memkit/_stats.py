@@ -199,7 +199,8 @@ class MemoryStats:
     def pool(self, pool: Any) -> KindStats:
         """The statistics of one pool's buffers (a :class:`MemoryPool` or its handle).
 
-        A pool that never allocated gives zeros.
+        A pool that never allocated gives zeros. For a pool that was closed,
+        pass the handle it had (a closed pool has no ``handle``).
         """
         handle = getattr(pool, "handle", pool)
         if isinstance(handle, bool) or not isinstance(handle, int):

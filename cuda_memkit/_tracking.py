@@ -128,6 +128,11 @@ class Tracker:
         ``"all"``: every thread's events. ``"current"``: allocations made on
         the thread that starts the tracker, the frees of those allocations
         (on any thread), and frees made on that thread.
+    keep_events : bool, default True
+        Keep every event. ``False`` keeps only the live allocations (what a
+        leak check needs: memory stays proportional to what is alive);
+        :meth:`events`, :meth:`timeline` and the summary's counts are then
+        empty.
     """
 
     def __init__(self, stacks: bool = False, *, threads: str = "all",
@@ -305,7 +310,11 @@ class Tracker:
         return out
 
     def live(self) -> list[Allocation]:
-        """Allocations made while it recorded that are still alive, oldest first."""
+        """Allocations made while it recorded that are still alive, oldest first.
+
+        Once stopped, a tracker sees no more frees: this is then what was
+        alive when it stopped.
+        """
         t0 = self._t0
         items = sorted(list(self._live.items()), key=lambda kv: kv[1][0])
         return [Allocation(acct.kind, acct.device, acct.pool, int(key),  # type: ignore[call-overload]
