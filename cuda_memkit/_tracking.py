@@ -40,18 +40,18 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import MemkitWarning
 from ._observe import (
+    PACKAGE_DIR,
     Allocation,
     Frame,
     MemoryEvent,
     RawFrame,
     capture_stack,
     frames,
-    user_frame,
 )
 from ._resource import KINDS, LEDGER, Account, watchers
 
 if TYPE_CHECKING:
-    from types import TracebackType
+    from types import FrameType, TracebackType
 
     from typing_extensions import Self
 
@@ -67,6 +67,7 @@ _NEW, _ACTIVE, _DONE = 0, 1, 2
 _now = time.perf_counter_ns
 _ident = threading.get_ident
 _getframe = sys._getframe
+_PKG = PACKAGE_DIR
 
 # The trackers recording now (replaced, never mutated, under _lock) and
 # whether any of them wants stacks.
@@ -85,7 +86,9 @@ def _watch(acct: Account, key: object, nbytes: int, allocated: bool,
     stack: tuple[RawFrame, ...] | None = None
     if allocated:
         try:
-            f = user_frame(_getframe(1))
+            f: FrameType | None = _getframe(1)
+            while f is not None and f.f_code.co_filename.startswith(_PKG):  # user_frame()
+                f = f.f_back
             if f is not None:
                 code = f.f_code
                 site = (code.co_filename, f.f_lineno, code.co_name)
@@ -191,7 +194,8 @@ class Tracker:
                 op = FREE
                 if rec is not None:
                     del live[lk]
-                self._pre.discard(lk)
+                elif acct.kind == "growable":
+                    self._pre.discard(lk)
         if self._keep:
             self._events.append((t, acct, key, nbytes, op, stream, tid, site,
                                  stack if self.stacks and op != FREE else None))

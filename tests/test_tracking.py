@@ -66,6 +66,8 @@ def test_every_kind_is_recorded_with_its_details(stream: cm.Stream) -> None:
         phys = cm.PhysicalMemory.create(g)
         rng = cm.AddressRange.reserve(2 * g)
         mp = rng.map(phys)
+        ptrs = {"device": d.ptr, "pool": p.ptr, "managed": m.ptr, "pinned": h.ptr,
+                "pinned_pooled": hp.ptr, "vmm_physical": phys.handle, "vmm_mapped": mp.ptr}
         for o in (d, m, h, hp, r, mp, rng, phys):
             o.close()
         p.free()
@@ -84,7 +86,8 @@ def test_every_kind_is_recorded_with_its_details(stream: cm.Stream) -> None:
     assert sorted((e.kind, e.nbytes) for e in frees) == sorted((e.kind, e.nbytes) for e in allocs)
     assert all(e.site is None and e.stack is None for e in frees)
     by_kind = {e.kind: e for e in allocs}
-    assert by_kind["device"].device == 0 and by_kind["device"].address == d_ptr(allocs)
+    assert {k: e.address for k, e in by_kind.items() if k in ptrs} == ptrs
+    assert by_kind["device"].device == 0 and by_kind["vmm_physical"].device == 0
     assert by_kind["pinned"].device is None and by_kind["pinned_pooled"].device is None
     assert by_kind["pool"].pool == pool.handle and by_kind["pool"].stream == stream.handle
     assert by_kind["device"].stream is None
@@ -92,10 +95,6 @@ def test_every_kind_is_recorded_with_its_details(stream: cm.Stream) -> None:
     times = [e.time for e in ev]
     assert times == sorted(times) and 0 <= times[0] and times[-1] <= t.duration
     assert t.live() == []
-
-
-def d_ptr(allocs: list[cm.MemoryEvent]) -> int:
-    return next(e.address for e in allocs if e.kind == "device")
 
 
 def test_summary_finds_the_leak() -> None:
