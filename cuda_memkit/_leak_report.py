@@ -18,12 +18,12 @@ import atexit
 import sys
 from typing import TextIO
 
-from ._observe import Allocation, format_bytes
-from ._resource import Account, live_allocations
+from ._observe import Allocation, format_bytes, where
+from ._resource import LEDGER, Account, live_allocations
 from ._tracking import Tracker
 
-__all__ = ["describe", "format_leaks", "install", "live_now", "recorder", "release",
-           "report_at_exit"]
+__all__ = ["account_bytes", "describe", "format_leaks", "grown_without_allocation", "install",
+           "live_now", "recorder", "release", "report_at_exit"]
 
 _recorder: Tracker | None = None
 _at_exit = False  # install() was called: the recorder stays until exit
@@ -57,6 +57,30 @@ def release() -> None:
 def live_now() -> dict[tuple[Account, object], int]:
     """Every live allocation in the ledger: (account, allocation id) -> bytes."""
     return {(acct, key): n for acct, key, n in live_allocations()}
+
+
+def account_bytes() -> dict[Account, int]:
+    """Bytes held now per ledger account."""
+    return {acct: acct.current for acct in list(LEDGER.values())}
+
+
+def grown_without_allocation(before: dict[Account, int],
+                             new: list[tuple[Account, object, int]]) -> list[str]:
+    """Accounts holding more bytes than ``before`` that ``new`` allocations do not explain.
+
+    A live allocation that grew (a GrowableBuffer resized) or a miscount.
+    """
+    explained: dict[Account, int] = {}
+    for acct, _key, n in new:
+        explained[acct] = explained.get(acct, 0) + n
+    out = []
+    for acct, now in account_bytes().items():
+        extra = now - before.get(acct, 0) - explained.get(acct, 0)
+        if extra > 0:
+            out.append(f"{where(acct.kind, acct.device, acct.pool)} holds "
+                       f"{format_bytes(extra)} ({extra} bytes) more with no new allocation "
+                       f"(an allocation that grew, or a miscount)")
+    return out
 
 
 def describe(acct: Account, key: object, nbytes: int) -> Allocation:

@@ -12,7 +12,9 @@ With it, allocation stacks are recorded for the whole session, and around
 every test the allocation ledger is compared before setup and after teardown
 (after a ``gc.collect()`` if anything is left): an allocation made during the
 test that is still alive fails the test at teardown, and the message names
-each allocation's kind, size, address and stack. Mark a test ``@pytest.mark.memkit_allow_leaks``
+each allocation's kind, size, address and stack. An account holding more
+bytes with no new allocation (a buffer from before the test that grew, or a
+miscount) fails it too. Mark a test ``@pytest.mark.memkit_allow_leaks``
 to skip the check for it.
 
 Memory held by fixtures of a wider scope (module, session) is made before
@@ -82,16 +84,19 @@ class LeakCheck:
             yield
             return
         rep = self._report
-        before = rep.live_now()
+        before, before_bytes = rep.live_now(), rep.account_bytes()
         yield
         new = _new_since(before, rep.live_now())
-        if new:  # garbage may still hold some: collect (only then: a collection costs ms)
+        grown = rep.grown_without_allocation(before_bytes, new)
+        if new or grown:  # garbage may still hold some: collect (only then: it costs ms)
             gc.collect()
             new = _new_since(before, rep.live_now())
-        if new:
-            msg = rep.format_leaks(f"cuda_memkit: {request.node.nodeid} leaked", new,
-                                   limit=8, skip=_SKIP)
-            pytest.fail(msg, pytrace=False)
+            grown = rep.grown_without_allocation(before_bytes, new)
+        if new or grown:
+            title = f"cuda_memkit: {request.node.nodeid} leaked"
+            lines = [rep.format_leaks(title, new, limit=8, skip=_SKIP)] if new else [title + ":"]
+            lines += ["  " + g for g in grown]
+            pytest.fail("\n".join(lines), pytrace=False)
 
     def pytest_report_header(self, config: pytest.Config) -> Any:
         return "cuda_memkit leak check: on (--memkit-leaks; allocation stacks recorded)"

@@ -108,6 +108,11 @@ TESTS = textwrap.dedent("""\
 
     def test_wider_fixtures_are_not_leaks(module_buffer):
         assert module_buffer.nbytes == 2048
+
+    GROW = cm.GrowableBuffer(64 << 20, chunk=cm.granularity(0))  # made before any test
+
+    def test_grows_a_buffer_from_before():
+        GROW.resize(cm.granularity(0))
 """)
 
 
@@ -126,18 +131,20 @@ def test_plugin_fails_the_leaking_test_and_names_the_site(project: pathlib.Path)
     proc = _pytest(project, "-p", "cuda_memkit.pytest_plugin", "--memkit-leaks")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "5 passed, 1 error" in out, out  # the leaking test passed, its teardown failed
+    assert "6 passed, 2 errors" in out, out  # the leaking tests passed, their teardowns failed
     assert "ERROR at teardown of test_leaks_a_pool_buffer" in out
     assert ("cuda_memkit: test_mem.py::test_leaks_a_pool_buffer leaked: 1 allocation(s) "
             "still own memory (4.00 KiB)") in out
     assert "4.00 KiB (4096 bytes) of pool on device 0" in out
     assert f'File "{project / "test_mem.py"}", line 7, in test_leaks_a_pool_buffer' in out
     assert "_pytest" not in out.split("leaked:")[1].split("short test summary")[0]
+    assert "ERROR at teardown of test_grows_a_buffer_from_before" in out
+    assert "growable on device 0 holds 2.00 MiB (2097152 bytes) more with no new allocation" in out
 
 
 def test_plugin_is_inert_without_the_option(project: pathlib.Path) -> None:
     proc = _pytest(project, "-p", "cuda_memkit.pytest_plugin")
-    assert proc.returncode == 0 and "5 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout + proc.stderr
     assert "leak check" not in proc.stdout
     code = ("import sys, cuda_memkit.pytest_plugin\n"
             "print('cuda_memkit._tracking' in sys.modules, 'cuda_memkit._leak_report' "
@@ -152,5 +159,5 @@ def test_plugin_entry_point(project: pathlib.Path) -> None:
     assert eps[0].name == "cuda_memkit.pytest_plugin"
     # the entry point alone (with -p as well: the test above, same name, registered once)
     proc = _pytest(project, "--memkit-leaks")
-    assert "5 passed, 1 error" in proc.stdout, proc.stdout + proc.stderr
+    assert "6 passed, 2 errors" in proc.stdout, proc.stdout + proc.stderr
     assert "test_mem.py\", line 7, in test_leaks_a_pool_buffer" in proc.stdout

@@ -273,11 +273,12 @@ def test_an_address_reused_between_free_and_ledger_exit_stays_counted(
     frees = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost",
              "registered": "cuMemHostUnregister"}
     arr = np.zeros(4096, np.uint8)
+    acct = _resource.account(kind, None if kind in ("pinned", "registered") else 0)
+    base = acct.current
     obj: Any = {"device": lambda: cm.DeviceBuffer.alloc(4096),
                 "managed": lambda: cm.ManagedBuffer.empty(4096),
                 "pinned": lambda: cm.HostBuffer.empty(4096),
                 "registered": lambda: cm.register_host(arr)}[kind]()
-    acct = _resource.account(kind, None if kind in ("pinned", "registered") else 0)
     ptr = obj.ptr
     real = _driver.call
 
@@ -288,8 +289,10 @@ def test_an_address_reused_between_free_and_ledger_exit_stays_counted(
         return out
 
     monkeypatch.setattr(_driver, "call", call)
-    obj.close()
-    monkeypatch.undo()
-    held = acct.live.get(ptr)
-    acct.remove(ptr)  # the simulated allocation goes (it owns no real memory)
+    try:
+        obj.close()
+    finally:
+        monkeypatch.undo()
+        held = acct.live.pop(ptr, None)  # the simulated allocation goes (it owns no memory)
+        acct.current = base  # with the defect, the freed 4096 bytes never left the account
     assert held == 999

@@ -359,9 +359,12 @@ def test_plot(tmp_path: pathlib.Path) -> None:
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [ax.get_ylabel() for ax in fig.axes] == ["device\n(MiB)", "pinned_pooled\n(KiB)"]
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
-    assert "device (peak 3.00 MiB)" in labels and "pinned_pooled (peak 4.00 KiB)" in labels
+    tl = t.timeline()
+    assert f"device (peak {_observe.format_bytes(tl['device'].peak)})" in labels
+    assert f"pinned_pooled (peak {_observe.format_bytes(tl['pinned_pooled'].peak)})" in labels
+    assert tl["device"].peak == t.baseline["device"] + 3 * MiB
     peak_marker = fig.axes[0].get_lines()[1]
-    assert list(peak_marker.get_ydata()) == [3.0]
+    assert list(peak_marker.get_ydata()) == [tl["device"].peak / MiB]
     only = t.plot(tmp_path / "one.png", kinds="pinned_pooled")
     assert [ax.get_ylabel() for ax in only.axes] == ["pinned_pooled\n(KiB)"]
     with pytest.raises(ValueError, match="unknown memory kind"):
