@@ -80,7 +80,7 @@ def test_physical_memory_and_growable_match_cumemgetinfo() -> None:
     phys = cm.PhysicalMemory.create(n)
     lost_phys = f0 - _free()
     assert _ledger("vmm_physical") - p0 == n and abs(lost_phys - n) <= TOL
-    grow = cm.GrowableBuffer(4 * n)
+    grow = cm.GrowableBuffer(4 * n, chunk=g)
     grow.resize(n - 1)  # maps whole chunks: the ledger counts the mapped bytes
     lost_both = f0 - _free()
     assert _ledger("growable") - g0 == grow.capacity == n
