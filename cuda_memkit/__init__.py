@@ -8,6 +8,7 @@ feature modules: each loads on first use of one of its names.
 
 from __future__ import annotations
 
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 from ._driver import backend_name, use_backend
@@ -38,12 +39,23 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._growable import GrowableBuffer
     from ._managed import AttachFlags, ManagedBuffer
     from ._managed_ranges import MemAdvice, RangeInfo
+    from ._observe import Allocation, Frame, MemoryEvent
     from ._pinned import HostAllocFlags, HostBuffer
     from ._policy import ManagedMemoryHints, MigrationPolicy
     from ._pool import MemoryPool, PoolBuffer, PoolStats
     from ._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
     from ._registered import HostRegisterFlags, RegisteredHost, register_host
     from ._staging import StagingSettings, configure_staging, release_staging, staging_settings
+    from ._stats import (
+        MEMORY_KINDS,
+        KindStats,
+        MemoryStats,
+        Usage,
+        memory_stats,
+        reset_peak_stats,
+    )
+    from ._track_report import KindSummary, SiteSummary, Timeline, TrackSummary
+    from ._tracking import Tracker, track
     from ._transfers import copy, copy_async
     from ._vmm import AddressRange, Mapping, PhysicalMemory
     from ._vmm_base import Access, HandleType, granularity
@@ -66,6 +78,11 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
     "_growable": ("GrowableBuffer",),
     "_pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
+    "_stats": ("MEMORY_KINDS", "KindStats", "MemoryStats", "Usage", "memory_stats",
+               "reset_peak_stats"),
+    "_tracking": ("Tracker", "track"),
+    "_observe": ("Allocation", "Frame", "MemoryEvent"),
+    "_track_report": ("KindSummary", "SiteSummary", "Timeline", "TrackSummary"),
 }
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
@@ -141,6 +158,22 @@ __all__ = [
     "MemoryPool",
     "PoolBuffer",
     "PoolStats",
+    # -- observing memory (issue 12) --
+    "MEMORY_KINDS",
+    "Allocation",
+    "Frame",
+    "KindStats",
+    "KindSummary",
+    "MemoryEvent",
+    "MemoryStats",
+    "SiteSummary",
+    "Timeline",
+    "TrackSummary",
+    "Tracker",
+    "Usage",
+    "memory_stats",
+    "reset_peak_stats",
+    "track",
 ]
 
 
@@ -179,3 +212,10 @@ def __dir__() -> list[str]:
 
 
 _publish([n for n in __all__ if n in globals()])
+
+# CUDA_MEMKIT_LEAK_REPORT=1: record allocation stacks from now on and print
+# what still owns memory at interpreter exit (cuda_memkit._leak_report).
+if _os.environ.get("CUDA_MEMKIT_LEAK_REPORT", "") not in ("", "0"):
+    from ._leak_report import install as _install_leak_report
+
+    _install_leak_report()

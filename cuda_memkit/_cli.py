@@ -1,4 +1,4 @@
-"""``python -m cuda_memkit``: info, doctor and tour."""
+"""``python -m cuda_memkit``: info, stats, doctor and tour."""
 
 from __future__ import annotations
 
@@ -65,6 +65,35 @@ def cmd_info(backend: str, say: Say) -> int:
         say(f"      supports: {', '.join(yes) or '-'}")
         if no:
             say(f"      lacks   : {', '.join(no)}")
+    usage_by_kind(say)
+    return 0
+
+
+def usage_by_kind(say: Say) -> None:
+    """Print what this process holds through cuda_memkit, per kind (``memory_stats()``)."""
+    from ._observe import format_bytes
+    from ._stats import MEMORY_KINDS, memory_stats
+
+    stats = memory_stats()
+    say("current usage by kind (this process; a fresh one holds nothing):")
+    for kind, u in stats.by_kind.items():
+        say(f"  {kind:<14} {format_bytes(u.current):>11} in {u.live:>4} live  "
+            f"({MEMORY_KINDS[kind]})")
+
+
+def cmd_stats(backend: str, say: Say, as_json: bool = False) -> int:
+    """Print ``memory_stats()``: a table, or JSON with ``--json``."""
+    import json
+
+    from ._stats import memory_stats
+
+    stats = memory_stats()
+    if as_json:
+        print(json.dumps({"backend": backend, **stats.to_dict()}, indent=1), flush=True)
+    else:
+        say(f"backend: {_label(backend)}")
+        say(stats.table())
+        say("(a fresh process holds nothing: use cuda_memkit.memory_stats() in your program)")
     return 0
 
 
@@ -124,13 +153,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  description="cuda_memkit command line")
     ap.add_argument("--backend", choices=_driver.BACKENDS,
                     help="force a backend (default: the real driver, else the simulator)")
-    ap.add_argument("command", nargs="?", default="info", choices=("info", "doctor", "tour"))
+    ap.add_argument("command", nargs="?", default="info",
+                    choices=("info", "stats", "doctor", "tour"))
+    ap.add_argument("--json", action="store_true",
+                    help="stats: print memory_stats() as JSON")
     args = ap.parse_args(argv)
+    if args.json and args.command != "stats":
+        ap.error("--json goes with the stats command")
 
     def say(line: str) -> None:
         print(line, flush=True)
 
-    backend = _select_backend(args.backend, say)
+    def say_err(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    # With --json, stdout carries the JSON alone: notices go to stderr.
+    backend = _select_backend(args.backend, say_err if args.json else say)
+    if args.command == "stats":
+        return cmd_stats(backend, say, args.json)
     commands = {"info": cmd_info, "doctor": cmd_doctor, "tour": cmd_tour}
     try:
         return commands[args.command](backend, say)

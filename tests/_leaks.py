@@ -1,11 +1,12 @@
 """Before/after snapshots of driver resources for the leak check.
 
-Both backends: the allocation ledger (``cuda_memkit._resource``), exact: every
-allocation cuda_memkit made and has not freed, by kind, device and pool. On
-the simulator also the simulated machine (allocation table, streams, events
-and every table a feature keeps in ``Machine.ext``); on the real driver
-``cuMemGetInfo`` of every device, with a tolerance for the driver's own
-bookkeeping.
+The allocation ledger (``cuda_memkit._resource``: every allocation cuda_memkit
+made and has not freed) is checked by cuda_memkit's pytest plugin
+(``--memkit-leaks``, in the project's ``addopts``), which also names the
+allocation sites. Here: on the simulator the simulated machine (allocation
+table, streams, events and every table a feature keeps in ``Machine.ext``),
+exact; on the real driver ``cuMemGetInfo`` of every device, with a tolerance
+for the driver's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuda_memkit import _device, _driver, _resource
+from cuda_memkit import _device, _driver
 
 GPU_TOLERANCE = 4 << 20
 #: The H100's driver keeps up to ~126 MiB of device pages of freed *managed*
@@ -54,21 +55,8 @@ def _size(value: Any) -> int | None:
         return None
 
 
-def ledger_counts() -> dict[str, int]:
-    """Live allocations and bytes per ledger account."""
-    out = {}
-    for (kind, dev, pool), acct in list(_resource.LEDGER.items()):
-        where = f"{kind} on {'host' if dev is None else f'device {dev}'}"
-        if pool is not None:
-            where += f" pool 0x{pool:x}"
-        out[f"ledger: {where}: live allocations"] = len(acct.live)
-        out[f"ledger: {where}: bytes"] = acct.current
-    return out
-
-
 def snapshot() -> Snapshot:
     snap = Snapshot()
-    snap.counts.update(ledger_counts())
     if _driver.backend_name() == "sim":
         from cuda_memkit.sim import machine
 

@@ -30,6 +30,13 @@ from ._leaks import (
 BACKEND = _driver.backend_name()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The ledger half of the leak check is cuda_memkit's plugin: never run without it.
+    if not config.getoption("memkit_leaks", False):
+        raise pytest.UsageError("the suite's leak check needs cuda_memkit's plugin: "
+                                "-p cuda_memkit.pytest_plugin --memkit-leaks (see addopts)")
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     label = "CPU simulator" if BACKEND == "sim" else "real CUDA driver"
     return f"cuda_memkit backend: {BACKEND} ({label})"
@@ -84,8 +91,13 @@ def no_batch() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test that leaves driver resources behind (after gc.collect())."""
-    if "allow_leaks" in request.keywords:
+    """Fail a test that leaves driver resources behind (after gc.collect()).
+
+    The ledger (what cuda_memkit's objects own) is checked by the plugin
+    (``--memkit-leaks``), which names the allocation sites; this fixture
+    checks the simulated machine's tables, or cuMemGetInfo on a GPU.
+    """
+    if "memkit_allow_leaks" in request.keywords:
         yield
         return
     tolerance = (GPU_FRAMEWORK_TOLERANCE if "framework_kernels" in request.keywords
