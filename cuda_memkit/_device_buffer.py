@@ -31,10 +31,10 @@ def _copy(dst: Any, src: Any, nbytes: int | None) -> None:
 
 def _free_device(ptr: int, ordinal: int) -> None:
     """``cuMemFree`` (the release function of a DeviceBuffer's finalizer)."""
-    try:
-        release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
-    finally:  # the buffer owns the memory no more (a failure is reported as a warning)
-        account("device", ordinal).remove(ptr)
+    # Out of the ledger first: once freed, the address may be another thread's
+    # new allocation before this call returns. Given up even if the driver refuses.
+    account("device", ordinal).remove(ptr)
+    release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
 class DeviceBuffer(DeviceMemoryMixin, Resource):

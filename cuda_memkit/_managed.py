@@ -66,10 +66,10 @@ class AttachFlags(enum.IntFlag):
 
 def _free_managed(ptr: int, ordinal: int) -> None:
     """Finalizer: free managed memory (a context must be current for cuMemFree)."""
-    try:
-        _device.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
-    finally:  # the buffer owns the memory no more (a failure is reported as a warning)
-        account("managed", ordinal).remove(ptr)
+    # Out of the ledger first (the address may be reused as soon as it is freed);
+    # given up even if the driver refuses (the finalizer's warning says so).
+    account("managed", ordinal).remove(ptr)
+    _device.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
 def _normalize_shape(shape: object) -> tuple[int, ...]:

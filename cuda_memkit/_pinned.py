@@ -132,10 +132,11 @@ class PinnedAlloc:
         ptr = self.ptr
         if ptr:
             self.ptr = 0
-            try:
-                release_call(0, "cuMemFreeHost", ptr)
-            finally:  # given up even if the driver refuses (the caller warns)
-                _ACCOUNT.remove(ptr)
+            # Out of the ledger first: once freed, the address may be another
+            # thread's new allocation before this call returns. Given up even
+            # if the driver refuses (the caller warns).
+            _ACCOUNT.remove(ptr)
+            release_call(0, "cuMemFreeHost", ptr)
 
     def __del__(self) -> None:
         ptr = self.ptr

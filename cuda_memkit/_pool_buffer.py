@@ -254,8 +254,8 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
             self._dptr = d
             raise
 
-    def __del__(self) -> None:
-        try:
+    def __del__(self, _finalize: Any = _finalize) -> None:  # bound: module globals may be
+        try:                                                  # gone at interpreter exit
             d = self._dptr
         except AttributeError:  # never fully made
             return

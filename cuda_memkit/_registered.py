@@ -71,11 +71,11 @@ def _address(arr: np.ndarray[Any, Any]) -> int:
 
 def _unregister(ptr: int) -> None:
     """``cuMemHostUnregister`` (the release function of a RegisteredHost's finalizer)."""
-    try:
-        release_call(0, "cuMemHostUnregister", ptr)
-        forget_registration(ptr)  # only once the driver has unregistered it
-    finally:  # the object gives the registration up even if the driver refuses (a warning says so)
-        _ACCOUNT.remove(ptr)
+    # Out of the ledger first (the address may be registered again by another
+    # thread as soon as this one is gone); given up even if the driver refuses.
+    _ACCOUNT.remove(ptr)
+    release_call(0, "cuMemHostUnregister", ptr)
+    forget_registration(ptr)  # only once the driver has unregistered it
 
 
 class RegisteredHost(Resource):

@@ -136,10 +136,8 @@ def _settle_phys(ps: _PhysState) -> None:
         return
     if ps.release_wanted or ps.owner() is None:
         ps.released = True  # never retried: a failure is the finalizer's warning
-        try:
-            _driver.call("cuMemRelease", ps.handle)
-        finally:
-            ps.acct.remove(ps.handle)
+        ps.acct.remove(ps.handle)  # first: the handle may be reused once released
+        _driver.call("cuMemRelease", ps.handle)
 
 
 def _settle_range(rs: _RangeState) -> None:

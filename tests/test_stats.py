@@ -251,14 +251,10 @@ def test_cli_json_needs_stats(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--json goes with the stats command" in capsys.readouterr().err
 
 
-# -- a ledger defect (issue 12 finding): free first, leave the ledger after -----------------
+# -- an address reused between the driver's free and the ledger (fixed: ledger first) ----------
 
 
 @pytest.mark.uses_managed_memory
-@pytest.mark.xfail(strict=True, reason="ledger defect: DeviceBuffer/ManagedBuffer/HostBuffer/"
-                   "RegisteredHost free with the driver first and leave the ledger after; an "
-                   "allocation that gets the freed address in between is dropped from the "
-                   "ledger (fix: remove from the ledger before the driver call)")
 @pytest.mark.parametrize("kind", ["device", "managed", "pinned", "registered"])
 def test_an_address_reused_between_free_and_ledger_exit_stays_counted(
         kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
