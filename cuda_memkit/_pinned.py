@@ -182,8 +182,8 @@ class PoolSource(Protocol):
         Checks ``pool`` and ``flags`` first; ``nbytes == 0`` only checks (returns None).
         """
 
-    def default_pool(self) -> Any:
-        """:meth:`MemoryPool.default_pinned`."""
+    def pooled(self, cls: type[HostBuffer], shape: Any, dtype: Any, pool: Any) -> HostBuffer:
+        """``HostBuffer.pooled(shape, dtype, pool=pool)`` for ``cls``."""
 
 
 #: Set by ``cuda_memkit._pinned_pool`` when it loads.
@@ -394,24 +394,7 @@ class HostBuffer(Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
-        source = pool_source or _pool_source()
-        if type(shape) is int and 0 < shape <= MAX_NBYTES and cls is HostBuffer and (
-                dtype is _UINT8_NAME or (type(dtype) is str and dtype == "uint8")):
-            # 1-D bytes, the common case: a block and a buffer, nothing else.
-            block = source.take(pool, shape, 0)
-            self = _new_object(HostBuffer)
-            self._ptr = block.ptr  # type: ignore[union-attr]
-            self._nbytes = shape
-            self._shape = (shape,)
-            self._dtype = _U8 if _U8 is not None else uint8()
-            self._flags = 0
-            self._dptr = None
-            self._views = None
-            self._finalizer = None
-            self._block = block
-            self._state = OPEN
-            return self
-        return cls.empty(shape, dtype, pool=source.default_pool() if pool is None else pool)
+        return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
 
     # -- lifetime ----------------------------------------------------------------------
     def close(self) -> None:

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Any, cast
 
 from . import _driver, _pinned, _pool
+from ._checks import MAX_NBYTES
 from ._device import Stream
 from ._errors import ClosedError, CudaError
+from ._pinned import HostBuffer
 from ._pool import MemoryPool
 from ._pool_buffer import free_failed
-from ._resource import account, notify, watchers
+from ._resource import CLOSED, OPEN, account, notify, watchers
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
 
@@ -48,6 +50,7 @@ _PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 _ACCOUNT = account("pinned_pooled")
 _lock = threading.Lock()
 _new_object = object.__new__
+_UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
 
 
 class HostCache:
@@ -269,11 +272,103 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
     return block
 
 
+# -- HostBuffer.pooled(n) ---------------------------------------------------------------
+
+
+class PooledHostBuffer(_pinned.HostBuffer):
+    """What ``HostBuffer.pooled(n)`` gives for bytes: a HostBuffer on a block of a pinned pool.
+
+    Everything a :class:`~cuda_memkit.HostBuffer` does; ``close()`` puts the
+    block straight back in its cache (:meth:`HostBlock.release` written out:
+    the pair must cost about what CuPy's pinned pool costs, and a call is a
+    large part of that; see bench_pool's pinned rows). A buffer collected
+    without ``close()`` drops its block, whose ``__del__`` gives it back.
+    """
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Give the block back to the pool's cache; calling it again does nothing."""
+        if self._state is CLOSED:
+            return
+        self._state = CLOSED
+        if self._views:
+            return  # the block goes back once the views and the buffer are gone
+        block = cast("HostBlock | None", self._block)
+        if block is None:
+            return
+        self._block = None
+        block.busy = False
+        ptr = block.ptr
+        acct = _ACCOUNT  # Account.remove, written out (see take())
+        n = acct.live.pop(ptr, 0)
+        acct.current -= n
+        if watchers:
+            notify(acct, ptr, n, False)
+        cache = block.cache  # HostCache.put, written out
+        blocks = block.bin
+        if blocks is not None and cache.open and cache.cached + block.size <= HOST_CACHE_LIMIT:
+            blocks.append(block)
+            cache.cached += block.size
+        else:
+            try:
+                cache.put(block)
+            except CudaError as exc:  # close() never raises driver errors
+                _pinned.warn_free_failed("pinned pool block", ptr, exc)
+
+
+def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
+    """``HostBuffer.pooled(shape, dtype, pool=pool)``: a block from the pool's cache.
+
+    1-D bytes (the common case) give a :class:`PooledHostBuffer`, made here;
+    anything else is ``cls.empty(shape, dtype, pool=...)``.
+    """
+    if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
+            or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
+        return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
+    cache = _default_cache if pool is None else None
+    blocks = (cache.bins[shape if not shape & (shape - 1) else 1 << shape.bit_length()]
+              if cache is not None and shape <= HOST_CACHE_MAX_BLOCK and _default_sim is None
+              else None)
+    block: HostBlock | None = None
+    if blocks:  # a hit of the default pool: take()'s hit path, written out (a call is ~7 %
+        try:    # of the pooled pair; see PooledHostBuffer)
+            block = blocks.pop()
+        except IndexError:  # another thread took the last one
+            pass
+        else:
+            cache.cached -= block.size  # type: ignore[union-attr]
+            block.busy = True
+            ptr = block.ptr
+            acct = _ACCOUNT
+            acct.live[ptr] = shape
+            c = acct.current = acct.current + shape
+            if c > acct.peak:
+                acct.peak = c
+            acct.total += 1
+            if watchers:
+                notify(acct, ptr, shape, True)
+    if block is None:
+        block = take(pool, shape)  # checks the pool; a miss, another pool, the simulator
+    self = _new_object(PooledHostBuffer)
+    self._ptr = block.ptr  # type: ignore[union-attr]
+    self._nbytes = shape
+    self._shape = (shape,)
+    self._dtype = _pinned.uint8()
+    self._flags = 0
+    self._dptr = None
+    self._views = None
+    self._finalizer = None
+    self._block = block
+    self._state = OPEN
+    return self
+
+
 class _Source:
     """What ``_pinned.pool_source`` holds: this module's entry points (no wrapper frames)."""
 
     take = staticmethod(take)
-    default_pool = staticmethod(_pool.default_pinned)
+    pooled = staticmethod(pooled)
 
 
 _pinned.pool_source = _Source()
