@@ -30,9 +30,6 @@ included. What it does, each measured on the H100 (``bench_pool``):
   hand and errors raised through ``_driver.check``; the rare cases (no
   current context on this thread, a closed allocation stream) are handled off
   the hot path.
-* The ledger update (see :mod:`cuda_memkit._resource`) is written out in
-  ``allocate()`` and ``free()`` instead of calling ``Account.add`` /
-  ``remove``: the two method calls cost {LEDGER_INLINE} of the pair.
 * No per-buffer bookkeeping in the pool: ``close()`` asks the driver
   (``USED_MEM_CURRENT``, which drops at the free on the H100) whether memory
   is still in use.
@@ -428,7 +425,9 @@ class MemoryPool(PoolAttributes, Resource):
             dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
         acct = self._acct
         buf: PoolBuffer = new_buffer(PoolBuffer, dptr, nbytes, sref, self, acct)
-        acct.live[dptr] = nbytes  # Account.add, written out
+        # Account.add written out: the call costs ~60 ns of a ~520 ns pair in Python
+        # (CPython 3.11, stub driver), ~5 % of a pair on the H100's host.
+        acct.live[dptr] = nbytes
         c = acct.current = acct.current + nbytes
         if c > acct.peak:
             acct.peak = c

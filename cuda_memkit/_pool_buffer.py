@@ -89,10 +89,9 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
         res = FREE(dptr, cus)
     if res[0]:
         cus = free_failed(res, dptr, cus, pool.device)
-    n = acct.live.pop(dptr, 0)
-    acct.current -= n
-    if watchers:
-        notify(acct, dptr, n, False, int(cus))
+    # (the key is the driver's CUdeviceptr object, unique to this allocation: a
+    # new allocation at the same address cannot be mistaken for it)
+    acct.remove(dptr, int(cus) if watchers else None)
 
 
 def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
@@ -229,7 +228,7 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
             self._dptr = d
             cus = free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
             self._dptr = None
-        acct = self._acct  # Account.remove, written out
+        acct = self._acct  # Account.remove written out, as in allocate()
         n = acct.live.pop(d, 0)
         acct.current -= n
         if watchers:

@@ -42,7 +42,7 @@ from cuda.bindings import driver as _cu
 
 from .. import _driver
 from .._errors import ClosedError, MemkitWarning
-from .._resource import Account, account, notify, watchers
+from .._resource import account, watchers
 
 if TYPE_CHECKING:
     from .._pool import MemoryPool
@@ -110,7 +110,7 @@ def _memory_classes(base: type) -> tuple[type, type]:
             res = _FREE(d, self._s)
             if res[0]:
                 _free_failed(self, res)
-            _forget(self._a, d)
+            self._a.remove(d)
 
         def __repr__(self) -> str:
             return (f"<cuda_memkit CuPy memory 0x{self.ptr:x} size={self.size} "
@@ -130,31 +130,12 @@ def _memory_classes(base: type) -> tuple[type, type]:
                 _free_failed(self, res)
             elif self._pool.closed:
                 _freed_after_close(self._pool)
-            _forget(self._a, d)
+            self._a.remove(d)
 
     Memory.__module__ = PoolMemory.__module__ = __name__
     Memory.__qualname__, PoolMemory.__qualname__ = "CupyMemory", "CupyPoolMemory"
     classes = _MEMORY_CLASSES[base] = (Memory, PoolMemory)
     return classes
-
-
-def _note(acct: Account, d: Any, size: int, cus: Any) -> None:
-    """Enter a CuPy allocation in the ledger (the pool's account)."""
-    acct.live[d] = size
-    c = acct.current = acct.current + size
-    if c > acct.peak:
-        acct.peak = c
-    acct.total += 1
-    if watchers:
-        notify(acct, d, size, True, int(cus))
-
-
-def _forget(acct: Account, d: Any) -> None:
-    """A CuPy allocation was freed (or given up): it leaves the ledger."""
-    n = acct.live.pop(d, 0)
-    acct.current -= n
-    if watchers:
-        notify(acct, d, n, False)
 
 
 def _free_failed(mem: Any, res: Any) -> None:
@@ -327,7 +308,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             m._d = d
             m._s = cus
             m._a = acct = accounts[dev]
-            _note(acct, d, size, cus)
+            acct.add(d, size, int(cus) if watchers else None)
             return pointer(m, 0)
 
         return allocate
@@ -361,7 +342,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         m._s = cus
         m._pool = given
         m._a = given_acct
-        _note(given_acct, d, size, cus)
+        given_acct.add(d, size, int(cus) if watchers else None)
         return pointer(m, 0)
 
     return allocate_from_pool
