@@ -228,8 +228,8 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
             table.add(f"{tag}: raw cuMemcpyBatchAsync, 1 call (prebuilt lists)",
                       gbps=bw["batch"], ratio=bw["batch"] / ref, vs="contig", target="reference")
             calls = f"{len(parts)} call{'s' if len(parts) != 1 else ''}"
-            table.add(f"{tag}: raw cuMemcpyBatchAsync, {calls} as copy_batch (prebuilt)", gbps=bw["split"], ratio=bw["split"] / ref, vs="contig",
-                      target="info")
+            table.add(f"{tag}: raw cuMemcpyBatchAsync, {calls} as copy_batch (prebuilt)",
+                      gbps=bw["split"], ratio=bw["split"] / ref, vs="contig", target="info")
             mk = bw["memkit"]
             label = f"{tag}: copy_batch from arrays"
             if target == "loop+batch":
