@@ -52,7 +52,8 @@ copied; it and the ones after it have not** (``data: 4 copies, the third
 past the end``: copies 0 and 1 landed, copy 3 did not; which bytes of the
 refused entry itself land is unknown -- the simulator copies none. That the
 other per-entry refusals -- size 0, null -- behave the same is PROVISIONAL:
-only the past-the-end refusal was read back).
+only the past-the-end refusal was read back; ``SIZE0_AND_NULL_REFUSED_UP_FRONT``
+switches to the other model).
 
 **Crashes.** On the H100 an entry whose source or destination lies in the
 device address window but in no allocation (a freed device pointer as
@@ -102,6 +103,11 @@ HINT_HOST_KINDS = frozenset({2, 3, 4})
 #: Handles refused as the stream: the legacy NULL stream 0 and CU_STREAM_LEGACY
 #: (``forms: stream: legacy NULL stream 0``, ``CU_STREAM_LEGACY (1)``).
 REFUSED_STREAMS = (0, 1)
+
+#: PROVISIONAL (the probe did not read back after these refusals): size-0 entries
+#: and null pointers are refused entry by entry, like a range past its end (the
+#: entries before them are copied). True: refused before any entry is copied.
+SIZE0_AND_NULL_REFUSED_UP_FRONT = False
 
 # The bindings' words for the expected list types (cuda-bindings 13.x).
 _PTRS = "tuple[cydriver.CUdeviceptr,] or list[cydriver.CUdeviceptr,]"
@@ -215,6 +221,9 @@ def _batch(dsts: list[Any], srcs: list[Any], sizes: list[int], count: int,
     if n == 0 or h in REFUSED_STREAMS:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _check_attrs(attrs, idxs, nattrs, n)
+    if SIZE0_AND_NULL_REFUSED_UP_FRONT and any(
+            sizes[k] == 0 or int(dsts[k]) == 0 or int(srcs[k]) == 0 for k in range(n)):
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     # Entry by entry, stopping at the first refused one: the copies before it
     # stay made (data: "after failed batch: copies 0,1,3 landed: [True, True, False]").
     for k in range(n):

@@ -82,7 +82,9 @@ IN_PLACE = OK  # forms: src and dst the same range (in place)
 #: (data: "after failed batch: copies 0,1,3 landed: [True, True, False]").
 REFUSED_BATCH_LANDED = (True, True, False)
 #: PROVISIONAL (not read back by the probe): a size-0 entry at index 1 keeps
-#: copy 0 and drops copies 2 and 3, like the past-the-end refusal above.
+#: copy 0 and drops copies 2 and 3, like the past-the-end refusal above. If the
+#: H100 answers (False, False, False), set the simulator's
+#: SIZE0_AND_NULL_REFUSED_UP_FRONT to True.
 SIZE0_REFUSAL_LANDED = (True, False, False)
 #: PROVISIONAL (not read back by the probe): a refusal of the call's arguments
 #: (here an attribute with an unset access order) copies nothing.
@@ -330,6 +332,17 @@ def test_refused_entry_keeps_the_copies_before_it(rig: Rig) -> None:
 def test_size0_entry_keeps_the_copies_before_it(rig: Rig) -> None:
     go(rig, SIZE0_ENTRY, sizes=[BLK, 0, BLK, BLK])  # PROVISIONAL answer: see the constant
     assert _landed(rig, (0, 2, 3)) == SIZE0_REFUSAL_LANDED
+
+
+@pytest.mark.sim_only
+def test_simulator_switch_for_up_front_size0_refusal(rig: Rig,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other model of the provisional answer, one constant away in the simulator."""
+    from cuda_memkit.sim import _copy_batch as sim_batch
+
+    monkeypatch.setattr(sim_batch, "SIZE0_AND_NULL_REFUSED_UP_FRONT", True)
+    go(rig, SIZE0_ENTRY, sizes=[BLK, 0, BLK, BLK])
+    assert _landed(rig, (0, 2, 3)) == (False, False, False)
 
 
 def test_refused_arguments_copy_nothing(rig: Rig) -> None:
