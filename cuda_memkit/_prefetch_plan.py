@@ -149,8 +149,9 @@ def _check_batch(batch: object) -> None:
 class PrefetchPlan:
     """Prefetches and discards collected first, then validated and issued together.
 
-    :meth:`add` and :meth:`discard` record entries (each returns the plan, so
-    calls chain); nothing is issued until :meth:`execute`, which
+    :meth:`add`, :meth:`add_ranges` (many ranges from arrays) and
+    :meth:`discard` record entries (each returns the plan, so calls chain);
+    nothing is issued until :meth:`execute`, which
 
     1. validates every entry (:meth:`validate`: ranges inside open buffers or
        managed allocations, sizes > 0, destinations that exist, no range sent
