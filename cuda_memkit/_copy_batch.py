@@ -1,4 +1,4 @@
-"""Batched copies: many blocks between buffers in one driver call.
+"""Batched copies: many blocks between buffers in a few driver calls.
 
 * :func:`copy_batch` copies blocks given as arrays of byte offsets and sizes
   (or ``(dst_offset, src_offset, size)`` triples) between two buffers of any
@@ -7,14 +7,31 @@
 * Everything is checked with numpy before anything is issued (integer
   arrays, lengths, bounds, overlapping destinations, a source overlapping
   another block's destination, pageable memory in a stream-ordered copy);
-  blocks contiguous on both sides are merged; the blocks go to one
-  ``cuMemcpyBatchAsync`` call where the driver has it (CUDA >= 12.8 with the
-  13.x form), and to a loop of ``cuMemcpyAsync`` where it does not.
+  blocks contiguous on both sides are merged; the blocks go to
+  ``cuMemcpyBatchAsync`` calls of at most :data:`CALL_MAX` copies and
+  :data:`CALL_BYTES` bytes each where the driver has the call (CUDA >= 12.8
+  with the 13.x form), and to a loop of ``cuMemcpyAsync`` where it does not.
+* A batch moving at least :data:`DUPLEX_MIN_BYTES` each way between host and
+  device issues its device-to-host copies on a private stream forked from and
+  joined back to the caller's stream, so both copy engines work; the batch is
+  ordered on the caller's stream all the same.
 * No per-block Python object is built on the fast path: the ``CUdeviceptr``
   lists the bindings want are views (``CUdeviceptr(_ptr=...)``) over a
-  per-thread numpy array, made once and rewritten in place per call.
+  per-thread numpy array, made once and rewritten in place per call (the
+  driver reads them during the call); sizes of equal blocks are one shared
+  int.
 * Operands of a stream-ordered batch are kept alive until the stream has
   finished it, as :func:`copy_async` does.
+
+**What reaches the driver.** The driver checks each entry as it walks the
+list and stops at the first bad one, keeping the copies before it (the
+H100); worse, an address in the device window that is no allocation (a freed
+pointer) kills the process. So every block of an operand whose extent the
+library knows (its buffers, arrays, ``__cuda_array_interface__`` objects) is
+checked against that extent before the first call, and again at each
+:meth:`CopyBatch.execute` (a buffer closed or shrunk since :meth:`~CopyBatch.add`
+is refused there). Raw int addresses are trusted: the caller vouches for
+them, and a bad one is the driver's to refuse -- or to crash on.
 """
 
 from __future__ import annotations
@@ -24,9 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import _driver
 from ._device import StreamLike, as_location, stream_handle
-from ._errors import CudaDriverNotFoundError
+from ._errors import CudaDriverNotFoundError, CudaError
 from ._operands import (
+    DRIVER,
     HOST,
+    PINNED,
     RAW,
     is_pinned_host,
     keep_alive,
@@ -43,17 +62,48 @@ if TYPE_CHECKING:
 
 __all__ = ["CopyBatch", "copy_batch"]
 
-#: Largest number of copies in one ``cuMemcpyBatchAsync`` call; more are split
-#: into several calls. PROVISIONAL until scripts/probes/copy_batch_probe.py
-#: (counts up to 262144 were not yet tried on the H100).
-CALL_MAX = 1 << 16
-#: Copies no larger than this get ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``
-#: (RMM and cuDF use 128 KiB). PROVISIONAL: 0 (flag off) until the probe has
-#: measured the flag on the H100.
-OVERLAP_FLAG_MAX_BLOCK = 0
+KiB, MiB = 1 << 10, 1 << 20
+
+# The constants below come from the H100's run of scripts/probes/copy_batch_probe.py
+# (pinned <-> device, GB/s, median of interleaved samples; the probe's row names quoted).
+
+#: At most this many copies go to one ``cuMemcpyBatchAsync`` call, and ...
+#: One call that holds every copy is slow to start: the driver walks all of the
+#: call's entries (about 0.7-0.9 us each) before the copy engine is busy, and
+#: later calls are walked while earlier ones are moving data. The H100:
+#: 4096 x 64 KiB H2D in one call 34.0 GB/s, in 2/4/8/16 calls 40.1/47.2/49.8/51.8
+#: (contiguous 54.4); 1024 x 256 KiB in 1/2/4/8/16 calls 45.6/49.4/51.5/52.7/53.4
+#: (contiguous 54.4). The best rows of both shapes are calls of 16 MiB (256 x 64 KiB,
+#: 64 x 256 KiB), hence the two limits; 65536 x 4 KiB was 2.4-2.6 GB/s for 1 to 16
+#: calls alike (bound by the driver's per-copy cost, not by the calls).
+CALL_MAX = 256
+#: ... a call stops once it holds this many bytes (it holds at least one copy).
+CALL_BYTES = 16 * MiB
+#: Copies no larger than this get ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``.
+#: The flag measured +20% at 4 KiB (65536 x 4 KiB H2D: 2.92 GB/s with it, 2.43
+#: without, 2.57 with order ANY), -8% at 64 KiB (31.3 vs 34.0) and +1% at 256 KiB
+#: (46.2 vs 45.6), all without concurrent kernels; so it is set for 4 KiB
+#: blocks only, not up to the 128 KiB that RMM uses.
+OVERLAP_FLAG_MAX_BLOCK = 4 * KiB
+#: A batch with at least this many bytes host-to-device AND device-to-host
+#: issues the device-to-host copies on a private second stream (forked from and
+#: joined back to the caller's stream with an event), so that both copy engines
+#: work: 4096 x 64 KiB each way in one call with 2 attrs 38.7 GB/s, two calls on
+#: one stream 39.9, two calls on two streams 47.0. The fork costs a stream, an
+#: event and six driver calls (tens of microseconds), hence the floor.
+DUPLEX_MIN_BYTES = 8 * MiB
+#: The source access order given to the driver: STREAM (sources are read in
+#: stream order, like cuMemcpyAsync), pageable sources included. For a 64 MiB
+#: pageable source the H100 took 13.13 / 12.91 / 12.94 ms in all with orders
+#: STREAM / DURING_API_CALL / ANY (the call itself returned after 1.85 / 1.77 /
+#: 1.64 ms in each), so the weaker orders buy nothing; STREAM keeps the
+#: documented ordering and the operands are held until the stream is done anyway.
+SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
 
 _STREAM_PER_THREAD = 0x2
 _LEGACY = (0, 0x1)
+_EVENT_DISABLE_TIMING = 0x2
+_STREAM_NON_BLOCKING = 0x1
 _I64_MAX = (1 << 63) - 1
 
 
@@ -159,8 +209,8 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
 class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
-    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_op", "nbytes", "s", "src",
-                 "src_hint", "src_op", "z")
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s", "src",
+                 "src_hint", "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any) -> None:
@@ -175,6 +225,9 @@ class _Group:
         _check_bounds(d, z, self.dst_op[1], "destination")
         _check_bounds(s, z, self.src_op[1], "source")
         self.blocks = len(z)
+        # The bytes each operand must have (checked again by refresh()).
+        self.dst_need = int((d + z).max()) if len(z) else 0
+        self.src_need = int((s + z).max()) if len(z) else 0
         keep = z > 0  # zero-size blocks are skipped (the driver refuses them)
         if not keep.all():
             idx = np.flatnonzero(keep)
@@ -204,14 +257,38 @@ class _Group:
                 d, s = d[starts], s[starts]
         self.d, self.s, self.z = d, s, z
         self.nbytes = int(z.sum()) if len(z) else 0
+        self._check_null()
+
+    def _check_null(self) -> None:
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
             if self.nbytes and op[0] == 0:
                 raise ValueError(f"the copy_batch {role} is a null pointer")
 
     def refresh(self) -> None:
-        """Resolve the operands again (a closed buffer raises ClosedError)."""
+        """Resolve the operands again and check the blocks against their sizes now.
+
+        A closed buffer raises ClosedError; a buffer that shrank since the
+        blocks were added (``GrowableBuffer.resize``) raises ValueError: its
+        tail may be unmapped, and a copy there can kill the process.
+        """
         self.dst_op = operand(self.dst, True)
         self.src_op = operand(self.src, False)
+        for op, need, role in ((self.dst_op, self.dst_need, "destination"),
+                               (self.src_op, self.src_need, "source")):
+            if op[1] is not None and need > op[1]:
+                raise ValueError(
+                    f"the {role} now has {op[1]} bytes, but the batch's blocks reach byte "
+                    f"{need} of it (it was resized since they were added)")
+        self._check_null()
+
+    def direction(self) -> int:
+        """1: host to device, 2: device to host, 0: anything else (by operand kind)."""
+        d, s = self.dst_op[3], self.src_op[3]
+        if d == DRIVER and s in (HOST, PINNED):
+            return 1
+        if s == DRIVER and d in (HOST, PINNED):
+            return 2
+        return 0
 
     def pageable(self) -> str | None:
         """Which operand is pageable host memory ("destination"/"source"), if any."""
@@ -318,9 +395,7 @@ def _attrs(g: _Group) -> Any:
     from cuda.bindings.driver import CUmemcpyAttributes, CUmemcpySrcAccessOrder
 
     a = CUmemcpyAttributes()
-    # STREAM: the source is read in stream order, like cuMemcpyAsync. PROVISIONAL for
-    # pageable sources too: the probe measures DURING_API_CALL and ANY against it.
-    a.srcAccessOrder = CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    a.srcAccessOrder = CUmemcpySrcAccessOrder(SRC_ACCESS_ORDER)
     if OVERLAP_FLAG_MAX_BLOCK and len(g.z) and int(g.z.max()) <= OVERLAP_FLAG_MAX_BLOCK:
         a.flags = 1  # CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
     if g.src_hint is not None:
@@ -330,25 +405,63 @@ def _attrs(g: _Group) -> Any:
     return a
 
 
+def call_bounds(z: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
+    """Split copies of sizes ``z`` into calls: at most CALL_MAX copies, CALL_BYTES bytes each.
+
+    A call always holds at least one copy (a copy larger than CALL_BYTES goes alone).
+    """
+    import numpy as np
+
+    total = len(z)
+    if not total:
+        return []
+    first = int(z[0])
+    if (z == first).all():
+        step = max(1, min(CALL_MAX, CALL_BYTES // first if first else CALL_MAX))
+        return [(a, min(a + step, total)) for a in range(0, total, step)]
+    cum = np.concatenate(([0], np.cumsum(z, dtype=np.int64)))
+    out: list[tuple[int, int]] = []
+    a = 0
+    while a < total:
+        fit = int(np.searchsorted(cum, int(cum[a]) + CALL_BYTES, side="right")) - 1
+        b = min(a + CALL_MAX, max(fit, a + 1), total)
+        out.append((a, b))
+        a = b
+    return out
+
+
 def _issue_batch(groups: list[_Group], stream: int) -> None:
-    """One ``cuMemcpyBatchAsync`` per CALL_MAX copies; one attrs entry per group."""
+    """The copies of ``groups`` in calls of :func:`call_bounds`; one attrs entry per group.
+
+    Raises
+    ------
+    CudaDriverNotFoundError
+        From the first call, before anything was issued, on a driver without
+        ``cuMemcpyBatchAsync``.
+    """
     import numpy as np
 
     live = [g for g in groups if len(g.z)]
+    if not live:
+        return
     addrs = [g.addresses() for g in live]
     dst = np.concatenate([a[0] for a in addrs]) if len(addrs) > 1 else addrs[0][0]
     src = np.concatenate([a[1] for a in addrs]) if len(addrs) > 1 else addrs[0][1]
     z = np.concatenate([g.z for g in live]) if len(live) > 1 else live[0].z
     starts = np.cumsum([0] + [len(g.z) for g in live])
     attrs = [_attrs(g) for g in live]
-    total = len(z)
     uniform = bool((z == z[0]).all())
+    same_sizes: list[int] = []
     call = _driver.call
-    for a in range(0, total, CALL_MAX):
-        b = min(a + CALL_MAX, total)
+    for a, b in call_bounds(z):
         n = b - a
         dl, sl, shared = _ptr_lists(dst[a:b], src[a:b])
-        sizes = [int(z[a])] * n if uniform else z[a:b].tolist()
+        if uniform:  # one list of one int, reused while the count stays the same
+            if len(same_sizes) != n:
+                same_sizes = [int(z[0])] * n
+            sizes = same_sizes
+        else:
+            sizes = z[a:b].tolist()
         first = int(np.searchsorted(starts, a, side="right")) - 1
         last = int(np.searchsorted(starts, b, side="left"))
         at = attrs[first:last]
@@ -359,6 +472,46 @@ def _issue_batch(groups: list[_Group], stream: int) -> None:
             call("cuMemcpyBatchAsync", dl, sl, sizes, n, at, idx, len(at), stream)
         finally:
             _slots.busy = False
+
+
+def _duplex(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
+    """(groups for the caller's stream, groups for a second stream): see DUPLEX_MIN_BYTES."""
+    side = [g for g in groups if g.nbytes and g.direction() == 2]
+    if not side:
+        return groups, []
+    h2d = sum(g.nbytes for g in groups if g.nbytes and g.direction() == 1)
+    d2h = sum(g.nbytes for g in side)
+    if min(h2d, d2h) < DUPLEX_MIN_BYTES:
+        return groups, []
+    return [g for g in groups if not (g.nbytes and g.direction() == 2)], side
+
+
+def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
+    """``main`` on ``stream``, ``side`` on a private stream forked from and joined to it.
+
+    The private stream waits for the work already on ``stream`` (an event),
+    and ``stream`` then waits for the private stream's copies (the same event,
+    recorded again), so the batch is ordered exactly as if every copy had gone
+    to ``stream``. The stream and the event are destroyed at once; the driver
+    releases them when their work is done.
+    """
+    call = _driver.call
+    ev = call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    try:
+        call("cuEventRecord", ev, stream)
+        private = int(call("cuStreamCreate", _STREAM_NON_BLOCKING))
+        try:
+            call("cuStreamWaitEvent", private, ev, 0)
+            try:
+                _issue_batch(side, private)  # a driver without the call: nothing issued
+                _issue_batch(main, stream)
+            finally:
+                call("cuEventRecord", ev, private)
+                call("cuStreamWaitEvent", stream, ev, 0)
+        finally:
+            call("cuStreamDestroy", private)
+    finally:
+        call("cuEventDestroy", ev)
 
 
 def _issue_loop(groups: list[_Group], stream: int) -> None:
@@ -397,18 +550,40 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = _STREAM_PER_THREAD if h in _LEGACY else h
+    main, side = _duplex(groups)
+    done = False
     try:
-        _issue_batch(groups, issue_on)
-    except CudaDriverNotFoundError:  # a driver without cuMemcpyBatchAsync
-        issue_on = h
-        _issue_loop(groups, issue_on)
-    if sync:
-        _driver.call("cuStreamSynchronize", issue_on)
-        return
+        try:
+            if side:
+                _issue_forked(main, side, issue_on)
+            else:
+                _issue_batch(groups, issue_on)
+        except CudaDriverNotFoundError:  # a driver without cuMemcpyBatchAsync
+            issue_on = h
+            _issue_loop(groups, issue_on)
+        done = True
+    finally:
+        # Also when the driver refused a later call (int addresses): the calls
+        # before it are in flight and read or write the operands.
+        _settle(groups, issue_on, sync, done)
+
+
+def _settle(groups: list[_Group], stream: int, sync: bool, done: bool) -> None:
+    """Wait for the batch (synchronous) or hold its operands until the stream is done.
+
+    After a refused call (``done`` False) the driver's refusal is the error to
+    report: a failure here is then dropped.
+    """
     refs = tuple(x for g in groups for x, op in ((g.dst, g.dst_op), (g.src, g.src_op))
                  if op[3] != RAW)
-    if refs:
-        keep_alive(h, refs)
+    try:
+        if sync:
+            _driver.call("cuStreamSynchronize", stream)
+        elif refs:
+            keep_alive(stream, refs)
+    except CudaError:
+        if done:
+            raise
 
 
 # -- public API ----------------------------------------------------------------------------
@@ -427,13 +602,14 @@ def copy_batch(
     src_location: LocationLike | None = None,
     dst_location: LocationLike | None = None,
 ) -> Any:
-    """Copy many blocks from ``src`` to ``dst`` in one batched driver call.
+    """Copy many blocks from ``src`` to ``dst`` in a few batched driver calls.
 
     Block ``i`` copies ``sizes[i]`` bytes from byte ``src_offsets[i]`` of
     ``src`` to byte ``dst_offsets[i]`` of ``dst``. Everything is checked
     before anything is issued; blocks contiguous in both buffers are merged;
-    the copies go to one ``cuMemcpyBatchAsync`` (a loop of ``cuMemcpyAsync``
-    on drivers without it). The blocks of a batch run in no particular order.
+    the copies go to ``cuMemcpyBatchAsync`` calls of at most 256 copies and
+    16 MiB (a loop of ``cuMemcpyAsync`` on drivers without it). The blocks of
+    a batch run in no particular order.
 
     Without ``stream`` the copy is synchronous (complete on return, ordered
     like :func:`copy`); with ``stream`` it is ordered on that stream and
@@ -445,7 +621,9 @@ def copy_batch(
         Anything :func:`copy` accepts: :class:`HostBuffer`,
         :class:`DeviceBuffer`, pool, managed or growable buffers, a
         registered or plain C-contiguous numpy array, an object with
-        ``__cuda_array_interface__``, or an int address (not bounds-checked).
+        ``__cuda_array_interface__``, or an int address. An int address is
+        trusted: it is not bounds-checked, and a freed or unknown device
+        address can crash the process in the driver (the H100 segfaults).
         They may be the same buffer (blocks moved inside it).
     dst_offsets, src_offsets : array-like of int
         Byte offsets, one per block (any integer dtype, or lists).
@@ -483,8 +661,9 @@ def copy_batch(
     ClosedError
         If an operand is closed.
     CudaError
-        If the driver refuses the batch (e.g. an int address that is not
-        memory).
+        If the driver refuses a call: only an int address can lead there, as
+        those are not checked. The calls before it, and the copies before
+        the refused entry in it, have then been made.
 
     Examples
     --------
@@ -504,8 +683,12 @@ class CopyBatch:
 
     Each :meth:`add` is checked like :func:`copy_batch`; :meth:`execute` also
     checks across the pairs (no two blocks may write overlapping memory, no
-    source may overlap a destination) and issues every block in one
-    ``cuMemcpyBatchAsync``, with one attribute entry per pair. Use it for the
+    source may overlap a destination) and every pair's blocks against the
+    operands' sizes at that moment, then issues every block in
+    ``cuMemcpyBatchAsync`` calls with one attribute entry per pair. With at
+    least 8 MiB each way between host and device, the device-to-host pairs
+    go to a private stream forked from and joined back to ``stream``, so that
+    both directions move at once. Use it for the
     two directions of a swap whose blocks do not alias (evict to host while
     loading other blocks into free device slots), or to build once and run
     several times.
@@ -563,7 +746,8 @@ class CopyBatch:
         ------
         ValueError
             Blocks of different pairs writing overlapping memory, a source
-            overlapping a destination, pageable memory (as :func:`copy_batch`).
+            overlapping a destination, pageable memory (as :func:`copy_batch`),
+            an operand resized below the blocks added for it.
         ClosedError
             If an operand was closed since :meth:`add`.
         """

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import cuda_memkit as cm
 from cuda_memkit import _driver
+from cuda_memkit import _plan_ranges as plan_ranges
 from cuda_memkit import _prefetch_plan as plan_mod
 from cuda_memkit._device import ensure_context
 
@@ -188,13 +189,14 @@ def test_entries_in_two_buffers(buf: cm.ManagedBuffer, stream: cm.Stream) -> Non
 
 
 def test_interval_helpers() -> None:
-    assert plan_mod._merge([(1, 10, 20), (1, 0, 5), (1, 5, 10), (2, 20, 30)]) == [(0, 20), (20, 30)]
-    assert plan_mod._merge([(1, 0, 10), (1, 2, 3), (1, 12, 14)]) == [(0, 10), (12, 14)]
-    assert plan_mod._intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
-    assert plan_mod._subtract([(0, 10), (20, 30)], [(5, 25)]) == [(0, 5), (25, 30)]
-    assert plan_mod._subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
-    assert plan_mod._subtract([(0, 10)], []) == [(0, 10)]
-    assert plan_mod._subtract([(0, 10)], [(0, 10)]) == []
+    assert plan_ranges.merge([(1, 10, 20), (1, 0, 5), (1, 5, 10), (2, 20, 30)]) == [(0, 20),
+                                                                                  (20, 30)]
+    assert plan_ranges.merge([(1, 0, 10), (1, 2, 3), (1, 12, 14)]) == [(0, 10), (12, 14)]
+    assert plan_ranges.intersect([(0, 10), (20, 30)], [(5, 25)]) == [(5, 10), (20, 25)]
+    assert plan_ranges.subtract([(0, 10), (20, 30)], [(5, 25)]) == [(0, 5), (25, 30)]
+    assert plan_ranges.subtract([(0, 10)], [(2, 3), (5, 6)]) == [(0, 2), (3, 5), (6, 10)]
+    assert plan_ranges.subtract([(0, 10)], []) == [(0, 10)]
+    assert plan_ranges.subtract([(0, 10)], [(0, 10)]) == []
 
 
 # -- validation ---------------------------------------------------------------------------
