@@ -78,7 +78,8 @@ def _workload(xp: Any, rng: np.random.Generator) -> dict[str, Any]:
     sig = rng.standard_normal(4096) + 1j * rng.standard_normal(4096)
     A, B, V, S = (xp.asarray(t) for t in (a, b, v, sig))
     out = {"matmul": A @ B, "fft": xp.fft.fft(S), "ifft2": xp.fft.ifft2(S.reshape(64, 64)),
-           "rfft": xp.fft.rfft(V), "sort": xp.sort(V), "argsort": xp.argsort(V),
+           "rfft": xp.fft.rfft(V), "sort": xp.sort(V),
+           "argsort": V[xp.argsort(V)],  # the values: ties may come in either order
            "sum": V.sum(), "max": A.max(axis=0), "mean": B.mean(), "std": V.std(),
            "cumsum": xp.cumsum(V[:1000])}
     if xp is np:
@@ -152,7 +153,7 @@ def test_workloads_match_numpy_with_every_allocation_from_the_pool(
     for key, want in expect.items():
         # float32 sums, products and transforms: cuBLAS/cuFFT round differently from numpy
         tol = 1e-3 if key in ("matmul", "std", "sum", "mean", "cumsum", "kernel", "fft",
-                              "rfft", "ifft") else 1e-6
+                              "rfft", "ifft2") else 1e-6
         scale = float(np.max(np.abs(want))) if np.size(want) else 1.0
         np.testing.assert_allclose(got[key], want, rtol=tol, atol=tol * max(scale, 1.0),
                                    err_msg=key)

@@ -379,6 +379,7 @@ def test_free_refuses_live_views(host_pool: cm.MemoryPool, stream: cm.Stream) ->
     assert h.closed
 
 
+@pytest.mark.uses_managed_memory
 def test_managed_pool(stream: cm.Stream) -> None:
     try:
         p = cm.MemoryPool(managed=True)
@@ -397,6 +398,7 @@ def test_managed_pool(stream: cm.Stream) -> None:
         stream.synchronize()
 
 
+@pytest.mark.uses_managed_memory
 def test_managed_pool_with_preferred_location(stream: cm.Stream) -> None:
     with cm.MemoryPool(managed=True, location=cm.Location.device(0)) as p:
         assert p.location == cm.Location.device(0)
