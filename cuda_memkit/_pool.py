@@ -71,6 +71,7 @@ from ._resource import (
     Resource,
     account,
     driver_release,
+    forget_account,
     make_finalizer,
     notify,
     watchers,
@@ -135,11 +136,13 @@ def _not_supported(what: str) -> CudaNotSupportedError:
                                  f"{what} are not supported by this device or driver")
 
 
-def _destroy_pool(cupool: Any, caches: list[Any]) -> None:
+def _destroy_pool(cupool: Any, caches: list[Any], device: int | None) -> None:
     """Release function of an owned pool: empty the caches in front of it, then destroy it."""
     for cache in caches:
         cache.close()
     _driver.call("cuMemPoolDestroy", cupool)
+    # The driver may give a later pool the same handle: its account must start afresh.
+    forget_account("pool", device, int(cupool))
 
 
 class MemoryPool(PoolAttributes, Resource):
@@ -225,7 +228,8 @@ class MemoryPool(PoolAttributes, Resource):
         cupool = _driver.call("cuMemPoolCreate", props)
         caches: list[Any] = []
         fin = make_finalizer(self, f"memory pool 0x{int(cupool):x}", _destroy_pool, cupool,
-                             caches)
+                             caches, loc.id if loc is not None and not managed
+                             and loc.type is LocationType.DEVICE else None)
         self._setup(cupool, loc, managed, ipc, owned=True, imported=False)
         self._caches = caches
         self._open(fin)

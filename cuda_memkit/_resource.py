@@ -361,6 +361,14 @@ def account(kind: str, device: int | None = None, pool: int | None = None) -> Ac
     return acct
 
 
+def forget_account(kind: str, device: int | None, pool: int | None) -> None:
+    """Drop an account that holds nothing (its pool was destroyed: the handle may be reused)."""
+    with _ledger_lock:
+        acct = LEDGER.get((kind, device, pool))
+        if acct is not None and not acct.live:
+            del LEDGER[(kind, device, pool)]
+
+
 def live_allocations() -> list[tuple[Account, object, int]]:
     """Every live allocation: ``(account, allocation id, bytes)``."""
     out: list[tuple[Account, object, int]] = []

@@ -38,6 +38,8 @@ MEMORY_KINDS: dict[str, str] = dict(KINDS)
 #: PhysicalMemory occupies no memory of its own, so totals leave it out.
 ALIAS_KINDS = frozenset({"vmm_mapped"})
 
+_ANY: Any = object()  # MemoryStats.pool() given a bare handle: any device
+
 
 @dataclass(frozen=True, repr=False)
 class KindStats:
@@ -206,10 +208,11 @@ class MemoryStats:
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(f"pool must be a MemoryPool or its int handle, not "
                             f"{type(pool).__name__}")
+        device = getattr(pool, "device", _ANY)  # a handle alone: any device
         for s in self.accounts:
-            if s.kind == "pool" and s.pool == handle:
+            if s.kind == "pool" and s.pool == handle and device in (_ANY, s.device):
                 return s
-        return KindStats("pool", getattr(pool, "device", None), handle, 0, 0, 0, 0)
+        return KindStats("pool", None if device is _ANY else device, handle, 0, 0, 0, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-ready values.
