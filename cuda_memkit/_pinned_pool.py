@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, cast
+from typing import Any
 
 from . import _driver, _pinned, _pool
 from ._checks import MAX_NBYTES
@@ -281,7 +281,7 @@ class PooledHostBuffer(_pinned.HostBuffer):
         self._state = CLOSED
         if self._views:
             return  # the block goes back once the views and the buffer are gone
-        block = cast("HostBlock | None", self._block)
+        block: HostBlock | None = self._block  # type: ignore[assignment]  # (no cast(): a call)
         if block is None:
             return
         self._block = None
