@@ -588,6 +588,20 @@ class StreamRef:
         self.obj = obj
 
 
+def stream_destroyed(sref: Stream | StreamRef) -> bool:
+    """Whether ``sref`` is a :class:`Stream` destroyed by its collection, ``_custream`` still set.
+
+    A buffer and the Stream it was allocated on can be collected in one
+    garbage cycle: the Stream's finalizer (a weakref callback) then runs
+    before the buffer's ``__del__`` and destroys the stream, but leaves the
+    object as it was. The buffer must not hand that handle to the driver (a
+    destroyed stream handle is an error at best): it frees as if the stream
+    had been closed.
+    """
+    fin = sref._finalizer if isinstance(sref, Stream) else None
+    return fin is not None and not fin.alive
+
+
 _HANDLE_REFS: dict[int, StreamRef] = {}  # int handles (and None): one shared StreamRef each
 
 

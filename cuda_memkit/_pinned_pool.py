@@ -31,11 +31,11 @@ from typing import Any
 
 from . import _driver, _pinned, _pool
 from ._checks import MAX_NBYTES
-from ._device import Stream
+from ._device import Stream, stream_destroyed
 from ._errors import ClosedError, CudaError
 from ._pinned import HostBuffer
 from ._pool import MemoryPool
-from ._pool_buffer import free_failed
+from ._pool_buffer import destroy_unused, free_failed, pending_pools
 from ._resource import CLOSED, OPEN, account, notify, watchers
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
@@ -81,6 +81,8 @@ class HostCache:
                 s = self.stream
                 if s is None:
                     s = self.stream = Stream()
+        if stream_destroyed(s):  # collected with the pool and this cache, in one cycle
+            return None  # the legacy stream (the blocks were released: their work is done)
         return s._custream
 
     def put(self, block: HostBlock) -> None:
@@ -99,6 +101,8 @@ class HostCache:
         res = _pool.resolve()[1](d, cus)
         if res[0]:  # any current context (or none) will do: see free_failed
             free_failed(res, d, cus, None)
+        if pending_pools and not self.open:  # the pool was collected before this block
+            destroy_unused()
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""

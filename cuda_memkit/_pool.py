@@ -41,6 +41,7 @@ synchronize and free on the legacy default stream, ``free()`` refuses.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -65,9 +66,17 @@ from ._device import (
 )
 from ._errors import CudaNotSupportedError
 from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
-from ._pool_buffer import PoolBufferBase, new_buffer, resolve_free
+from ._pool_buffer import (
+    PoolBufferBase,
+    destroy_unused,
+    destroy_when_unused,
+    new_buffer,
+    pending_pools,
+    resolve_free,
+)
 from ._resource import (
     CLOSED,
+    LEDGER,
     Resource,
     account,
     driver_release,
@@ -137,9 +146,33 @@ def _not_supported(what: str) -> CudaNotSupportedError:
 
 
 def _destroy_pool(cupool: Any, caches: list[Any], device: int | None) -> None:
-    """Release function of an owned pool: empty the caches in front of it, then destroy it."""
+    """Release function of an owned pool: empty the caches in front of it, then destroy it.
+
+    The destroy waits while buffers from the pool are alive (the pool was
+    collected in one garbage cycle with them): see ``destroy_when_unused``.
+    """
     for cache in caches:
         cache.close()
+    destroy_when_unused(functools.partial(_busy, cupool, device, bool(caches)),
+                        functools.partial(_destroy_now, cupool, device))
+
+
+def _busy(cupool: Any, device: int | None, cached: bool) -> bool:
+    """Whether buffers of an owned pool are alive: its account's, and blocks a cache lent.
+
+    The ledger, not ``USED_MEM_CURRENT``, for the pool's own buffers: the driver
+    does not count a ``cuMemFree`` of pool memory there (GPU run 5), so raw
+    misuse would keep the pool forever. Blocks a pinned cache lent are not in
+    the pool's account: for a pool with a cache the driver's count decides.
+    """
+    acct = LEDGER.get(("pool", device, int(cupool)))
+    if acct is not None and acct.live:
+        return True
+    return cached and bool(int(_driver.call("cuMemPoolGetAttribute", cupool,
+                                             _A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)))
+
+
+def _destroy_now(cupool: Any, device: int | None) -> None:
     _driver.call("cuMemPoolDestroy", cupool)
     # The driver may give a later pool the same handle: its account must start afresh.
     forget_account("pool", device, int(cupool))
@@ -215,6 +248,8 @@ class MemoryPool(PoolAttributes, Resource):
             raise ValueError("Location.host() pools cannot be shared (ipc); use host_numa(n)")
 
         ensure_context(None)
+        if pending_pools:  # pools collected with their buffers, and since then unused
+            destroy_unused()
         self._check_support(loc, managed)
         props = _cu.CUmemPoolProps()
         T = _cu.CUmemAllocationType

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from . import _driver, _pool_ipc
@@ -28,6 +30,7 @@ from ._device import (
     StreamRef,
     custream,
     primary_pushed,
+    stream_destroyed,
 )
 from ._errors import ClosedError, CudaError, MemkitWarning
 from ._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
     import numpy as np
     from typing_extensions import Self
 
-__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "new_buffer", "resolve_free"]
+__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
+           "new_buffer", "pending_pools", "resolve_free"]
 
 _INVALID_CONTEXT = 201
 _LEGACY = (0, 1)  # the legacy default stream handles: never "destroyed"
@@ -72,14 +76,51 @@ class PoolOwner(Protocol):
     def export(self) -> int: ...
 
 
+# -- pools collected before their buffers ----------------------------------------------
+
+_pending_lock = threading.Lock()
+
+#: Owned pools whose destroy waits for their allocations: ``(busy, destroy)``.
+#: Filled by :func:`destroy_when_unused`, emptied by :func:`destroy_unused`.
+pending_pools: list[tuple[Callable[[], bool], Callable[[], None]]] = []
+
+
+def destroy_when_unused(busy: Callable[[], bool], destroy: Callable[[], None]) -> None:
+    """Run ``destroy()`` (``cuMemPoolDestroy``) now, or once ``busy()`` is false.
+
+    A pool and its buffers can be collected in one garbage cycle: the pool's
+    finalizer (a weakref callback) then runs before the buffers' ``__del__``.
+    Freeing into a destroyed pool crashed later pool calls on the H100 (device
+    runs 2 and 6 of 2026-11-24), so the destroy waits; every pool buffer
+    release, a closed pinned cache's free and a new pool call
+    :func:`destroy_unused`.
+    """
+    if busy():
+        with _pending_lock:
+            pending_pools.append((busy, destroy))
+    else:
+        destroy()
+
+
+def destroy_unused() -> None:
+    """Destroy the pending pools that nothing is allocated from any more."""
+    with _pending_lock:
+        ready = [p for p in pending_pools if not p[0]()]
+        for p in ready:
+            pending_pools.remove(p)
+    for _, destroy in ready:
+        destroy()
+
+
 # -- release ---------------------------------------------------------------------------
 
 
 def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
     """Free one pool allocation, stream-ordered: the path of close() and the finalizer."""
     cus = sref._custream
-    if cus is None:
-        # The allocation stream is closed and work queued on it may still use
+    if cus is None or stream_destroyed(sref):
+        # The allocation stream is closed (or was collected together with the
+        # buffer, in one garbage cycle) and work queued on it may still use
         # the memory: wait for the device, then free on the legacy stream.
         with primary_pushed(pool.device or 0):
             _driver.call("cuCtxSynchronize")
@@ -92,6 +133,8 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
     # (the key is the driver's CUdeviceptr object, unique to this allocation: a
     # new allocation at the same address cannot be mistaken for it)
     acct.remove(dptr, int(cus) if watchers else None)
+    if pending_pools:
+        destroy_unused()
 
 
 def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:

@@ -229,6 +229,70 @@ def test_cycle_between_buffers_and_their_pool(env: Env) -> None:
     assert not before.leaks(settled(env))
 
 
+@pytest.mark.parametrize("freed_by", ["collection", "close in a __del__"])
+def test_cycle_between_a_buffer_and_its_stream(freed_by: str, env: Env) -> None:
+    # The Stream's finalizer (a weakref callback) runs before the buffer's
+    # __del__ when both are garbage in one cycle: the buffer must not hand the
+    # destroyed stream's handle to the driver, nor warn that the caller let the
+    # stream die first (found by test_threads in CI, 2026-11-24).
+    before = settled(env)
+    pool = cm.MemoryPool(0)
+
+    class Closer:
+        def __del__(self) -> None:
+            self.buf.close()
+
+    holder: Any = Closer() if freed_by != "collection" else types.SimpleNamespace()
+    holder.stream = cm.Stream()
+    holder.buf = pool.allocate(N, stream=holder.stream)
+    holder.me = holder
+    del holder
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    assert pool.stats().used_current == 0
+    pool.close()
+    assert not before.leaks(settled(env))
+
+
+@pytest.mark.parametrize("kind", ["device pool", "pinned host pool"])
+def test_a_pool_collected_with_its_buffers_is_destroyed_after_them(
+        kind: str, env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # In one garbage cycle the pool's finalizer runs before its buffers'
+    # __del__; freeing into a destroyed pool crashed later pool calls on the
+    # H100, so the destroy must wait until nothing allocated from it lives.
+    before = settled(env)
+    used_at_destroy: list[int] = []
+    real = _driver.call
+    used = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+
+    def spy(api: str, *args: Any) -> Any:
+        if api == "cuMemPoolDestroy":
+            used_at_destroy.append(int(real("cuMemPoolGetAttribute", args[0], used)))
+        return real(api, *args)
+
+    monkeypatch.setattr(_driver, "call", spy)
+    holder = types.SimpleNamespace()
+    if kind == "device pool":
+        holder.pool = cm.MemoryPool(0)
+        holder.bufs = [holder.pool.allocate(N, stream=env.stream) for _ in range(3)]
+    else:
+        holder.pool = cm.MemoryPool(location=cm.Location.host())
+        holder.bufs = [cm.HostBuffer.pooled(4096, pool=holder.pool) for _ in range(3)]
+        holder.bufs.append(cm.HostBuffer.pooled(4096, pool=holder.pool))
+        holder.bufs.pop().close()  # one block waits in the pool's cache
+    holder.me = holder
+    del holder
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    assert used_at_destroy == [0]
+    monkeypatch.undo()
+    assert not before.leaks(settled(env))
+
+
 # -- interpreter exit ---------------------------------------------------------------------------
 
 _EXIT_PRELUDE = """
