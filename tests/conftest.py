@@ -76,6 +76,27 @@ def stream() -> Iterator[cm.Stream]:
     s.close()
 
 
+@pytest.fixture(scope="module")
+def default_pinned() -> cm.MemoryPool:
+    """The process-wide pinned pool, its stream made and nothing cached.
+
+    Modules that use pooled pinned memory request it (``usefixtures``) so that
+    it exists before the leak check's first snapshot.
+    """
+    pool = cm.MemoryPool.default_pinned()
+    cm.HostBuffer.pooled(1).close()
+    pool.trim()
+    return pool
+
+
+@pytest.fixture
+def flush_pinned(default_pinned: cm.MemoryPool) -> Iterator[None]:
+    """After the test: collect, and give cached pinned blocks back (for the leak check)."""
+    yield
+    gc.collect()
+    default_pinned.trim()
+
+
 @pytest.fixture
 def no_batch() -> Iterator[None]:
     """Simulator: the batch prefetch/discard functions are missing (a driver before CUDA 13.0)."""

@@ -27,12 +27,7 @@ KiB = 1 << 10
 PLUGIN = "cuda_memkit.allocators.numba"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
+pytestmark = pytest.mark.usefixtures("default_pinned")
 
 
 @pytest.fixture

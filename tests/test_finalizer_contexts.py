@@ -41,14 +41,7 @@ from ._contexts import (
 )
 from ._kinds import KINDS, MANAGED, Env, close_all, kind_params, leaks_since
 
-
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    """The process-wide pinned pool and the default pool, made before any snapshot."""
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
+pytestmark = pytest.mark.usefixtures("default_pinned")
 
 
 @pytest.fixture(autouse=True)

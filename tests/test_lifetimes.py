@@ -36,19 +36,7 @@ N = 1 << 20
 R = cu.CUresult
 
 
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
-
-
-@pytest.fixture(autouse=True)
-def flush(default_pinned: cm.MemoryPool) -> Iterator[None]:
-    yield
-    gc.collect()
-    default_pinned.trim()
+pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 
 
 @pytest.fixture

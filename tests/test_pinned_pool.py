@@ -14,21 +14,7 @@ from cuda_memkit import _pinned_pool, _pool
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    """Make the process-wide pool (and its stream) before the leak check's snapshots."""
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
-
-
-@pytest.fixture(autouse=True)
-def flush(default_pinned: cm.MemoryPool) -> Iterator[None]:
-    """Give cached blocks back after each test, so the leak check sees a clean pool."""
-    yield
-    gc.collect()
-    default_pinned.trim()
+pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 
 
 @pytest.fixture

@@ -241,15 +241,6 @@ def test_buffers_are_made_by_allocate(pool: cm.MemoryPool, stream: cm.Stream) ->
 # -- HostBuffer.pooled(n) -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def default_pinned() -> cm.MemoryPool:
-    """Make the process-wide pool (and its stream) before the leak check's snapshots."""
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    return pool
-
-
 @pytest.fixture
 def default_cache(default_pinned: cm.MemoryPool) -> Iterator[Any]:
     yield _pool.find_cache(default_pinned, _pinned_pool.HostCache)

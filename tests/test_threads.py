@@ -19,7 +19,6 @@ import random
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,12 +33,7 @@ SECONDS = float(os.environ.get("CUDA_MEMKIT_THREAD_SECONDS",
 GRACE = 60.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
+pytestmark = pytest.mark.usefixtures("default_pinned")
 
 
 def _pool_round(rng: random.Random, pool: cm.MemoryPool, stream: cm.Stream | None,

@@ -8,27 +8,17 @@ Deselect with ``-m "not soak"``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
-import cuda_memkit as cm
 from cuda_memkit import _driver
 
 from . import harness
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.usefixtures("default_pinned")]
 
 CYCLES = int(os.environ.get("CUDA_MEMKIT_SOAK_CYCLES",
                             "10000" if _driver.backend_name() == "sim" else "2000"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def default_pinned() -> Iterator[cm.MemoryPool]:
-    pool = cm.MemoryPool.default_pinned()
-    cm.HostBuffer.pooled(1).close()
-    pool.trim()
-    yield pool
 
 
 @pytest.mark.parametrize("kind", [
