@@ -16,8 +16,7 @@ import subprocess
 import sys
 import timeit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import ROOT, backend
 
 
 def per_call_us(a, b, number: int, repeat: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -76,15 +75,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
 
-    import cuda_memkit as cm
     from cuda_memkit import _driver
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    if backend == "sim":
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
+    backend_name, simulated, raw = backend()
     number = 20_000 if args.quick else 200_000
     repeat = 5 if args.quick else 21
     rows = []
@@ -101,8 +94,8 @@ def main() -> None:
     rows.append({"case": "import + load every feature module", "raw_ms": base,
                  "memkit_ms": every, "ratio": every / base, "target": "info", "ok": True})
 
-    label = " (SIMULATED backend: per-call numbers are the simulator's)" if backend == "sim" else ""
-    print(f"bench_driver on backend {backend}{label}")
+    label = " (SIMULATED backend: per-call numbers are the simulator's)" if simulated else ""
+    print(f"bench_driver on backend {backend_name}{label}")
     print(f"{'case':38} {'raw':>10} {'cuda_memkit':>12} {'added':>9} {'ratio':>7}  target")
     for row in rows:
         if "raw_us" in row:
@@ -115,7 +108,7 @@ def main() -> None:
                   f"{'' if row['target'] == 'info' else (' OK' if row['ok'] else ' MISS')}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "rows": rows}, f, indent=1)
+            json.dump({"backend": backend_name, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,42 +29,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import random
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import Loop, backend, measure
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
-Loop = Callable[[int], None]
-
-
-def measure(cases: dict[str, Loop | None], pairs: dict[str, int], samples: int,
-            sync: Callable[[], None]) -> dict[str, float | None]:
-    """Median seconds per pair; cases take turns in a shuffled order per sample."""
-    live = {k: fn for k, fn in cases.items() if fn is not None}
-    for key, fn in live.items():  # warm up
-        fn(max(pairs[key] // 10, 2))
-        sync()
-    times: dict[str, list[float]] = {k: [] for k in live}
-    order = list(live)
-    rng = random.Random(13)
-    for _ in range(samples):
-        rng.shuffle(order)
-        for key in order:
-            fn, n = live[key], pairs[key]
-            gc.collect()
-            t0 = time.perf_counter()
-            fn(n)
-            sync()
-            times[key].append((time.perf_counter() - t0) / n)
-    return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
 
 
 def import_cupy(simulated: bool) -> Any:
@@ -87,16 +59,10 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver, allocators
+    from cuda_memkit import allocators
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
+    backend_name, simulated, raw = backend()
     quick = args.quick or simulated
-    if simulated:
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
     from cuda.bindings import driver as cu
 
     samples = 5 if quick else 15
@@ -228,10 +194,10 @@ def main() -> None:
         pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
                         "memkit pinned": pinned_loop(memkit_pinned)}
 
-    pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync)
-    empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync)
-    work_t = measure(work_cases, dict.fromkeys(work_cases, n_work), samples, sync)
-    pinned_t = measure(pinned_cases, dict.fromkeys(pinned_cases, n_pair), samples, sync)
+    pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync, 13)
+    empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync, 13)
+    work_t = measure(work_cases, dict.fromkeys(work_cases, n_work), samples, sync, 13)
+    pinned_t = measure(pinned_cases, dict.fromkeys(pinned_cases, n_pair), samples, sync, 13)
     if cupy is not None:
         cupy.cuda.set_allocator(previous)
         cupy.cuda.set_pinned_memory_allocator(previous_pinned)
@@ -293,7 +259,7 @@ def main() -> None:
         pinned_t.get("memkit pinned"), pa, "info")
 
     note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
-    print(f"bench_frameworks on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"bench_frameworks on backend {backend_name} ({cm.Device(0).name}){note}")
     if cupy is None:
         print("CuPy rows need a GPU with CuPy installed: not measured here")
     else:
@@ -312,7 +278,7 @@ def main() -> None:
               f"{extra}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "simulated": simulated, "samples": samples,
+            json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,
                        "cupy": None if cupy is None else cupy.__version__, "rows": rows}, f,
                       indent=1)
 

@@ -36,15 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import backend
 
 MiB = 1 << 20
 
@@ -58,19 +55,11 @@ def main() -> None:
     import numpy as np
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
+    backend_name, simulated, raw = backend()
     dev = cm.Device(0)
-    dev.set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
     quick = args.quick or simulated
     from cuda.bindings import driver as cu  # types (CUresult, CUdeviceptr)
-
-    if simulated:
-        from cuda_memkit.sim import driver as raw  # same call forms as the bindings
-    else:
-        from cuda.bindings import driver as raw
 
     size = 64 * MiB if quick else 512 * MiB
     notes: list[str] = []
@@ -195,7 +184,7 @@ def main() -> None:
     buf.close()
 
     label = ("  [SIMULATED: CPU simulator, times are not GPU timings]" if simulated else "")
-    print(f"bench_managed: {size // MiB} MiB managed -> device 0, backend {backend} "
+    print(f"bench_managed: {size // MiB} MiB managed -> device 0, backend {backend_name} "
           f"({dev.name}), median of {repeats}{label}")
     for note in notes:
         print(f"note: {note}")
@@ -210,9 +199,9 @@ def main() -> None:
         print("WARNING: buffer contents changed during the benchmark")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "bench_managed", "backend": backend, "simulated": simulated,
-                       "device": dev.name, "size": size, "repeats": repeats, "notes": notes,
-                       "rows": rows}, f, indent=1)
+            json.dump({"benchmark": "bench_managed", "backend": backend_name,
+                       "simulated": simulated, "device": dev.name, "size": size,
+                       "repeats": repeats, "notes": notes, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

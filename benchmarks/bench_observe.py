@@ -26,49 +26,14 @@ bench_pool and bench_pinned (not here). On the simulator the run is always
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
-import random
-import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import Loop, backend, check, measure
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
-Loop = Callable[[int], None]
-
-
-def check(res: Any) -> Any:
-    if int(res[0]):
-        raise RuntimeError(f"driver call failed: {res[0]!r}")
-    return res[1] if len(res) == 2 else None
-
-
-def measure(cases: dict[str, tuple[Loop, int]], samples: int,
-            sync: Callable[[], None]) -> dict[str, float]:
-    """Median seconds per pair of each case; the cases take turns in a shuffled order."""
-    for fn, n in cases.values():  # warm up: pools grow, caches fill
-        fn(max(n // 10, 2))
-        sync()
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    order = list(cases)
-    rng = random.Random(12)
-    for _ in range(samples):
-        rng.shuffle(order)
-        for key in order:
-            fn, n = cases[key]
-            gc.collect()
-            t0 = time.perf_counter()
-            fn(n)
-            sync()
-            times[key].append((time.perf_counter() - t0) / n)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def deep(depth: int, fn: Callable[[], None]) -> None:
@@ -86,16 +51,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
+    backend_name, simulated, raw = backend()
     quick = args.quick or simulated
-    if simulated:
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
     from cuda.bindings import driver as cu  # the types, on either backend
 
     samples = 5 if quick else 15
@@ -172,10 +130,10 @@ def main() -> None:
     }
     rows: list[dict[str, Any]] = []
     for path, (raw_loop, memkit_loop, n, raw_label) in paths.items():
-        cases: dict[str, tuple[Loop, int]] = {"raw": (raw_loop, n)}
+        cases: dict[str, Loop | None] = {"raw": raw_loop}
         for label, stacks, depth in modes:
-            cases[label] = (tracked(memkit_loop, stacks, depth), n)
-        res = measure(cases, samples, sync)
+            cases[label] = tracked(memkit_loop, stacks, depth)
+        res = measure(cases, dict.fromkeys(cases, n), samples, sync, 12)
         rows.append({"path": path, "case": raw_label, "us": res["raw"] * 1e6, "vs_raw": 1.0,
                      "vs_off": None})
         for label, _stacks, _depth in modes:
@@ -188,7 +146,7 @@ def main() -> None:
     s.close()
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
-    print(f"bench_observe on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"bench_observe on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {samples} samples per case (pairs per sample: pool {n_pool}, "
           f"pooled {n_pinned}, HostBuffer {n_hostalloc}), wall clock incl. synchronize")
     print(f"{'path':20} {'case':52} {'us/pair':>9} {'vs raw':>7} {'vs off':>7}")
@@ -197,7 +155,7 @@ def main() -> None:
         print(f"{r['path']:20} {r['case']:52} {r['us']:9.2f} {r['vs_raw']:6.2f}x {vs_off:>7}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "simulated": simulated, "samples": samples,
+            json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,
                        "rows": rows}, f, indent=1)
 
 

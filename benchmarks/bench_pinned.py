@@ -24,26 +24,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import backend, check
 
 MiB = 1 << 20
-
-
-def check(res: Any) -> Any:
-    """Payload of a raw ``(CUresult, ...)`` tuple; raise on failure."""
-    if int(res[0]):
-        raise RuntimeError(f"driver call failed: {res[0]!r}")
-    return res[1] if len(res) == 2 else res[1:] if len(res) > 2 else None
 
 
 def timed(fn: Callable[[], None], sync: Callable[[], None]) -> float:
@@ -76,15 +65,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    if backend == "sim":
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
-    simulated = backend == "sim"
+    backend_name, simulated, raw = backend()
     nbytes = 4 * MiB if (simulated and args.quick) else 256 * MiB
     repeat = 5 if args.quick else 15
     alloc_sizes = (4096, 16 * MiB)
@@ -181,7 +163,7 @@ def main() -> None:
                      "ok": ratio <= 1.05})
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
-    print(f"bench_pinned on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"bench_pinned on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {repeat} (transfers) / {alloc_repeat} (allocations: 10 pairs of 4 KiB or "
           "4 of 16 MiB each) samples, wall clock incl. stream synchronize")
     print(f"{'case':62} {'result':>13} {'vs raw':>7}  target")
@@ -191,7 +173,7 @@ def main() -> None:
         print(f"{row['case']:62} {value:>13} {row['ratio']:6.3f}x  {row['target']}{verdict}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "simulated": simulated, "nbytes": nbytes,
+            json.dump({"backend": backend_name, "simulated": simulated, "nbytes": nbytes,
                        "repeat": repeat, "rows": rows}, f, indent=1)
 
 

@@ -33,55 +33,14 @@ the run is always --quick and the numbers are the simulator's.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
-import random
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import Loop, backend, check, measure
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
-Loop = Callable[[int], None]
-
-
-def check(res: Any) -> Any:
-    if int(res[0]):
-        raise RuntimeError(f"driver call failed: {res[0]!r}")
-    return res[1] if len(res) == 2 else None
-
-
-def measure(cases: dict[str, Loop | None], pairs: dict[str, int], samples: int,
-            sync: Callable[[], None]) -> dict[str, float | None]:
-    """Median seconds per pair; the cases take turns so that drift hits them alike.
-
-    Each sample runs every case once, in an order shuffled per sample (a fixed
-    seed), so that no case always follows the same one; garbage a case left
-    behind is collected before the next one's timing starts.
-    """
-    live = {k: fn for k, fn in cases.items() if fn is not None}
-    for key, fn in live.items():  # warm up: pools grow, caches fill, code is compiled
-        fn(max(pairs[key] // 10, 2))
-        sync()
-    times: dict[str, list[float]] = {k: [] for k in live}
-    order = list(live)
-    rng = random.Random(6)
-    for _ in range(samples):
-        rng.shuffle(order)
-        for key in order:
-            fn, n = live[key], pairs[key]
-            gc.collect()
-            t0 = time.perf_counter()
-            fn(n)
-            sync()
-            times[key].append((time.perf_counter() - t0) / n)
-    return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
 
 
 def competitors(simulated: bool) -> dict[str, Any]:
@@ -120,16 +79,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
+    backend_name, simulated, raw = backend()
     quick = args.quick or simulated
-    if simulated:
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
     from cuda.bindings import driver as cu  # the types, on either backend
     samples = 5 if quick else 15
     n_dev = 300 if quick else 10000
@@ -266,7 +218,7 @@ def main() -> None:
          "floor": floor_device},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
                        "memkit default", "cupy pool", "floor"), n_dev),
-        samples, sync)
+        samples, sync, 6)
 
     # -- 4 KiB pinned buffers ---------------------------------------------------------------
     small = 4096
@@ -324,7 +276,7 @@ def main() -> None:
          "cuda.core": core_pinned},
         {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
          "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin},
-        samples, sync)
+        samples, sync, 6)
 
     default.release_threshold = old_threshold
     sync()
@@ -383,7 +335,7 @@ def main() -> None:
     row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info", None)
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
-    print(f"bench_pool on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"bench_pool on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {samples} samples; time per alloc+free pair, loops of "
           f"{n_dev} (device) / {n_pin} (pinned) pairs, {n_hostalloc} for cuMemHostAlloc")
     print(f"{'case':58} {'us/pair':>10} {'vs raw':>9}  target")
@@ -398,7 +350,7 @@ def main() -> None:
           "(bench_pinned)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "simulated": simulated, "samples": samples,
+            json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,
                        "versions": {k: getattr(m, "__version__", "?") for k, m in mods.items()
                                     if m is not None}, "rows": rows}, f, indent=1)
 

@@ -47,26 +47,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import backend, check
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-
-
-def check(res: Any) -> Any:
-    """Payload of a raw ``(CUresult, ...)`` tuple; raise on failure."""
-    if int(res[0]):
-        raise RuntimeError(f"driver call failed: {res[0]!r}")
-    return res[1] if len(res) == 2 else res[1:] if len(res) > 2 else None
 
 
 def interleaved(cases: dict[str, Callable[[], None]], sync: Callable[[], None], repeat: int,
@@ -548,19 +537,11 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
+    backend_name, simulated, raw = backend()
     dev = cm.Device(0)
-    dev.set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
     quick = args.quick or simulated
     from cuda.bindings import driver as cu
-
-    if simulated:
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
     repeat = 3 if quick else 7
     table = Table()
     sections = set(args.only.split(","))
@@ -574,12 +555,12 @@ def main() -> None:
     note = "  [SIMULATED: CPU simulator, numbers are not GPU timings]" if simulated else ""
     took = time.perf_counter() - t0
     budget = "" if quick else f" (target < 240 s:{' OK' if took < 240 else ' MISS'})"
-    print(f"bench_transfers on backend {backend} ({dev.name}), median of {repeat} interleaved "
+    print(f"bench_transfers on backend {backend_name} ({dev.name}), median of {repeat} interleaved "
           f"samples, wall clock incl. the wait; {took:.0f} s{budget}{note}")
     table.print()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "bench_transfers", "backend": backend,
+            json.dump({"benchmark": "bench_transfers", "backend": backend_name,
                        "simulated": simulated, "device": dev.name, "repeat": repeat,
                        "seconds": round(took, 1), "rows": table.rows}, f, indent=1)
 

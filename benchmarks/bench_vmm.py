@@ -25,27 +25,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from harness import backend, check
 
 MiB = 1 << 20
 GiB = 1 << 30
 CHUNK = 32 * MiB
 BUDGET = 10 * GiB
-
-
-def check(res: Any) -> Any:
-    """Payload of a raw ``(CUresult, ...)`` tuple; raise on failure."""
-    if int(res[0]):
-        raise RuntimeError(f"driver call failed: {res[0]!r}")
-    return res[1] if len(res) == 2 else res[1:] if len(res) > 2 else None
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -62,15 +52,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import cuda_memkit as cm
-    from cuda_memkit import _driver
 
-    cm.Device(0).set_current()
-    backend = _driver.backend_name()
-    simulated = backend == "sim"
-    if simulated:
-        from cuda_memkit.sim import driver as raw
-    else:
-        from cuda.bindings import driver as raw
+    backend_name, simulated, raw = backend()
     top = 256 * MiB if (simulated and args.quick) else 8 * GiB
     sizes = []
     s = CHUNK
@@ -182,7 +165,7 @@ def main() -> None:
     worst = max(r["ratio"] for r in rows)
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
-    print(f"bench_vmm on backend {backend} ({cm.Device(0).name}){note}")
+    print(f"bench_vmm on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"one {CHUNK // MiB} MiB chunk added to a buffer of S - {CHUNK // MiB} MiB; "
           f"median of {repeat} (VMM) / {realloc_repeat} (realloc) samples")
     print(f"{'buffer size S':>14} {'GrowableBuffer':>15} {'raw VMM':>10} {'vs raw':>7} "
@@ -201,7 +184,7 @@ def main() -> None:
           f"run time {time.perf_counter() - t_start:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "simulated": simulated, "chunk": CHUNK,
+            json.dump({"backend": backend_name, "simulated": simulated, "chunk": CHUNK,
                        "repeat": repeat, "rows": rows, "flatness": flat,
                        "worst_ratio": worst}, f, indent=1)
 
