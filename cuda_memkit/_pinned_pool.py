@@ -146,13 +146,7 @@ class HostBlock:
         if self.busy:
             self.busy = False
             _ACCOUNT.remove(self.ptr)  # first: once cached, the block may be lent again
-            cache = self.cache  # HostCache.put, written out
-            blocks = self.bin
-            if blocks is not None and cache.open and cache.cached + self.size <= HOST_CACHE_LIMIT:
-                blocks.append(self)
-                cache.cached += self.size
-            else:
-                cache.put(self)
+            self.cache.put(self)
 
     def __del__(self) -> None:
         try:

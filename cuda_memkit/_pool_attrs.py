@@ -16,7 +16,7 @@ from cuda.bindings import driver as _cu
 
 from . import _driver
 from ._device import LocationLike, as_location, check_exists
-from ._vmm_base import Access
+from ._vmm_base import Access, access_descs
 
 __all__ = ["PoolAttributes", "PoolStats"]
 
@@ -208,12 +208,7 @@ class PoolAttributes:
             raise ValueError("no device given")
         locs = [check_exists(as_location(d)) for d in items]
         self._check_open()
-        descs = []
-        for loc in locs:
-            desc = _cu.CUmemAccessDesc()
-            desc.location = loc.to_cu()
-            desc.flags = _cu.CUmemAccess_flags(int(flags))
-            descs.append(desc)
+        descs = access_descs(locs, flags)
         _driver.call("cuMemPoolSetAccess", self._cu, descs, len(descs))
 
     def access(self, device: LocationLike) -> Access:
