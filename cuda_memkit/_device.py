@@ -7,7 +7,7 @@ import enum
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
@@ -387,11 +387,6 @@ class Device:
 
 
 # -- streams -------------------------------------------------------------------
-
-
-@runtime_checkable
-class _CudaStreamProtocol(Protocol):
-    def __cuda_stream__(self) -> tuple[int, int]: ...
 
 
 StreamLike = Union["Stream", int, None, Any]

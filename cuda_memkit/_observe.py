@@ -4,8 +4,8 @@
 * :class:`MemoryEvent`: one allocation, free or resize seen by a tracker.
 * :class:`Allocation`: one live allocation, with where it was made.
 * :func:`format_bytes`, :func:`where`: the wording every report uses.
-* :func:`user_frame` and :func:`capture_stack`: the stack of the call that
-  allocated, without cuda_memkit's own frames.
+* :func:`capture_stack`: the stack of the call that allocated (its caller
+  skips cuda_memkit's own frames, :data:`PACKAGE_DIR`).
 
 Nothing here reads the ledger or talks to the driver.
 """
@@ -18,19 +18,28 @@ from types import FrameType
 from typing import Any, NamedTuple
 
 __all__ = [
+    "ACTIONS",
+    "ALLOC",
+    "FREE",
+    "GROW",
     "MAX_FRAMES",
     "PACKAGE_DIR",
     "Allocation",
     "Frame",
     "MemoryEvent",
     "RawFrame",
+    "SHRINK",
     "capture_stack",
     "format_bytes",
     "format_stack",
     "frames",
-    "user_frame",
     "where",
 ]
+
+#: What a tracked event records, by code (the hot path stores the int).
+ALLOC, FREE, GROW, SHRINK = 0, 1, 2, 3
+#: Event actions by code.
+ACTIONS = ("alloc", "free", "grow", "shrink")
 
 #: Frames under this directory are cuda_memkit's own: a stack starts at the first frame outside.
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -60,14 +69,6 @@ class Frame(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
-
-
-def user_frame(f: FrameType | None) -> FrameType | None:
-    """The first frame at or below ``f`` (towards the caller) outside cuda_memkit."""
-    prefix = PACKAGE_DIR
-    while f is not None and f.f_code.co_filename.startswith(prefix):
-        f = f.f_back
-    return f
 
 
 def capture_stack(f: FrameType | None) -> tuple[RawFrame, ...]:

@@ -93,7 +93,7 @@ _registered: dict[int, tuple[int, int]] = {}
 _reg_lock = threading.Lock()
 
 #: cuda_memkit classes whose objects are pinned host memory (registered by their modules).
-_pinned_classes: set[type] = set()
+_pinned_classes: tuple[type, ...] = ()
 
 
 def note_registration(ptr: int, nbytes: int, flags: int) -> None:
@@ -121,12 +121,14 @@ def registered_flags(ptr: int, nbytes: int) -> int | None:
 
 def mark_pinned_class(cls: type) -> None:
     """Declare that objects of ``cls`` (and subclasses) are pinned host memory."""
-    _pinned_classes.add(cls)
+    global _pinned_classes
+    if cls not in _pinned_classes:
+        _pinned_classes = (*_pinned_classes, cls)
 
 
 def is_pinned_object(obj: object) -> bool:
     """Whether ``obj`` is a cuda_memkit object that is pinned host memory."""
-    return isinstance(obj, tuple(_pinned_classes))
+    return isinstance(obj, _pinned_classes)
 
 
 def mapped_device_ptr(flags: int, ptr: int, nbytes: int, what: str, how: str) -> int:

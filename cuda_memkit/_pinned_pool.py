@@ -31,7 +31,7 @@ from typing import Any
 
 from . import _driver, _pinned, _pool
 from ._checks import MAX_NBYTES
-from ._device import Stream, stream_destroyed
+from ._device import STREAM_LEGACY, Stream, custream, stream_destroyed
 from ._errors import ClosedError, CudaError
 from ._pinned import HostBuffer
 from ._pool import MemoryPool
@@ -51,6 +51,9 @@ _ACCOUNT = account("pinned_pooled")
 _lock = threading.Lock()
 _new_object = object.__new__
 _UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
+
+
+_LEGACY = custream(STREAM_LEGACY)
 
 
 class HostCache:
@@ -81,9 +84,10 @@ class HostCache:
                 s = self.stream
                 if s is None:
                     s = self.stream = Stream()
-        if stream_destroyed(s):  # collected with the pool and this cache, in one cycle
-            return None  # the legacy stream (the blocks were released: their work is done)
-        return s._custream
+        cus = s._custream
+        if cus is None or stream_destroyed(s):  # closed with the cache, or collected with it
+            return _LEGACY  # (in one cycle): the blocks were released, their work is done
+        return cus
 
     def put(self, block: HostBlock) -> None:
         """Take back a released block: cache it, or free it past the limit."""
@@ -247,7 +251,7 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
         if res[0]:
             _driver.check("cuMemAllocFromPoolAsync", res)
         block = _new_object(HostBlock)
-        block.bin = cache.bins.get(size)
+        block.bin = blocks
         block.cache = cache
         block.dptr = res[1]
         block.size = size

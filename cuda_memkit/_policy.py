@@ -259,10 +259,9 @@ class ManagedMemoryHints:
     ...     .prefetch_to(Location.device(0), stream))
     """
 
-    __slots__ = ("_buffer", "_nbytes", "_offset", "_ptr")
+    __slots__ = ("_buffer", "_nbytes", "_ptr")
 
     _buffer: ManagedBuffer | None
-    _offset: int
     _ptr: int
     _nbytes: int
 
@@ -273,7 +272,6 @@ class ManagedMemoryHints:
             raise TypeError("nbytes is required with a raw pointer")
         p, n = raw_range(ptr, nbytes)
         self._buffer = None
-        self._offset = 0
         self._ptr = p
         self._nbytes = n
 
@@ -301,7 +299,6 @@ class ManagedMemoryHints:
         off, n = span(offset, nbytes, buffer.nbytes, what="ManagedBuffer")
         self = cls.__new__(cls)
         self._buffer = buffer
-        self._offset = off
         self._ptr = buffer.ptr + off
         self._nbytes = n
         return self

@@ -79,7 +79,6 @@ from ._resource import (
     LEDGER,
     Resource,
     account,
-    driver_release,
     forget_account,
     make_finalizer,
     notify,
@@ -90,7 +89,6 @@ from ._vmm_base import Access
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
-_U64_MAX = (1 << 64) - 1
 _INVALID_CONTEXT = 201
 #: Granularity in which the H100 maps memory into a pool (probe section E).
 POOL_CHUNK = 32 << 20
@@ -174,8 +172,10 @@ def _busy(cupool: Any, device: int | None, cached: bool) -> bool:
 
 def _destroy_now(cupool: Any, device: int | None) -> None:
     _driver.call("cuMemPoolDestroy", cupool)
-    # The driver may give a later pool the same handle: its account must start afresh.
+    # The driver may give a later pool the same handle: its account and its
+    # export record must start afresh.
     forget_account("pool", device, int(cupool))
+    _pool_ipc.forget(int(cupool))
 
 
 class MemoryPool(PoolAttributes, Resource):
@@ -363,8 +363,8 @@ class MemoryPool(PoolAttributes, Resource):
         resolve()
         cupool = _pool_ipc.import_pool(fd)
         self = cls.__new__(cls)
-        fin = make_finalizer(self, f"imported memory pool 0x{int(cupool):x}", driver_release,
-                             "cuMemPoolDestroy", cupool)
+        fin = make_finalizer(self, f"imported memory pool 0x{int(cupool):x}", _destroy_now,
+                             cupool, None)
         self._setup(cupool, None, False, True, owned=True, imported=True)
         self._open(fin)
         return self
@@ -580,7 +580,6 @@ class MemoryPool(PoolAttributes, Resource):
             raise BufferError(f"cannot close a memory pool with {live}; free them first "
                               "or pass force=True")
         self._acu = None
-        _pool_ipc.forget(self._handle)
         if live:  # destroyed by its finalizer, once the buffers holding it are gone
             self._state = CLOSED
             return

@@ -46,8 +46,6 @@ class State(enum.Enum):
 # Module constants: an enum member lookup costs ~120 ns on hot paths.
 OPEN = State.OPEN
 CLOSED = State.CLOSED
-_OPEN = OPEN
-_CLOSED = CLOSED
 
 
 def run_release(what: str | tuple[str, int], release: Callable[..., None],
@@ -105,22 +103,22 @@ class Resource:
     if not TYPE_CHECKING:
         __slots__ = ("__weakref__",)
 
-    _state: State = _CLOSED
+    _state: State = CLOSED
     _finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
     _views: weakref.WeakSet[Any] | None = None
 
     def _open(self, finalizer: weakref.finalize | None) -> None:  # type: ignore[type-arg]
         """Mark the object open, owning the release done by ``finalizer``."""
         self._finalizer = finalizer
-        self._state = _OPEN
+        self._state = OPEN
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._state is _CLOSED
+        return self._state is CLOSED
 
     def _check_open(self) -> None:
-        if self._state is _CLOSED:
+        if self._state is CLOSED:
             raise ClosedError(f"{type(self).__name__} is closed; it cannot be used any more")
 
     def close(self) -> None:
@@ -130,9 +128,9 @@ class Resource:
         memory is released when the last of them is collected instead, so no
         view ever points at freed memory. The object itself is closed at once.
         """
-        if self._state is _CLOSED:
+        if self._state is CLOSED:
             return
-        self._state = _CLOSED
+        self._state = CLOSED
         if self._views:
             return  # the finalizer runs once the views (which hold us) are gone
         fin = self._finalizer

@@ -34,9 +34,12 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from cuda.bindings import driver as _cu
+
 from . import _driver
 from ._device import Stream, StreamLike, ensure_context, stream_handle
 from ._errors import CudaError
+from ._operands import MEMORYTYPE_DEVICE, memory_type
 from ._pinned import HostBuffer
 
 if TYPE_CHECKING:
@@ -47,15 +50,14 @@ __all__ = [
     "configure_staging",
     "release_staging",
     "staged_copy",
+    "staging_wanted",
     "staging_settings",
 ]
 
 MiB = 1 << 20
 _EVENT_DISABLE_TIMING = 0x2
-_ATTR_MEMORY_TYPE = 2
-_ATTR_DEVICE_ORDINAL = 9
-_ATTR_IS_MANAGED = 8
-_MEMORYTYPE_DEVICE = 2
+_IS_MANAGED = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
+_DEVICE_ORDINAL = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 THREAD_PREFIX = "cuda_memkit-staging"
 
 
@@ -373,17 +375,20 @@ def _flat_bytes(arr: Any, dst: bool) -> np.ndarray[Any, Any]:
 
 def _device_of(ptr: int) -> int | None:
     """The device of plain device memory at ``ptr``; None for anything else."""
-    from cuda.bindings.driver import CUpointer_attribute as A
-
-    fn = _driver.function("cuPointerGetAttribute")
-    res = fn(A(_ATTR_MEMORY_TYPE), ptr)
-    if res[0] or int(res[1]) != _MEMORYTYPE_DEVICE:
+    if memory_type(ptr) != MEMORYTYPE_DEVICE:
         return None
-    res = fn(A(_ATTR_IS_MANAGED), ptr)
+    fn = _driver.function("cuPointerGetAttribute")
+    res = fn(_IS_MANAGED, ptr)
     if res[0] or res[1]:
         return None
-    res = fn(A(_ATTR_DEVICE_ORDINAL), ptr)
+    res = fn(_DEVICE_ORDINAL, ptr)
     return None if res[0] else int(res[1])
+
+
+def staging_wanted(nbytes: int) -> bool:
+    """Whether a pageable copy of ``nbytes`` goes through the ring (on, and at the threshold)."""
+    cfg = _settings
+    return cfg.enabled and nbytes >= max(cfg.threshold, 1)
 
 
 def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
@@ -430,9 +435,8 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     n = arr.nbytes if nbytes is None else nbytes
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= arr.nbytes:
         raise ValueError(f"nbytes must be an int in [0, {arr.nbytes}], got {n!r}")
-    cfg = _settings
     h = stream_handle(stream)
-    if not cfg.enabled or n < max(cfg.threshold, 1):
+    if not staging_wanted(n):
         return False
     prev = int(_driver.call("cuCtxGetCurrent"))
     if not prev:

@@ -33,14 +33,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import _driver
-from ._observe import Allocation, Frame, MemoryEvent, format_bytes
+from ._observe import ALLOC, FREE, GROW, Allocation, Frame, MemoryEvent, format_bytes
 from ._resource import KINDS
 
 __all__ = ["SCHEMA", "KindSummary", "SiteSummary", "Timeline", "TrackSummary", "plot", "save",
            "summarize", "timeline", "to_dict"]
 
 SCHEMA = "cuda_memkit.track/1"
-_ALLOC, _FREE, _GROW, _SHRINK = 0, 1, 2, 3
 
 
 class Tracker(Protocol):
@@ -216,7 +215,7 @@ def timeline(tr: Tracker) -> dict[str, Timeline]:
         kind = acct.kind
         if kind not in points:
             points[kind] = ([0.0], [base.get(kind, 0)])
-        cur[kind] = cur.get(kind, 0) + (n if op in (_ALLOC, _GROW) else -n)
+        cur[kind] = cur.get(kind, 0) + (n if op in (ALLOC, GROW) else -n)
         times, values = points[kind]
         times.append((t - t0) / 1e9)
         values.append(cur[kind])
@@ -248,20 +247,20 @@ def summarize(tr: Tracker) -> TrackSummary:
 
     for _t, acct, _key, n, op, _s, _tid, site, _stack in list(tr._events):
         c = counts.setdefault(acct.kind, [0, 0, 0, 0])
-        if op == _ALLOC:
+        if op == ALLOC:
             c[0] += 1
             c[2] += n
-        elif op == _GROW:
+        elif op == GROW:
             c[2] += n
-        elif op == _FREE:
+        elif op == FREE:
             c[1] += 1
             c[3] += n
         else:
             c[3] += n
-        if op in (_ALLOC, _GROW):
+        if op in (ALLOC, GROW):
             row = sites.setdefault(site_of(site), [set(), 0, 0, 0, 0])
             row[0].add(acct.kind)
-            row[1] += op == _ALLOC
+            row[1] += op == ALLOC
             row[2] += n
     live_by_kind: dict[str, list[int]] = {}
     for (acct, _key), rec in list(tr._live.items()):

@@ -40,7 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import MemkitWarning
 from ._observe import (
+    ACTIONS,
+    ALLOC,
+    FREE,
+    GROW,
     PACKAGE_DIR,
+    SHRINK,
     Allocation,
     Frame,
     MemoryEvent,
@@ -57,11 +62,8 @@ if TYPE_CHECKING:
 
     from ._track_report import Timeline, TrackSummary
 
-__all__ = ["ACTIONS", "Tracker", "active_trackers", "track"]
+__all__ = ["Tracker", "active_trackers", "track"]
 
-ALLOC, FREE, GROW, SHRINK = 0, 1, 2, 3
-#: Event actions by code.
-ACTIONS = ("alloc", "free", "grow", "shrink")
 _NEW, _ACTIVE, _DONE = 0, 1, 2
 
 _now = time.perf_counter_ns
@@ -87,7 +89,7 @@ def _watch(acct: Account, key: object, nbytes: int, allocated: bool,
     if allocated:
         try:
             f: FrameType | None = _getframe(1)
-            while f is not None and f.f_code.co_filename.startswith(_PKG):  # user_frame()
+            while f is not None and f.f_code.co_filename.startswith(_PKG):  # cuda_memkit's frames
                 f = f.f_back
             if f is not None:
                 code = f.f_code
@@ -168,6 +170,8 @@ class Tracker:
             stack: tuple[RawFrame, ...] | None) -> None:
         live = self._live
         lk = (acct, key)
+        if not self.stacks:  # (only allocations carry a stack)
+            stack = None
         if allocated:
             mine = self._thread is None or tid == self._thread
             if acct.kind == "growable" and (lk in live or lk in self._pre):
@@ -181,7 +185,7 @@ class Tracker:
                 if not mine:
                     return
                 op = ALLOC
-                live[lk] = [t, nbytes, stream, tid, site, stack if self.stacks else None]
+                live[lk] = [t, nbytes, stream, tid, site, stack]
         else:
             rec = live.get(lk)
             if rec is None and self._thread is not None and tid != self._thread:
@@ -197,8 +201,7 @@ class Tracker:
                 elif acct.kind == "growable":
                     self._pre.discard(lk)
         if self._keep:
-            self._events.append((t, acct, key, nbytes, op, stream, tid, site,
-                                 stack if self.stacks and op != FREE else None))
+            self._events.append((t, acct, key, nbytes, op, stream, tid, site, stack))
 
     def _failed(self, exc: Exception) -> None:
         if len(self.errors) < 100:
@@ -319,18 +322,15 @@ class Tracker:
         Once stopped, a tracker sees no more frees: this is then what was
         alive when it stopped.
         """
-        t0 = self._t0
         items = sorted(list(self._live.items()), key=lambda kv: kv[1][0])
-        return [Allocation(acct.kind, acct.device, acct.pool, int(key),  # type: ignore[call-overload]
-                           rec[1], (rec[0] - t0) / 1e9, rec[2], rec[3],
-                           None if rec[4] is None else Frame(*rec[4]), frames(rec[5]))
-                for (acct, key), rec in items]
+        return [self._allocation(acct, key, rec) for (acct, key), rec in items]
 
     def allocation(self, acct: Account, key: object) -> Allocation | None:
         """The record of live allocation ``key`` of ledger account ``acct``, if it has one."""
         rec = self._live.get((acct, key))
-        if rec is None:
-            return None
+        return None if rec is None else self._allocation(acct, key, rec)
+
+    def _allocation(self, acct: Account, key: object, rec: list[Any]) -> Allocation:
         return Allocation(acct.kind, acct.device, acct.pool, int(key),  # type: ignore[call-overload]
                           rec[1], (rec[0] - self._t0) / 1e9, rec[2], rec[3],
                           None if rec[4] is None else Frame(*rec[4]), frames(rec[5]))

@@ -35,7 +35,7 @@ from ._operands import (
     reap_pending,
     refuse_pageable,
 )
-from ._staging import staged_copy
+from ._staging import staged_copy, staging_wanted
 
 __all__ = ["copy", "copy_async"]
 
@@ -116,8 +116,8 @@ def _staged(d: Operand, s: Operand, n: int, stream: int | None) -> bool:
     if (d[3] == HOST) == (s[3] == HOST):
         return False  # staging is for exactly one pageable side
     host, dev = (d, s) if d[3] == HOST else (s, d)
-    if dev[3] != DRIVER or not n or is_pinned_host(host[4]):
-        return False
+    if dev[3] != DRIVER or not staging_wanted(n) or is_pinned_host(host[4]):
+        return False  # (the settings first: the pinned test costs two driver calls)
     if host is d:
         return staged_copy(host[4], dev[0], n, stream=stream)
     return staged_copy(dev[0], host[4], n, stream=stream)

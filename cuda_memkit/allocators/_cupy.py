@@ -42,7 +42,7 @@ from cuda.bindings import driver as _cu
 
 from .. import _driver
 from .._errors import ClosedError, MemkitWarning
-from .._resource import account, watchers
+from .._resource import account
 
 if TYPE_CHECKING:
     from .._pool import MemoryPool
@@ -297,9 +297,10 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
                 if not size:
                     return null(dev)
             st = get_stream(dev)
-            cus = custreams.get(st.ptr)
+            h = st.ptr
+            cus = custreams.get(h)
             if cus is None:
-                cus = _custream(custreams, st.ptr)
+                cus = _custream(custreams, h)
             cupool = cupools[dev]
             err, d = alloc(size, cupool, cus)
             if err:
@@ -308,7 +309,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             m._d = d
             m._s = cus
             m._a = acct = accounts[dev]
-            acct.add(d, size, int(cus) if watchers else None)
+            acct.add(d, size, h)
             return pointer(m, 0)
 
         return allocate
@@ -331,9 +332,10 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
                               "another pool (allocators.use_with_cupy(pool))")
         st = get_stream(dev)
-        cus = custreams.get(st.ptr)
+        h = st.ptr
+        cus = custreams.get(h)
         if cus is None:
-            cus = _custream(custreams, st.ptr)
+            cus = _custream(custreams, h)
         err, d = alloc(size, cupool, cus)
         if err:
             d = _alloc_failed(err, alloc, size, cupool, cus, dev, given)
@@ -342,7 +344,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         m._s = cus
         m._pool = given
         m._a = given_acct
-        given_acct.add(d, size, int(cus) if watchers else None)
+        given_acct.add(d, size, h)
         return pointer(m, 0)
 
     return allocate_from_pool
