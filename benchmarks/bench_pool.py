@@ -165,6 +165,33 @@ def main() -> None:
         for _ in range(k):
             floor_allocate(nbytes, stream=s).free()
 
+    # The floor again, but a freed buffer keeps its __del__ (no class swap): what
+    # PoolBuffer.free()'s swap to the plain PoolBuffer class buys, in this run.
+    class KeptDelBuffer:
+        __slots__ = ("ptr",)
+
+        def free(self) -> None:
+            p, self.ptr = self.ptr, None
+            (err,) = free(p, cus)
+            if err:
+                raise RuntimeError(err)
+
+        def __del__(self) -> None:
+            if self.ptr is not None:
+                free(self.ptr, cus)
+
+    def kept_del_allocate(n: int, *, stream: object) -> KeptDelBuffer:
+        err, ptr = alloc(n, cupool, cus)
+        if err:
+            raise RuntimeError(err)
+        b = KeptDelBuffer()
+        b.ptr = ptr
+        return b
+
+    def floor_kept_del(k: int) -> None:
+        for _ in range(k):
+            kept_del_allocate(nbytes, stream=s).free()
+
     cupy_device = cupy_pool_device = core_device = torch_device = None
     if cupy is not None:
         from_external = getattr(cupy.cuda.Stream, "from_external", None)
@@ -215,9 +242,9 @@ def main() -> None:
         {"raw": raw_device, "memkit": memkit_device, "cupy": cupy_device,
          "cuda.core": core_device, "torch": torch_device, "raw default": raw_default,
          "memkit default": memkit_default, "cupy pool": cupy_pool_device,
-         "floor": floor_device},
+         "floor": floor_device, "floor kept del": floor_kept_del},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
-                       "memkit default", "cupy pool", "floor"), n_dev),
+                       "memkit default", "cupy pool", "floor", "floor kept del"), n_dev),
         samples, sync, 6)
 
     # -- 4 KiB pinned buffers ---------------------------------------------------------------
@@ -243,6 +270,34 @@ def main() -> None:
     def memkit_pool_buffer(k: int) -> None:
         for _ in range(k):
             host_allocate(small, stream=s).free()
+
+    # The least a pure-Python pinned cache with this API can cost: a free list of
+    # pinned blocks, an object that holds one, close() puts it back, garbage
+    # collection puts it back otherwise (class swap as in the device floor); no
+    # checks, no numpy view, no ledger. Not memkit: a yardstick.
+    floor_blocks = [check(raw.cuMemHostAlloc(small, 0)) for _ in range(4)]
+
+    class FloorHost:
+        __slots__ = ("ptr",)
+
+        def close(self) -> None:
+            floor_blocks.append(self.ptr)
+            self.__class__ = FloorHost
+
+    class LiveFloorHost(FloorHost):
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            floor_blocks.append(self.ptr)
+
+    def floor_pooled(n: int) -> FloorHost:
+        b = LiveFloorHost()
+        b.ptr = floor_blocks.pop()
+        return b
+
+    def floor_pinned(k: int) -> None:
+        for _ in range(k):
+            floor_pooled(small).close()
 
     cupy_pinned = torch_pinned = core_pinned = None
     if cupy is not None:
@@ -273,10 +328,12 @@ def main() -> None:
     pinned = measure(
         {"raw": raw_hostalloc, "raw pool": raw_host_pool, "memkit": memkit_pooled,
          "memkit pool": memkit_pool_buffer, "cupy": cupy_pinned, "torch": torch_pinned,
-         "cuda.core": core_pinned},
+         "cuda.core": core_pinned, "floor": floor_pinned},
         {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
-         "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin},
+         "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin, "floor": n_pin},
         samples, sync, 6)
+    for blk in floor_blocks:
+        check(raw.cuMemFreeHost(blk))
 
     default.release_threshold = old_threshold
     sync()
@@ -321,6 +378,8 @@ def main() -> None:
         "info", None)
     row("1 MiB: pure-Python floor (1 slot, no checks; not memkit)", d["floor"], d["raw"],
         "info", None)
+    row("1 MiB: the floor keeping __del__ after free (no class swap)", d["floor kept del"],
+        d["raw"], "info", None)
     p = pinned
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference",
         None)
@@ -333,6 +392,8 @@ def main() -> None:
     row("4 KiB pinned: CuPy alloc_pinned_memory", p["cupy"], p["raw"], "info", None)
     row("4 KiB pinned: torch.empty(pin_memory=True)", p["torch"], p["raw"], "info", None)
     row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info", None)
+    row("4 KiB pinned: pure-Python floor (free list; not memkit)", p["floor"],
+        p["raw"], "info", None)
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
     print(f"bench_pool on backend {backend_name} ({cm.Device(0).name}){note}")

@@ -275,6 +275,7 @@ class PooledHostBuffer(_pinned.HostBuffer):
     """
 
     __slots__ = ()
+    __init__ = object.__init__  # made by pooled() only: cls() costs less than object.__new__
 
     def close(self) -> None:
         """Give the block back to the pool's cache; calling it again does nothing."""
@@ -304,6 +305,15 @@ class PooledHostBuffer(_pinned.HostBuffer):
                 cache.put(block)
             except CudaError as exc:  # close() never raises driver errors
                 _pinned.warn_free_failed("pinned pool block", ptr, exc)
+
+
+_u8: Any = None  # numpy's uint8 dtype, kept here once made (numpy loads on first use)
+
+
+def _first_uint8() -> Any:
+    global _u8
+    _u8 = _pinned.uint8()
+    return _u8
 
 
 def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
@@ -339,11 +349,11 @@ def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostB
                 notify(acct, ptr, shape, True)
     if block is None:
         block = take(pool, shape)  # checks the pool; a miss, another pool, the simulator
-    self = _new_object(PooledHostBuffer)
+    self: PooledHostBuffer = PooledHostBuffer()
     self._ptr = block.ptr  # type: ignore[union-attr]
     self._nbytes = shape
     self._shape = (shape,)
-    self._dtype = _pinned.uint8()
+    self._dtype = _u8 if _u8 is not None else _first_uint8()
     self._flags = 0
     self._dptr = None
     self._views = None
