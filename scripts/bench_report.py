@@ -34,9 +34,10 @@ INTRO = {
                    "Allocate+free pairs from pools against raw calls, CuPy, cuda.core and "
                    "torch in the same run. Targets: the 1 MiB pair ahead of cuda.core "
                    "and torch and within 1.15x of CuPy; the 4 KiB pooled pinned pair within "
-                   "1.15x of CuPy's pinned pool (tables made before 2026-11-24's last "
-                   "commits print issue 6's older targets: <= 1.25x raw, faster than "
-                   "CuPy)."),
+                   "1.15x of CuPy's pinned pool. The pure-Python floor rows (not memkit) "
+                   "show what the thinnest wrapper with the same API costs in the same "
+                   "run, and what the class swap of `PoolBuffer.free()` buys (the floor "
+                   "keeping `__del__`)."),
     "bench_transfers": ("Many blocks and pageable arrays",
                         "Scattered blocks pinned->device through `copy_batch` against a raw "
                         "loop, a raw batch call and one contiguous copy; 1 GiB pageable "
@@ -47,7 +48,9 @@ INTRO = {
                          "The 1 MiB pair through CuPy's own entry point under CuPy's "
                          "allocators and memkit's adaptor, `cupy.empty`, a workload, and "
                          "the pinned allocator. Target: within 1.15x of CuPy's "
-                         "`malloc_async` per pair."),
+                         "`malloc_async` per pair. The pure-Python floor row is the "
+                         "thinnest CuPy allocator Python can install (fixed pool and "
+                         "stream, no checks, no ledger): not memkit, a yardstick."),
     "bench_observe": ("Observing memory",
                       "The cost of tracking (`track()`, `track(stacks=True)`) on the pool "
                       "pair, the pooled pinned pair and `HostBuffer.empty`. The statistics "
@@ -78,8 +81,14 @@ def main() -> None:
         log = folder / f"{name}.log"
         if not log.exists():
             continue
-        lines = [ln for ln in log.read_text().splitlines() if "Warning" not in ln
-                 and not ln.startswith("  main()")]
+        lines = []  # the table, without warnings (and the source line Python echoes)
+        after_warning = False
+        for ln in log.read_text().splitlines():
+            if "Warning" in ln or (after_warning and ln.startswith("  ")):
+                after_warning = "Warning" in ln
+                continue
+            after_warning = False
+            lines.append(ln)
         where = f" ({runs[name]})" if name in runs else ""
         out += [f"## {title}", "", text, "", f"`python benchmarks/{name}.py`{where}", "",
                 "```text", *lines, "```", ""]
