@@ -275,7 +275,6 @@ class PooledHostBuffer(_pinned.HostBuffer):
     """
 
     __slots__ = ()
-    __init__ = object.__init__  # made by pooled() only: cls() costs less than object.__new__
 
     def close(self) -> None:
         """Give the block back to the pool's cache; calling it again does nothing."""
@@ -349,7 +348,7 @@ def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostB
                 notify(acct, ptr, shape, True)
     if block is None:
         block = take(pool, shape)  # checks the pool; a miss, another pool, the simulator
-    self: PooledHostBuffer = PooledHostBuffer()
+    self = _new_object(PooledHostBuffer)
     self._ptr = block.ptr  # type: ignore[union-attr]
     self._nbytes = shape
     self._shape = (shape,)

@@ -18,11 +18,11 @@ included. What it does, each measured on the H100 (``bench_pool``):
 * The buffer is a slotted object that frees in ``__del__`` when it is
   collected unfreed; a ``weakref.finalize`` per buffer costs about 1 µs, as
   much as the driver calls. ``free()`` and ``__del__`` make the same call.
-* The one class swap: ``allocate()`` makes a :class:`LivePoolBuffer` (the
-  class with ``__del__``), ``free()`` turns it into a plain
-  :class:`PoolBuffer`, which has none, so collecting a freed buffer runs no
-  Python code. bench_pool's two floor rows measure what that buys in each
-  run (~12 % of the pair on the development host, stub driver).
+* No class swap: a freed buffer's ``__del__`` still runs at its collection
+  (and returns at once). Dropping it by swapping the class after ``free()``
+  buys ~12 % of the pair on the development host (stub driver) but a median
+  of 4.6 % in twelve same-run H100 measurements (bench_pool's two floor
+  rows, 2026-11-24), under the 5 % that a hot-path trick must buy.
 * Typed handles, converted once: the bindings turn a plain ``int`` stream,
   pool or pointer into a ``CUstream`` / ``CUmemoryPool`` / ``CUdeviceptr``
   first (~0.1 µs each). The pool keeps its ``CUmemoryPool``; a
@@ -73,7 +73,6 @@ from ._errors import CudaNotSupportedError
 from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
 from ._pool_buffer import (
     PoolBufferBase,
-    collected,
     destroy_unused,
     destroy_when_unused,
     new_buffer,
@@ -142,21 +141,6 @@ class PoolBuffer(PoolBufferBase):
     def pool(self) -> MemoryPool:
         """The pool the memory came from."""
         return self._pool
-
-
-class LivePoolBuffer(PoolBuffer):
-    """A :class:`PoolBuffer` that :meth:`~PoolBuffer.free` has not freed.
-
-    Collecting it frees its memory (``__del__``); ``free()`` turns it into a
-    plain ``PoolBuffer``, which has no ``__del__`` (see ``freed_class``).
-    """
-
-    __slots__ = ()
-    freed_class = PoolBuffer
-    __init__ = object.__init__  # made by new_buffer() only
-
-    def __del__(self, _collected: Any = collected) -> None:  # bound: see collected()
-        _collected(self)
 
 
 def _not_supported(what: str) -> CudaNotSupportedError:
@@ -485,7 +469,7 @@ class MemoryPool(PoolAttributes, Resource):
         if err:
             dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
         acct = self._acct
-        buf: PoolBuffer = new_buffer(LivePoolBuffer, dptr, nbytes, sref, self, acct)
+        buf: PoolBuffer = new_buffer(PoolBuffer, dptr, nbytes, sref, self, acct)
         # Account.add written out: the call costs ~60 ns of a ~520 ns pair in Python
         # (CPython 3.11, stub driver), ~5 % of a pair on the H100's host.
         acct.live[dptr] = nbytes
@@ -548,7 +532,7 @@ class MemoryPool(PoolAttributes, Resource):
         sref = buffer_stream(stream)
         self._check_open()
         dptr = _pool_ipc.import_pointer(self._cu, raw)
-        buf: PoolBuffer = new_buffer(LivePoolBuffer, dptr, 0, sref, self, self._acct)
+        buf: PoolBuffer = new_buffer(PoolBuffer, dptr, 0, sref, self, self._acct)
         self._imports.add(buf)
         if size is None:
             try:

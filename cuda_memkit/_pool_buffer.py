@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import numpy as np
     from typing_extensions import Self
 
-__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "collected", "destroy_unused",
-           "destroy_when_unused", "new_buffer", "pending_pools", "resolve_free"]
+__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
+           "new_buffer", "pending_pools", "resolve_free"]
 
 _INVALID_CONTEXT = 201
 _LEGACY = (0, 1)  # the legacy default stream handles: never "destroyed"
@@ -199,9 +199,6 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
     _sref: Stream | StreamRef  # its _custream: the CUstream, None once a Stream is closed
     _pool: PoolOwner
     _views: Any
-    #: The class a buffer becomes once :meth:`free` freed it: the public class,
-    #: without the ``__del__`` of the live class that names it.
-    freed_class: type[PoolBufferBase]
 
     @property
     def closed(self) -> bool:
@@ -274,14 +271,8 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
             self._dptr = d
             cus = free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
             self._dptr = None
-        # A freed buffer has nothing left to release: it becomes its class's
-        # ``freed_class``, which has no ``__del__``. Measured in the same run
-        # (bench_pool, "floor ... __del__ kept" row against the floor): a
-        # ``__del__`` call at every collection costs ~12 % of the pair.
-        self.__class__ = self.freed_class
-        acct = self._acct  # Account.remove written out, as in allocate(): the
-        n = self._nbytes   # call costs ~8 % of the pair (stub driver)
-        del acct.live[d]
+        acct = self._acct  # Account.remove written out, as in allocate()
+        n = acct.live.pop(d, 0)
         acct.current -= n
         if watchers:
             notify(acct, d, n, False, int(cus))
@@ -304,6 +295,19 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
         except BaseException:
             self._dptr = d
             raise
+
+    def __del__(self, _finalize: Any = _finalize) -> None:  # bound: module globals may be
+        try:                                                  # gone at interpreter exit
+            d = self._dptr
+        except AttributeError:  # never fully made
+            return
+        if d is None:
+            d = self._deferred  # closed while numpy views were alive: the free was deferred
+            if d is None:
+                return
+            self._deferred = None
+        self._dptr = None
+        _finalize(d, self._sref, self._pool, self._acct)
 
     def __enter__(self) -> Self:
         self._check_open()
@@ -377,30 +381,13 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
         return f"<PoolBuffer 0x{int(self._dptr):x} nbytes={self._nbytes} from {self._pool!r}>"
 
 
+_new_object = object.__new__
 
-def collected(buf: PoolBufferBase, _finalize: Any = _finalize) -> None:  # bound: module
-    """What collecting a live buffer does (its ``__del__``): free what it still owns."""  # globals
-    # may be gone at interpreter exit
-    try:
-        d = buf._dptr
-    except AttributeError:  # never fully made
-        return
-    if d is None:
-        d = buf._deferred  # closed while numpy views were alive: the free was deferred
-        if d is None:
-            return
-        buf._deferred = None
-    buf._dptr = None
-    _finalize(d, buf._sref, buf._pool, buf._acct)
 
 def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream | StreamRef,
                pool: PoolOwner, acct: Account) -> Any:
-    """A buffer of class ``cls`` owning the pool allocation ``dptr`` (not yet in the ledger).
-
-    ``cls()`` must not run an ``__init__`` of its own (the live class keeps
-    ``object.__init__``): ``cls()`` costs ~25 ns less than ``object.__new__(cls)``.
-    """
-    buf = cls()
+    """A buffer of class ``cls`` owning the pool allocation ``dptr`` (not yet in the ledger)."""
+    buf = _new_object(cls)
     buf._dptr = dptr
     buf._nbytes = nbytes
     buf._sref = sref
