@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 
@@ -51,8 +52,24 @@ def _stream(name: str, text: str) -> dict[str, Any]:
     return {"output_type": "stream", "name": name, "text": text.splitlines(keepends=True)}
 
 
+def _between_cells() -> Callable[[], object]:
+    """What runs before each cell: under compute-sanitizer, letting go of frames CuPy keeps.
+
+    There CuPy keeps finished frames alive, and the arrays in them, through a
+    reference the garbage collector cannot see (``tests/_sanitizer.py`` says
+    more); ``gpu-check sanitize`` sets ``CUDA_MEMKIT_SANITIZER=1``. Elsewhere: nothing.
+    """
+    if os.environ.get("CUDA_MEMKIT_SANITIZER") != "1":
+        return lambda: None
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    from tests._sanitizer import release
+
+    return release
+
+
 def execute_inline(path: pathlib.Path, out: pathlib.Path) -> bool:
     os.environ.setdefault("MPLBACKEND", "Agg")
+    between_cells = _between_cells()
     nb = json.loads(path.read_text())
     ns: dict[str, Any] = {"__name__": "__main__"}
     ok = True
@@ -68,6 +85,7 @@ def execute_inline(path: pathlib.Path, out: pathlib.Path) -> bool:
         if cell["cell_type"] != "code":
             continue
         count += 1
+        between_cells()
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         outputs: list[dict[str, Any]] = []
         stdout, stderr = io.StringIO(), io.StringIO()
@@ -137,6 +155,8 @@ def main() -> int:
         engine = "nbclient"
     except ImportError:
         engine = "inline"
+    if os.environ.get("CUDA_MEMKIT_SANITIZER") == "1":
+        engine = "inline"  # it steps in between cells (_between_cells); a kernel cannot
     # The kernel or child process imports cuda_memkit from this checkout.
     root = str(pathlib.Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(

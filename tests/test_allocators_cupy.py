@@ -18,6 +18,8 @@ import pytest
 import cuda_memkit as cm
 from cuda_memkit import _driver, _resource, allocators
 
+from . import _sanitizer
+
 if _driver.backend_name() == "sim":
     pytest.skip("CuPy needs a GPU (simulator backend)", allow_module_level=True)
 cupy = pytest.importorskip("cupy")
@@ -53,6 +55,7 @@ class Recorder:
 
 def _release_cupy_caches() -> None:
     """Drop what CuPy caches between calls (FFT plans and their work areas, random states)."""
+    _sanitizer.release()  # frames CuPy keeps under compute-sanitizer (only there)
     gc.collect()
     cupy.fft.config.get_plan_cache().clear()
     cupy.random.reset_states()
@@ -64,7 +67,7 @@ def _holders(acct: Any) -> str:
     """Who keeps the CuPy memory objects of ``acct`` alive (for the failure message)."""
     out = []
     for obj in gc.get_objects():
-        if type(obj).__name__ in ("CupyMemory", "CupyPoolMemory") and obj._d in acct.live:
+        if type(obj).__qualname__ in ("CupyMemory", "CupyPoolMemory") and obj._d in acct.live:
             refs = [type(r).__name__ for r in gc.get_referrers(obj)][:4]
             out.append(f"{obj!r} held by {refs}")
     return "; ".join(out) or "no CuPy memory object found"
@@ -106,6 +109,7 @@ def warm() -> Iterator[None]:
 
 
 def _settle() -> None:
+    _sanitizer.release()  # frames CuPy keeps under compute-sanitizer (only there)
     gc.collect()
     cupy.fft.config.get_plan_cache().clear()  # plans hold work areas from the allocator
     cupy.get_default_memory_pool().free_all_blocks()
@@ -128,6 +132,7 @@ def pool(request: pytest.FixtureRequest) -> Iterator[cm.MemoryPool | None]:
         return
     p = cm.MemoryPool(0, release_threshold=64 * MiB)
     yield p
+    _sanitizer.release()  # frames CuPy keeps under compute-sanitizer (only there)
     gc.collect()
     cupy.cuda.Device().synchronize()
     p.close()
