@@ -69,13 +69,13 @@ def unseen_frames() -> list[FrameType]:
     return [f for f in frames if id(f) not in anchored]
 
 
-def release(*, force: bool = False) -> int:
+def release() -> int:
     """Clear the locals of finished frames kept only from C (under the sanitizer).
 
     Returns how many frames were cleared. Does nothing unless
-    ``CUDA_MEMKIT_SANITIZER=1`` (or ``force``, for this module's own test).
+    ``CUDA_MEMKIT_SANITIZER=1``.
     """
-    if not (UNDER_SANITIZER or force):
+    if not UNDER_SANITIZER:
         return 0
     cleared = 0
     for f in unseen_frames():

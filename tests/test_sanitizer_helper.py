@@ -40,6 +40,12 @@ def kept() -> Iterator[tuple[weakref.ref[_Array], int]]:
     ctypes.pythonapi.Py_DecRef(ctypes.py_object(_frame(fid)))  # the reference made above
 
 
+@pytest.fixture
+def sanitizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As under ``gpu-check sanitize``: ``release()`` acts."""
+    monkeypatch.setattr(_sanitizer, "UNDER_SANITIZER", True)
+
+
 def test_a_frame_kept_from_c_keeps_its_locals(kept: tuple[weakref.ref[_Array], int]) -> None:
     ref, fid = kept
     gc.collect()
@@ -58,18 +64,18 @@ def test_release_clears_it_only_when_asked(kept: tuple[weakref.ref[_Array], int]
     assert ref() is None  # the frame let go of its locals
 
 
-def test_frames_others_refer_to_are_left_alone() -> None:
+def test_frames_others_refer_to_are_left_alone(sanitizing: None) -> None:
     def finished() -> FrameType:
         local = _Array()  # noqa: F841
         return sys._getframe()
 
     f = finished()
     ref = weakref.ref(f.f_locals["local"])
-    _sanitizer.release(force=True)
+    _sanitizer.release()
     assert ref() is not None and f.f_locals["local"] is ref()  # held by ``f``: not cleared
 
 
-def test_executing_and_generator_frames_are_left_alone() -> None:
+def test_executing_and_generator_frames_are_left_alone(sanitizing: None) -> None:
     def gen() -> Iterator[int]:
         local = _Array()
         yield 1
@@ -78,7 +84,7 @@ def test_executing_and_generator_frames_are_left_alone() -> None:
     g = gen()
     next(g)
     here = _Array()
-    _sanitizer.release(force=True)
+    _sanitizer.release()
     assert next(g) > 1  # the suspended generator still runs
     assert isinstance(here, _Array)
 
@@ -105,7 +111,7 @@ def test_callers_kept_from_c_are_cleared_too(monkeypatch: pytest.MonkeyPatch) ->
             ctypes.pythonapi.Py_DecRef(ctypes.py_object(_frame(fid)))
 
 
-def test_frames_of_a_kept_traceback_are_left_alone() -> None:
+def test_frames_of_a_kept_traceback_are_left_alone(sanitizing: None) -> None:
     def inner() -> None:
         local = _Array()
         raise ValueError(id(local))
@@ -121,6 +127,6 @@ def test_frames_of_a_kept_traceback_are_left_alone() -> None:
     assert tb is not None and tb.tb_next is not None and tb.tb_next.tb_next is not None
     ref = weakref.ref(tb.tb_next.tb_next.tb_frame.f_locals["local"])
     del tb
-    _sanitizer.release(force=True)
+    _sanitizer.release()
     assert ref() is not None  # pytest's reports keep tracebacks like this one
     del exc
