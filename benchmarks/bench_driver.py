@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
 
-    from cuda_memkit import _driver
+    from cuda_memkit._core import _driver
 
     backend_name, simulated, raw = backend()
     number = 20_000 if args.quick else 200_000

@@ -120,8 +120,8 @@ SMALL_BLOCK_NOTE = (
 
 
 def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int) -> None:
-    from cuda_memkit import _copy_batch
-    from cuda_memkit._copy_batch import CopyBatch, call_bounds, copy_batch
+    from cuda_memkit._transfer import _copy_batch
+    from cuda_memkit._transfer._copy_batch import CopyBatch, call_bounds, copy_batch
 
     shapes = list(SHAPE_TARGETS)
     div = 64 if quick else 1
@@ -340,7 +340,7 @@ def _cupy_scatter_case(dev: Any, stage: Any, host: Any, perm: np.ndarray, b: int
 
 
 def pageable(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
-    from cuda_memkit import _staging
+    from cuda_memkit._transfer import _staging
 
     size = 64 * MiB if quick else GiB
     src = np.empty(size, np.uint8)

@@ -31,7 +31,7 @@ def backend() -> tuple[str, bool, Any]:
     twin (the same call forms) on the simulator.
     """
     import cuda_memkit as cm
-    from cuda_memkit import _driver
+    from cuda_memkit._core import _driver
 
     cm.Device(0).set_current()
     name = _driver.backend_name()

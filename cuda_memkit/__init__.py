@@ -11,8 +11,8 @@ from __future__ import annotations
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-from ._driver import backend_name, use_backend
-from ._errors import (
+from ._core._driver import backend_name, use_backend
+from ._core._errors import (
     ClosedError,
     CudaAlreadyMappedError,
     CudaDriverNotFoundError,
@@ -33,20 +33,16 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
-    from ._copy_batch import CopyBatch, copy_batch
-    from ._device import Device, Location, LocationType, Stream, device_count
-    from ._device_buffer import DeviceBuffer
-    from ._growable import GrowableBuffer
-    from ._managed import AttachFlags, ManagedBuffer
-    from ._managed_ranges import MemAdvice, RangeInfo
-    from ._observe import Allocation, Frame, MemoryEvent
-    from ._pinned import HostAllocFlags, HostBuffer
-    from ._policy import ManagedMemoryHints, MigrationPolicy
-    from ._pool import MemoryPool, PoolBuffer, PoolStats
-    from ._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
-    from ._registered import HostRegisterFlags, RegisteredHost, register_host
-    from ._staging import StagingSettings, configure_staging, release_staging, staging_settings
-    from ._stats import (
+    from ._core._device import Device, Location, LocationType, Stream, device_count
+    from ._device_memory._device_buffer import DeviceBuffer
+    from ._host._pinned import HostAllocFlags, HostBuffer
+    from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
+    from ._managed_memory._managed import AttachFlags, ManagedBuffer
+    from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
+    from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
+    from ._managed_memory._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
+    from ._observability._observe import Allocation, Frame, MemoryEvent
+    from ._observability._stats import (
         MEMORY_KINDS,
         KindStats,
         MemoryStats,
@@ -54,41 +50,52 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
         memory_stats,
         reset_peak_stats,
     )
-    from ._track_report import KindSummary, SiteSummary, Timeline, TrackSummary
-    from ._tracking import Tracker, track
-    from ._transfers import copy, copy_async
-    from ._vmm import AddressRange, Mapping, PhysicalMemory
-    from ._vmm_base import Access, HandleType, granularity
+    from ._observability._track_report import KindSummary, SiteSummary, Timeline, TrackSummary
+    from ._observability._tracking import Tracker, track
+    from ._pools._pool import MemoryPool, PoolBuffer, PoolStats
+    from ._transfer._copy_batch import CopyBatch, copy_batch
+    from ._transfer._staging import (
+        StagingSettings,
+        configure_staging,
+        release_staging,
+        staging_settings,
+    )
+    from ._transfer._transfers import copy, copy_async
+    from ._virtual._growable import GrowableBuffer
+    from ._virtual._vmm import AddressRange, Mapping, PhysicalMemory
+    from ._virtual._vmm_base import Access, HandleType, granularity
 
 # Feature modules load on first use of one of their names (PEP 562), so that
 # ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
-    "_device": ("Device", "Location", "LocationType", "Stream", "device_count"),
-    "_device_buffer": ("DeviceBuffer",),
-    "_transfers": ("copy", "copy_async"),
-    "_copy_batch": ("CopyBatch", "copy_batch"),
-    "_staging": ("StagingSettings", "configure_staging", "release_staging", "staging_settings"),
-    "_pinned": ("HostAllocFlags", "HostBuffer"),
-    "_registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
-    "_managed": ("AttachFlags", "ManagedBuffer"),
-    "_managed_ranges": ("MemAdvice", "RangeInfo"),
-    "_policy": ("ManagedMemoryHints", "MigrationPolicy"),
-    "_prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
-    "_vmm_base": ("Access", "HandleType", "granularity"),
-    "_vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
-    "_growable": ("GrowableBuffer",),
-    "_pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
-    "_stats": ("MEMORY_KINDS", "KindStats", "MemoryStats", "Usage", "memory_stats",
+    "_core._device": ("Device", "Location", "LocationType", "Stream", "device_count"),
+    "_device_memory._device_buffer": ("DeviceBuffer",),
+    "_transfer._transfers": ("copy", "copy_async"),
+    "_transfer._copy_batch": ("CopyBatch", "copy_batch"),
+    "_transfer._staging": (
+        "StagingSettings", "configure_staging", "release_staging", "staging_settings",
+    ),
+    "_host._pinned": ("HostAllocFlags", "HostBuffer"),
+    "_host._registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
+    "_managed_memory._managed": ("AttachFlags", "ManagedBuffer"),
+    "_managed_memory._managed_ranges": ("MemAdvice", "RangeInfo"),
+    "_managed_memory._policy": ("ManagedMemoryHints", "MigrationPolicy"),
+    "_managed_memory._prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
+    "_virtual._vmm_base": ("Access", "HandleType", "granularity"),
+    "_virtual._vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
+    "_virtual._growable": ("GrowableBuffer",),
+    "_pools._pool": ("MemoryPool", "PoolBuffer", "PoolStats"),
+    "_observability._stats": ("MEMORY_KINDS", "KindStats", "MemoryStats", "Usage", "memory_stats",
                "reset_peak_stats"),
-    "_tracking": ("Tracker", "track"),
-    "_observe": ("Allocation", "Frame", "MemoryEvent"),
-    "_track_report": ("KindSummary", "SiteSummary", "Timeline", "TrackSummary"),
+    "_observability._tracking": ("Tracker", "track"),
+    "_observability._observe": ("Allocation", "Frame", "MemoryEvent"),
+    "_observability._track_report": ("KindSummary", "SiteSummary", "Timeline", "TrackSummary"),
 }
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
 _COMPANIONS: dict[str, tuple[str, ...]] = {
-    "_pinned": ("_pinned_pool",),
-    "_pool": ("_pinned_pool",),
+    "_host._pinned": ("_host._pinned_pool",),
+    "_pools._pool": ("_host._pinned_pool",),
 }
 _LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}
 
@@ -214,8 +221,8 @@ def __dir__() -> list[str]:
 _publish([n for n in __all__ if n in globals()])
 
 # CUDA_MEMKIT_LEAK_REPORT=1: record allocation stacks from now on and print
-# what still owns memory at interpreter exit (cuda_memkit._leak_report).
+# what still owns memory at interpreter exit (cuda_memkit._observability._leak_report).
 if _os.environ.get("CUDA_MEMKIT_LEAK_REPORT", "") not in ("", "0"):
-    from ._leak_report import install as _install_leak_report
+    from ._observability._leak_report import install as _install_leak_report
 
     _install_leak_report()

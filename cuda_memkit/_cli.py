@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from . import _driver
-from ._errors import CudaDriverNotFoundError, CudaError
+from ._core import _driver
+from ._core._errors import CudaDriverNotFoundError, CudaError
 
 Say = Callable[[str], None]
 
@@ -40,7 +40,7 @@ def cmd_info(backend: str, say: Say) -> int:
     """Print backend, versions and every device with memory and capabilities."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from ._device import Device, device_count
+    from ._core._device import Device, device_count
 
     try:
         bindings = version("cuda-bindings")
@@ -71,8 +71,8 @@ def cmd_info(backend: str, say: Say) -> int:
 
 def usage_by_kind(say: Say) -> None:
     """Print what this process holds through cuda_memkit, per kind (``memory_stats()``)."""
-    from ._observe import format_bytes
-    from ._stats import MEMORY_KINDS, memory_stats
+    from ._observability._observe import format_bytes
+    from ._observability._stats import MEMORY_KINDS, memory_stats
 
     stats = memory_stats()
     say("current usage by kind (this process; a fresh one holds nothing):")
@@ -85,7 +85,7 @@ def cmd_stats(backend: str, say: Say, as_json: bool = False) -> int:
     """Print ``memory_stats()``: a table, or JSON with ``--json``."""
     import json
 
-    from ._stats import memory_stats
+    from ._observability._stats import memory_stats
 
     stats = memory_stats()
     if as_json:
@@ -118,7 +118,7 @@ def cmd_tour(backend: str, say: Say) -> int:
     """Run a short end-to-end tour of every feature."""
     import gc
 
-    from ._device import Device
+    from ._core._device import Device
     from ._tour import steps
 
     say(f"cuda_memkit tour on {_label(backend)}")

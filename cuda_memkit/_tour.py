@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import _driver
-from ._device import Device, Stream, device_count
-from ._errors import CudaError
+from ._core import _driver
+from ._core._device import Device, Stream, device_count
+from ._core._errors import CudaError
 
 Say = Callable[[str], None]
 Step = Callable[[Say], None]
@@ -142,7 +142,7 @@ def doctor_checks() -> list[tuple[str, Callable[[], str]]]:
         return f"{n} device(s)"
 
     def alloc() -> str:
-        from ._device import ensure_context
+        from ._core._device import ensure_context
 
         ensure_context(0)
         ptr = _driver.call("cuMemAlloc", 1 << 20)

@@ -73,7 +73,7 @@ def _reap_finished_copies() -> None:
     lets go at the next copy or allocation; a test that ends right after one
     would otherwise see them as leaks.
     """
-    operands = sys.modules.get("cuda_memkit._operands")
+    operands = sys.modules.get("cuda_memkit._core._operands")
     if operands is not None and operands.pending_operands:
         operands.reap_pending()
 
@@ -82,7 +82,7 @@ class LeakCheck:
     """The per-test check: ledger before setup vs. after teardown."""
 
     def __init__(self) -> None:
-        from cuda_memkit import _leak_report
+        from cuda_memkit._observability import _leak_report
 
         self._report = _leak_report
         self._tracker = _leak_report.recorder()

@@ -23,7 +23,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _device, _driver
+from cuda_memkit._core import _device, _driver
 
 
 def current() -> int:

@@ -202,7 +202,7 @@ class MappedMemory(AutoFreePointer):
                  finalizer: Any = None) -> None:
         from cuda.bindings import driver as cu
 
-        from cuda_memkit import _driver
+        from cuda_memkit._core import _driver
 
         self.owned = owner
         self.host_pointer = pointer

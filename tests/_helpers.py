@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 #: Driver calls as recorded by :func:`record_calls`: (api, args).
 Calls = list[tuple[str, tuple[Any, ...]]]

@@ -1,6 +1,6 @@
 """Before/after snapshots of driver resources for the leak check.
 
-The allocation ledger (``cuda_memkit._resource``: every allocation cuda_memkit
+The allocation ledger (``cuda_memkit._core._resource``: every allocation cuda_memkit
 made and has not freed) is checked by cuda_memkit's pytest plugin
 (``--memkit-leaks``, in the project's ``addopts``), which also names the
 allocation sites. Here: on the simulator the simulated machine (allocation
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuda_memkit import _device, _driver
+from cuda_memkit._core import _device, _driver
 
 GPU_TOLERANCE = 4 << 20
 #: The H100's driver keeps up to ~126 MiB of device pages of freed *managed*

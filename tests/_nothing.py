@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from . import _leaks
 from ._helpers import ISSUING

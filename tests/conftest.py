@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from ._leaks import (
     GPU_FRAMEWORK_TOLERANCE,
@@ -126,7 +126,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
                  else GPU_TOLERANCE)
     before: Snapshot = snapshot()
     yield
-    staging = sys.modules.get("cuda_memkit._staging")
+    staging = sys.modules.get("cuda_memkit._transfer._staging")
     if staging is not None:  # the staging ring is a cache kept across copies: give it back
         staging.release_staging()
     gc.collect()

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _resource, allocators
+from cuda_memkit import allocators
+from cuda_memkit._core import _driver, _resource
 from cuda_memkit.allocators import _cupy
 
 from . import _fake_frameworks as fake

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _resource, allocators
+from cuda_memkit import allocators
+from cuda_memkit._core import _driver, _resource
 
 from . import _sanitizer
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _resource, allocators
+from cuda_memkit import allocators
+from cuda_memkit._core import _driver, _resource
 
 if _driver.backend_name() == "sim":
     pytest.skip("numba-cuda needs a GPU (simulator backend)", allow_module_level=True)

@@ -234,7 +234,7 @@ def test_mempin_registers_until_dropped(ctx: fake.NumbaContext, mapped: bool) ->
     with pytest.raises(cm.CudaHostMemoryAlreadyRegisteredError):
         cm.register_host(arr)  # pinned now
     if mapped:
-        assert int(mem.device_pointer) == int(cm._driver.call("cuMemHostGetDevicePointer",
+        assert int(mem.device_pointer) == int(cm._core._driver.call("cuMemHostGetDevicePointer",
                                                               arr.ctypes.data, 0))
     with ctx.defer_cleanup():
         del mem

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 if _driver.backend_name() == "sim":
     pytest.skip("torch needs a GPU (simulator backend)", allow_module_level=True)

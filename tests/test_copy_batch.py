@@ -11,8 +11,9 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _copy_batch, _driver, _operands
-from cuda_memkit._copy_batch import CopyBatch, copy_batch
+from cuda_memkit._core import _driver, _operands
+from cuda_memkit._transfer import _copy_batch
+from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import Calls, no_driver_calls, record_calls
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit import _copy_batch
-from cuda_memkit._copy_batch import CopyBatch, copy_batch
+from cuda_memkit._transfer import _copy_batch
+from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import record_calls
 from .test_copy_batch import BATCH, B, N, batches, copies_issued, expected, pattern

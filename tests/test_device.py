@@ -7,8 +7,8 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _device, _driver
-from cuda_memkit._device import as_location, ensure_context, stream_handle
+from cuda_memkit._core import _device, _driver
+from cuda_memkit._core._device import as_location, ensure_context, stream_handle
 
 
 def test_device_count_positive() -> None:
@@ -69,7 +69,7 @@ def test_context_manager_switches_device(two_devices: None) -> None:
 
 
 def test_context_manager_failed_switch_saves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cuda_memkit import _device
+    from cuda_memkit._core import _device
 
     dev = cm.Device(0)
     with dev:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _operands
-from cuda_memkit._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
+from cuda_memkit._core import _operands
+from cuda_memkit._core._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
 
 from ._helpers import no_driver_calls, record_calls
 

@@ -9,7 +9,7 @@ import pytest
 from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_import_makes_no_driver_call_and_does_not_import_numpy() -> None:
     out = _run(
-        "import sys, cuda_memkit, cuda_memkit._driver as d\n"
+        "import sys, cuda_memkit, cuda_memkit._core._driver as d\n"
         "print(d.is_loaded(), 'numpy' in sys.modules)",
         CUDA_MEMKIT_BACKEND="cuda",
     )

@@ -6,8 +6,8 @@ import pytest
 from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
-from cuda_memkit._errors import error_class
+from cuda_memkit._core import _driver
+from cuda_memkit._core._errors import error_class
 
 
 def test_every_cuResult_maps_to_a_cuda_error_class() -> None:

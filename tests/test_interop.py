@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _dlpack, _driver
-from cuda_memkit._device import ensure_context
-from cuda_memkit._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
-from cuda_memkit._resource import Resource, driver_release, make_finalizer
+from cuda_memkit._core import _dlpack, _driver
+from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
+from cuda_memkit._core._resource import Resource, driver_release, make_finalizer
 
 
 class RawDeviceMemory(DeviceMemoryMixin, Resource):

@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -147,8 +147,8 @@ def test_plugin_is_inert_without_the_option(project: pathlib.Path) -> None:
     assert proc.returncode == 0 and "6 passed" in proc.stdout, proc.stdout + proc.stderr
     assert "leak check" not in proc.stdout
     code = ("import sys, cuda_memkit.pytest_plugin\n"
-            "print('cuda_memkit._tracking' in sys.modules, 'cuda_memkit._leak_report' "
-            "in sys.modules)")
+            "print('cuda_memkit._observability._tracking' in sys.modules,"
+            " 'cuda_memkit._observability._leak_report' in sys.modules)")
     assert _run(["-c", code], project).stdout.split() == ["False", "False"]
 
 

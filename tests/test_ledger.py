@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _resource
+from cuda_memkit._core import _resource
 
 MiB = 1 << 20
 

@@ -27,7 +27,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from . import _leaks
 from ._kinds import KINDS, MANAGED, Env, kind_params, leaks_since

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _pinned_pool, _pool
+from cuda_memkit._host import _pinned_pool
+from cuda_memkit._pools import _pool
 
 MiB = 1 << 20
 

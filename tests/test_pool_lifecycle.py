@@ -18,8 +18,10 @@ import pytest
 from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
-from cuda_memkit import _pinned_pool, _pool, _pool_buffer, _resource
-from cuda_memkit._device import STREAM_LEGACY, STREAM_PER_THREAD
+from cuda_memkit._core import _resource
+from cuda_memkit._core._device import STREAM_LEGACY, STREAM_PER_THREAD
+from cuda_memkit._host import _pinned_pool
+from cuda_memkit._pools import _pool, _pool_buffer
 
 MiB = 1 << 20
 

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
-from cuda_memkit import _plan_ranges as plan_ranges
-from cuda_memkit import _prefetch_plan as plan_mod
-from cuda_memkit._device import ensure_context
+from cuda_memkit._core import _driver
+from cuda_memkit._core._device import ensure_context
+from cuda_memkit._managed_memory import _plan_ranges as plan_ranges
+from cuda_memkit._managed_memory import _prefetch_plan as plan_mod
 
 from ._helpers import issued, record_calls
 

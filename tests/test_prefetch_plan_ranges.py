@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit import _plan_ranges
+from cuda_memkit._managed_memory import _plan_ranges
 
 from ._helpers import no_driver_calls, record_calls
 from ._nothing import nothing_allocated

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from ._helpers import ISSUING, record_calls
 

@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _operands
+from cuda_memkit._core import _driver, _operands
 
 from ._helpers import no_driver_calls, record_calls
 

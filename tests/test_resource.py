@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
-from cuda_memkit._resource import Resource, host_array, make_finalizer
+from cuda_memkit._core import _driver
+from cuda_memkit._core._resource import Resource, host_array, make_finalizer
 
 released: list[tuple[Any, ...]] = []
 

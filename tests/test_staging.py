@@ -1,4 +1,4 @@
-"""Staged pageable copies: the pinned-staging pipeline of cuda_memkit._staging."""
+"""Staged pageable copies: the pinned-staging pipeline of cuda_memkit._transfer._staging."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _staging
-from cuda_memkit._staging import staged_copy
+from cuda_memkit._core import _driver
+from cuda_memkit._transfer import _staging
+from cuda_memkit._transfer._staging import staged_copy
 
 from ._helpers import record_calls
 
@@ -182,7 +183,7 @@ def test_managed_memory_is_not_staged() -> None:
 
 
 def test_env_switch_turns_staging_off() -> None:
-    code = "from cuda_memkit import _staging; print(_staging.staging_settings().enabled)"
+    code = "from cuda_memkit._transfer import _staging; print(_staging.staging_settings().enabled)"
     env = dict(os.environ, CUDA_MEMKIT_STAGING="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
@@ -294,7 +295,7 @@ def test_configure_refuses_bad_values(change: dict[str, Any], exc: type[Exceptio
 
 def _calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every staged_copy the transfer module makes (passed through)."""
-    from cuda_memkit import _transfers
+    from cuda_memkit._transfer import _transfers
 
     seen: list[str] = []
     real = _transfers.staged_copy

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _cli, _driver
+from cuda_memkit import _cli
+from cuda_memkit._core import _driver
 
 MiB = 1 << 20
 
@@ -264,7 +265,7 @@ def test_an_address_reused_between_free_and_ledger_exit_stays_counted(
     returns, the ledger receives what that other thread's allocation would
     register (same address). Its entry must survive the first owner's exit.
     """
-    from cuda_memkit import _resource
+    from cuda_memkit._core import _resource
 
     frees = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost",
              "registered": "cuMemHostUnregister"}

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 MiB = 1 << 20
 PAGE = 2 * MiB

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 THREADS = 8
 SECONDS = float(os.environ.get("CUDA_MEMKIT_THREAD_SECONDS",

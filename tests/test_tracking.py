@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _observe, _resource, _tracking
+from cuda_memkit._core import _resource
+from cuda_memkit._observability import _observe, _tracking
 
 MiB = 1 << 20
 HERE = pathlib.Path(__file__).resolve()

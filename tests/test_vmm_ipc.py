@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
-from cuda_memkit._device import ensure_context
+from cuda_memkit._core import _driver
+from cuda_memkit._core._device import ensure_context
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

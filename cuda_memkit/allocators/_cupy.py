@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
-from .. import _driver
-from .._errors import ClosedError, MemkitWarning
-from .._resource import account
+from .._core import _driver
+from .._core._errors import ClosedError, MemkitWarning
+from .._core._resource import account
 
 if TYPE_CHECKING:
-    from .._pool import MemoryPool
+    from .._pools._pool import MemoryPool
 
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._pool import MemoryPool
+    from .._pools._pool import MemoryPool
 
 __all__ = ["use_with_numba"]
 

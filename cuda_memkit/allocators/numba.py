@@ -52,10 +52,10 @@ from numba.cuda.cudadrv import driver as _nbdrv
 
 import cuda_memkit as cm
 
-from .._errors import CudaError, MemkitWarning
+from .._core._errors import CudaError, MemkitWarning
 
 if TYPE_CHECKING:
-    from .._pool import MemoryPool
+    from .._pools._pool import MemoryPool
 
 __all__ = ["MemkitIpcHandle", "MemkitNumbaManager", "get_pool", "set_pool"]
 

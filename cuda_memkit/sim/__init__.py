@@ -43,7 +43,7 @@ def reset(
         Whether the batch calls exist: prefetch/discard (CUDA >= 13.0) and
         ``cuMemcpyBatchAsync``.
     """
-    from .. import _device
+    from .._core import _device
     from . import _state
 
     was_initialized = _state.MACHINE.initialized

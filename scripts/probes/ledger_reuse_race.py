@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import cuda_memkit as cm
-from cuda_memkit import _driver, _resource
+from cuda_memkit._core import _driver, _resource
 
 FREES = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost"}
 

@@ -35,7 +35,7 @@ if SIM:
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import cuda_memkit as cm  # noqa: E402
-from cuda_memkit import _prefetch_plan  # noqa: E402
+from cuda_memkit._managed_memory import _prefetch_plan  # noqa: E402
 
 N = 4096
 REPS = 15

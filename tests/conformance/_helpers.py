@@ -10,7 +10,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 #: What the H100 answers for a failing call: (exact class, CUresult).
 Want = tuple[type[cm.CudaError], cu.CUresult]

@@ -16,7 +16,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from .._contexts import created_context, current, on_thread, stale_context_current
 from ._helpers import expect_error

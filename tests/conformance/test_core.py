@@ -14,7 +14,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from ._helpers import expect_error as expect
 from ._helpers import in_fresh_thread

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import cuda_memkit as cm
-from cuda_memkit import _device, _driver
+from cuda_memkit._core import _device, _driver
 
 from .._nothing import ledger
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from . import harness
 

@@ -1,0 +1,433 @@
+"""Copy operands: what any memory object is, as an address and a size.
+
+Shared by the transfer functions (:mod:`cuda_memkit._transfer._transfers`) and the
+buffers' own copy methods (``HostBuffer.copy_from``, ``DeviceBuffer.to_numpy``):
+
+* :func:`operand` resolves any object a copy accepts (cuda_memkit buffers,
+  numpy arrays and buffer-protocol objects, ``__cuda_array_interface__``
+  objects, int addresses) to an :data:`Operand`, without driver calls;
+* :func:`copy_size` checks two operands against each other and ``nbytes``;
+* :func:`copy_sync` is the synchronous copy (``cuMemcpy``);
+* the registry of host ranges page-locked by ``register_host`` and the
+  classes whose objects are pinned host memory, so pageable memory is told
+  from pinned memory without asking the driver when possible;
+* the operands of asynchronous copies in flight, kept alive until their
+  stream has finished them (:func:`keep_alive`, :func:`reap_pending`):
+  allocation paths reap them too, so memory of finished copies goes back
+  sooner.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings.driver import CUpointer_attribute
+
+from . import _driver
+from ._checks import byte_count
+from ._device import ensure_context
+from ._errors import CudaError
+from ._resource import ArrayHolder, Resource
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "DRIVER",
+    "HOST",
+    "RAW",
+    "Operand",
+    "copy_size",
+    "copy_sync",
+    "is_pinned_host",
+    "is_pinned_object",
+    "keep_alive",
+    "mapped_device_ptr",
+    "mark_pinned_class",
+    "memory_type",
+    "need_context",
+    "operand",
+    "pending_count",
+    "pending_operands",
+    "reap_pending",
+    "refuse_pageable",
+    "registered_flags",
+]
+
+# CUpointer_attribute / CUmemorytype values (stable ABI numbers from cuda.h).
+_ATTR_MEMORY_TYPE = 2
+MEMORYTYPE_HOST = 1
+MEMORYTYPE_DEVICE = 2
+MEMORYTYPE_UNIFIED = 4
+_EVENT_DISABLE_TIMING = 0x2
+_MEMORY_TYPE_ATTR = CUpointer_attribute(_ATTR_MEMORY_TYPE)
+_READ_ONLY = 0x8  # CU_MEMHOSTREGISTER_READ_ONLY
+_DEVICEMAP = 0x2  # CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP
+
+#: Operand kinds.
+RAW = 0  # an int address: the caller vouches for it
+DRIVER = 1  # memory the driver allocated or pinned (device, managed, pinned, pool, ...)
+HOST = 2  # a numpy array or buffer: pageable unless found pinned
+PINNED = 3  # a cuda_memkit object that is pinned host memory (HostBuffer, RegisteredHost)
+
+Operand = tuple[int, "int | None", Any, int, Any]
+"""``(ptr, nbytes, dtype, kind, host_array)``: ``nbytes`` ``None`` for raw
+pointers, ``dtype`` ``None`` where untyped, ``host_array`` the numpy array of
+a :data:`HOST` operand."""
+
+
+def need_context() -> None:
+    """Make sure the calling thread has a current context (device 0's if none)."""
+    if not int(_driver.call("cuCtxGetCurrent")):
+        ensure_context(0)
+
+
+# -- host memory the driver pins ---------------------------------------------------------
+
+#: Live registrations made by ``register_host``: base address -> (end, flags).
+_registered: dict[int, tuple[int, int]] = {}
+_reg_lock = threading.Lock()
+
+#: cuda_memkit classes whose objects are pinned host memory (registered by their modules).
+_pinned_classes: tuple[type, ...] = ()
+
+
+def note_registration(ptr: int, nbytes: int, flags: int) -> None:
+    """Record a live ``cuMemHostRegister`` range."""
+    with _reg_lock:
+        _registered[ptr] = (ptr + nbytes, flags)
+
+
+def forget_registration(ptr: int) -> None:
+    """The range registered at ``ptr`` was unregistered."""
+    with _reg_lock:
+        _registered.pop(ptr, None)
+
+
+def registered_flags(ptr: int, nbytes: int) -> int | None:
+    """Flags of the live registered range holding ``[ptr, ptr+nbytes)``, or None."""
+    if not _registered:
+        return None
+    end = ptr + nbytes
+    for start, (stop, flags) in list(_registered.items()):
+        if start <= ptr and end <= stop:
+            return flags
+    return None
+
+
+def mark_pinned_class(cls: type) -> None:
+    """Declare that objects of ``cls`` (and subclasses) are pinned host memory."""
+    global _pinned_classes
+    if cls not in _pinned_classes:
+        _pinned_classes = (*_pinned_classes, cls)
+
+
+def is_pinned_object(obj: object) -> bool:
+    """Whether ``obj`` is a cuda_memkit object that is pinned host memory."""
+    return isinstance(obj, _pinned_classes)
+
+
+def mapped_device_ptr(flags: int, ptr: int, nbytes: int, what: str, how: str) -> int:
+    """The device address of mapped (``DEVICEMAP``) pinned memory at ``ptr``.
+
+    ``DEVICEMAP`` is the same bit (0x2) in ``HostAllocFlags`` and
+    ``HostRegisterFlags``; an empty range maps to 0 without a driver call.
+
+    Raises
+    ------
+    ValueError
+        If ``flags`` lacks ``DEVICEMAP`` (``how`` says how to get it).
+    """
+    if not flags & _DEVICEMAP:
+        raise ValueError(
+            f"{what} is not mapped into the device address space; {how} to get a device pointer"
+        )
+    if nbytes == 0:
+        return 0
+    ensure_context()
+    return int(_driver.call("cuMemHostGetDevicePointer", ptr, 0))
+
+
+def view_owner(arr: np.ndarray[Any, Any]) -> Resource | None:
+    """The cuda_memkit object a numpy array is a view of (``host_array``), or None."""
+    import numpy as np
+
+    base: Any = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if type(base) is ArrayHolder and isinstance(base.owner, Resource):
+        return base.owner
+    return None
+
+
+def memory_type(ptr: int) -> int | None:
+    """Return the ``CUmemorytype`` of address ``ptr`` (``None``: unknown to the driver).
+
+    ``None`` means ordinary pageable host memory. One ``cuPointerGetAttribute``
+    call, checked without raising.
+    """
+    res = _driver.function("cuPointerGetAttribute")(_MEMORY_TYPE_ATTR, ptr)
+    if res[0]:
+        return None
+    return int(res[1])
+
+
+def is_pinned_host(arr: np.ndarray[Any, Any]) -> bool:
+    """Whether the memory of numpy array ``arr`` is page-locked or driver-managed.
+
+    True for views of a :class:`~cuda_memkit.HostBuffer` (or any cuda_memkit
+    host-accessible buffer), arrays registered with ``register_host``, and
+    memory the driver knows (pinned or registered by another library,
+    managed memory).
+    """
+    if view_owner(arr) is not None:
+        return True
+    if not arr.nbytes:
+        return True
+    ptr = int(arr.__array_interface__["data"][0])
+    if registered_flags(ptr, int(arr.nbytes)) is not None:
+        return True
+    need_context()
+    return memory_type(ptr) is not None
+
+
+# -- operands -----------------------------------------------------------------------------
+
+
+def operand(obj: Any, dst: bool) -> Operand:
+    """Resolve a copy operand (see the module docstring); ``dst``: it is written to."""
+    if type(obj) is int:
+        if obj < 0:
+            raise ValueError(f"a pointer cannot be negative: {obj}")
+        return obj, None, None, RAW, None
+    if isinstance(obj, Resource):
+        return _resource_operand(obj, dst)
+    return _foreign_operand(obj, dst)
+
+
+def _role(dst: bool) -> str:
+    return "destination" if dst else "source"
+
+
+def _resource_operand(obj: Any, dst: bool) -> Operand:
+    """A cuda_memkit object: ``ptr`` (ClosedError once closed) and ``nbytes``."""
+    ptr = obj.ptr
+    nbytes = obj.nbytes
+    dt = getattr(obj, "dtype", None)
+    if dt is not None:
+        numpy_mod: Any = sys.modules.get("numpy")
+        if numpy_mod is None or not isinstance(dt, numpy_mod.dtype):
+            dt = None
+    if is_pinned_object(obj):
+        if dst and getattr(obj, "read_only", False):
+            raise ValueError(
+                "the destination is a READ_ONLY registration: the device may not write "
+                "to it (register without HostRegisterFlags.READ_ONLY to copy into it)"
+            )
+        return ptr, nbytes, dt, PINNED, None
+    return ptr, nbytes, dt, DRIVER, None
+
+
+def _foreign_operand(obj: Any, dst: bool) -> Operand:
+    role = _role(dst)
+    if obj is None or isinstance(obj, bool):
+        raise TypeError(f"the copy {role} cannot be {obj!r}")
+    if isinstance(obj, int) or type(obj).__name__ == "CUdeviceptr":
+        return operand(int(obj), dst)
+    numpy_mod: Any = sys.modules.get("numpy")
+    if numpy_mod is not None and isinstance(obj, numpy_mod.integer):
+        return operand(int(obj), dst)
+    ptr = getattr(obj, "ptr", None)
+    nb = getattr(obj, "nbytes", None)
+    if isinstance(ptr, int) and isinstance(nb, int) and not isinstance(ptr, bool):
+        dt = getattr(obj, "dtype", None)
+        if numpy_mod is None or not isinstance(dt, numpy_mod.dtype):
+            dt = None
+        return ptr, nb, dt, DRIVER, None
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        return _from_cai(cai, dst)
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif hasattr(obj, "__array_interface__"):
+        arr = np.asarray(obj)
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            raise TypeError(
+                f"cannot copy {'to' if dst else 'from'} {type(obj).__name__}: expected a "
+                "HostBuffer, DeviceBuffer, numpy array, cuda_memkit buffer (ptr and nbytes), "
+                "an object with __cuda_array_interface__, or an int pointer"
+            ) from None
+    return _from_ndarray(arr, dst)
+
+
+def _from_ndarray(arr: np.ndarray[Any, Any], dst: bool) -> Operand:
+    role = _role(dst)
+    if arr.dtype.hasobject:
+        raise TypeError(f"the copy {role} holds Python objects; they cannot be copied")
+    n = int(arr.nbytes)
+    if n and not arr.flags.c_contiguous:
+        raise ValueError(
+            f"the copy {role} is not C-contiguous; use np.ascontiguousarray() "
+            "(copies move contiguous bytes)"
+        )
+    ptr = int(arr.__array_interface__["data"][0])
+    if dst:
+        if not arr.flags.writeable:
+            raise ValueError("the copy destination is a read-only array")
+        flags = registered_flags(ptr, n)
+        if flags is not None and flags & _READ_ONLY:
+            raise ValueError(
+                "the destination is registered READ_ONLY: the device may not write to it"
+            )
+    return ptr, n, arr.dtype, HOST, arr
+
+
+def _from_cai(cai: dict[str, Any], dst: bool) -> Operand:
+    import numpy as np
+
+    role = _role(dst)
+    ptr, readonly = cai["data"]
+    dt = np.dtype(cai["typestr"])
+    if dt.hasobject:
+        raise TypeError(f"the copy {role} holds Python objects")
+    shape = tuple(int(d) for d in cai["shape"])
+    n = math.prod(shape) * dt.itemsize
+    strides = cai.get("strides")
+    if strides is not None and n:
+        step = dt.itemsize
+        for dim, stride in zip(reversed(shape), reversed(tuple(strides)), strict=False):
+            if dim != 1 and int(stride) != step:
+                raise ValueError(f"the copy {role} is not C-contiguous (strides {strides})")
+            step *= dim
+    if dst and readonly:
+        raise ValueError("the copy destination is read-only (__cuda_array_interface__)")
+    return int(ptr or 0), n, dt, DRIVER, None
+
+
+def copy_size(d: Operand, s: Operand, nbytes: int | None) -> int:
+    """The byte count of a copy from ``s`` to ``d``: ``nbytes``, or the operands' common size."""
+    dn, sn = d[1], s[1]
+    if nbytes is None:
+        if dn is None and sn is None:
+            raise ValueError("copying between two raw pointers needs nbytes=")
+        if dn is not None and sn is not None:
+            if dn != sn:
+                raise ValueError(
+                    f"size mismatch: the destination has {dn} bytes, the source {sn}; "
+                    "pass nbytes= to copy a prefix"
+                )
+            if d[2] is not None and s[2] is not None and d[2] != s[2]:
+                raise ValueError(
+                    f"dtype mismatch: the destination is {d[2]}, the source {s[2]}; "
+                    "pass nbytes= to copy raw bytes"
+                )
+            return dn
+        return dn if dn is not None else sn  # type: ignore[return-value]
+    n = byte_count(nbytes)
+    if dn is not None and n > dn:
+        raise ValueError(f"nbytes={n} is larger than the destination ({dn} bytes)")
+    if sn is not None and n > sn:
+        raise ValueError(f"nbytes={n} is larger than the source ({sn} bytes)")
+    return n
+
+
+def refuse_pageable(op: Operand, role: str) -> None:
+    """``ValueError`` if ``op`` is pageable host memory (for stream-ordered copies)."""
+    if op[3] == HOST and op[1] and not is_pinned_host(op[4]):
+        raise ValueError(
+            f"the copy {role} is pageable host memory: an asynchronous copy from or to it "
+            "is staged through a driver buffer and silently serialises with the host. "
+            "Use a HostBuffer, page-lock it with register_host(), or pass "
+            "allow_pageable=True"
+        )
+
+
+def copy_sync(d: Operand, s: Operand, n: int) -> None:
+    """Copy ``n`` bytes from ``s`` to ``d``, complete when it returns (``cuMemcpy``)."""
+    if not n:
+        return
+    need_context()
+    _driver.call("cuMemcpy", d[0], s[0], n)
+    if d[3] != HOST and d[3] != PINNED:
+        # cuMemcpy returns before a copy into device memory is done (device to
+        # device, or staged from pageable memory): wait, so that "synchronous"
+        # holds for work on any stream.
+        _driver.call("cuStreamSynchronize", 0)
+
+
+# -- keeping operands alive until the stream is done -------------------------------------
+
+#: Operands of asynchronous copies still in flight, per stream handle: (event, references).
+pending_operands: dict[int, collections.deque[tuple[Any, tuple[Any, ...]]]] = {}
+_pending_lock = threading.RLock()
+
+
+def _event_done(ev: Any) -> bool:
+    res = _driver.function("cuEventQuery")(ev)
+    code = int(res[0])
+    return code != 600  # CUDA_ERROR_NOT_READY; any other answer: nothing is pending
+
+
+def _destroy_event(ev: Any) -> None:
+    try:
+        _driver.call("cuEventDestroy", ev)
+    except CudaError:
+        pass  # the context (or the simulated machine) is gone with it
+
+
+def reap_pending() -> None:
+    """Drop the operands of asynchronous copies that have finished."""
+    if not pending_operands:
+        return
+    done: list[tuple[Any, tuple[Any, ...]]] = []
+    with _pending_lock:
+        for stream in list(pending_operands):
+            q = pending_operands[stream]
+            while q and _event_done(q[0][0]):
+                done.append(q.popleft())
+            if not q:
+                del pending_operands[stream]
+    for ev, _refs in done:
+        _destroy_event(ev)
+    # the references in `done` go here, outside the lock
+
+
+def pending_count() -> int:
+    """Number of asynchronous copies whose operands are still held."""
+    return sum(len(q) for q in pending_operands.values())
+
+
+def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
+    """Hold ``refs`` until the work queued on ``stream`` so far has finished."""
+    try:
+        ev = _driver.call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    except CudaError:
+        ev = None
+    if ev is not None:
+        try:
+            _driver.call("cuEventRecord", ev, stream)
+        except CudaError:
+            _destroy_event(ev)
+            ev = None
+    if ev is None:
+        # The event cannot go on this stream (e.g. another device's context is
+        # current): wait for the copy rather than risk freeing memory under it.
+        _driver.call("cuStreamSynchronize", stream)
+        return
+    if _event_done(ev):
+        _destroy_event(ev)
+        return
+    with _pending_lock:
+        q = pending_operands.get(stream)
+        if q is None:
+            q = pending_operands[stream] = collections.deque()
+        q.append((ev, refs))

@@ -1,0 +1,1 @@
+"""Device memory from ``cuMemAlloc``: ``DeviceBuffer``."""

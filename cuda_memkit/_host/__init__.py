@@ -1,0 +1,1 @@
+"""Host memory: pinned allocations, their block cache, registered host arrays."""

@@ -1,0 +1,374 @@
+"""The pinned block cache: small pinned buffers from a host memory pool.
+
+:meth:`HostBuffer.pooled` and ``HostBuffer.empty(pool=...)`` take their
+memory from a pinned host :class:`~cuda_memkit.MemoryPool` (by default
+:meth:`MemoryPool.default_pinned`). A driver host-pool allocation + free
+costs a few µs on the H100 (probe section E) where CuPy's pinned pool takes
+under 1 µs, so a :class:`HostCache` in front of each such pool keeps freed
+blocks per power-of-two size class (up to :data:`HOST_CACHE_MAX_BLOCK` per
+block and :data:`HOST_CACHE_LIMIT` per pool) and lends them again without a
+driver call.
+
+This module depends on :mod:`cuda_memkit._host._pinned` and :mod:`cuda_memkit._pools._pool`,
+never the reverse: it plugs into ``HostBuffer`` through
+``_pinned.pool_source`` when it loads, and into the pool through
+``_pool.attach_cache`` (the pool clears the cache when it is trimmed and
+closes it before it is destroyed). The package loads this module with those
+two.
+
+Blocks are ordered on a private, idle stream of the cache: nothing else is
+queued on it, so a block allocated on it is usable by the CPU when the call
+returns, and a block freed on it is immediately free. As with any pinned
+pool (CuPy's, torch's), synchronize the GPU work that uses a buffer before
+closing it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from .._core import _driver
+from .._core._checks import MAX_NBYTES
+from .._core._device import STREAM_LEGACY, Stream, custream, stream_destroyed
+from .._core._errors import ClosedError, CudaError
+from .._core._resource import CLOSED, OPEN, account, notify, watchers
+from .._pools import _pool
+from .._pools._pool import MemoryPool
+from .._pools._pool_buffer import destroy_unused, free_failed, pending_pools
+from . import _pinned
+from ._pinned import HostBuffer
+
+__all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
+
+#: Largest block the cache keeps (larger requests go to the pool every time).
+HOST_CACHE_MAX_BLOCK = 1 << 20
+#: Most bytes cached per pool.
+HOST_CACHE_LIMIT = 32 << 20
+_PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE
+
+#: Ledger account of buffers lent from pinned pools (host memory: no device).
+_ACCOUNT = account("pinned_pooled")
+_lock = threading.Lock()
+_new_object = object.__new__
+_UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
+
+
+_LEGACY = custream(STREAM_LEGACY)
+
+
+class HostCache:
+    """Freed pinned blocks of one host pool, per power-of-two size class.
+
+    Holds no reference to the pool, so the pool's finalizer can close it
+    before destroying the pool. The cached objects are the :class:`HostBlock`
+    objects themselves (reused, not re-made). ``bins`` has a list for every
+    size class from the start and keeps it for good: a block holds its
+    class's list (``bin``) and goes back without a lookup.
+    """
+
+    __slots__ = ("bins", "cached", "cupool", "open", "stream")
+
+    def __init__(self, cupool: Any) -> None:
+        self.bins: dict[int, list[HostBlock]] = {
+            1 << i: [] for i in range(HOST_CACHE_MAX_BLOCK.bit_length())}
+        self.cached = 0
+        self.cupool = cupool  # the CUmemoryPool blocks come from
+        self.open = True
+        self.stream: Stream | None = None  # the private stream, made on the first miss
+
+    def custream(self) -> Any:
+        """The ``CUstream`` blocks are allocated and freed on."""
+        s = self.stream
+        if s is None:
+            with _lock:
+                s = self.stream
+                if s is None:
+                    s = self.stream = Stream()
+        cus = s._custream
+        if cus is None or stream_destroyed(s):  # closed with the cache, or collected with it
+            return _LEGACY  # (in one cycle): the blocks were released, their work is done
+        return cus
+
+    def put(self, block: HostBlock) -> None:
+        """Take back a released block: cache it, or free it past the limit."""
+        size = block.size
+        blocks = block.bin
+        if blocks is not None and self.open and self.cached + size <= HOST_CACHE_LIMIT:
+            blocks.append(block)
+            self.cached += size
+            return
+        self._free(block)
+
+    def _free(self, block: HostBlock) -> None:
+        d, block.dptr = block.dptr, None
+        cus = self.custream()
+        res = _pool.resolve()[1](d, cus)
+        if res[0]:  # any current context (or none) will do: see free_failed
+            free_failed(res, d, cus, None)
+        if pending_pools and not self.open:  # the pool was collected before this block
+            destroy_unused()
+
+    def clear(self) -> None:
+        """Give every cached block back to the driver pool."""
+        for blocks in self.bins.values():
+            while blocks:
+                try:
+                    block = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    break
+                self.cached -= block.size
+                self._free(block)
+
+    def close(self) -> None:
+        """Empty the cache for good (the pool is about to be destroyed)."""
+        self.open = False
+        self.clear()
+        if self.stream is not None:
+            self.stream.close()
+
+
+class HostBlock:
+    """A pinned pool block lent to a :class:`HostBuffer`; :meth:`release` gives it back.
+
+    While lent (``busy``) the buffer holds it; a released block waits in its
+    cache for the next buffer of its size class. A block collected while lent
+    (its buffer was collected without ``close()``) gives its memory back
+    through a new block object, never by resurrecting itself.
+    """
+
+    __slots__ = ("bin", "busy", "cache", "dptr", "ptr", "size")
+
+    bin: list[HostBlock] | None  # its size class's list in the cache; None: never cached
+    busy: bool
+    cache: HostCache
+    dptr: Any  # the CUdeviceptr
+    ptr: int  # the block's address
+    size: int  # bytes, a power of two up to HOST_CACHE_MAX_BLOCK
+
+    def release(self) -> None:
+        """Give the block back (the buffer on it was closed or collected)."""
+        if self.busy:
+            self.busy = False
+            _ACCOUNT.remove(self.ptr)  # first: once cached, the block may be lent again
+            self.cache.put(self)
+
+    def __del__(self) -> None:
+        try:
+            if not self.busy or sys.is_finalizing():
+                return
+        except AttributeError:  # never fully made
+            return
+        heir = _new_object(HostBlock)
+        heir.bin, heir.cache, heir.dptr, heir.ptr, heir.size = (self.bin, self.cache, self.dptr,
+                                                                self.ptr, self.size)
+        heir.busy = True
+        self.busy = False
+        try:
+            heir.release()
+        except CudaError as exc:
+            _pinned.warn_free_failed("pinned pool block", self.ptr, exc)
+
+
+def _cache_of(pool: object, flags: int) -> HostCache:
+    """The cache in front of host pool ``pool``, checked and made on first use."""
+    if type(pool) is not MemoryPool or not pool.is_host:
+        raise TypeError(f"pool must be a pinned host MemoryPool (Location.host() or "
+                        f"host_numa(n)), not {pool!r}")
+    if flags & ~_PORTABLE:
+        raise ValueError("memory from a pool is plain pinned memory (DEFAULT or PORTABLE); "
+                         "DEVICEMAP and WRITECOMBINED need pool=None")
+    if pool.closed:
+        raise ClosedError("MemoryPool is closed; it cannot be used any more")
+    cache: HostCache | None = _pool.find_cache(pool, HostCache)
+    if cache is None:
+        with _lock:
+            cache = _pool.find_cache(pool, HostCache)
+            if cache is None:
+                cupool = _pool.allocation_handle(pool)
+                if cupool is None:
+                    raise TypeError(f"{pool!r} cannot give pinned blocks")
+                cache = HostCache(cupool)
+                _pool.attach_cache(pool, cache)
+    return cache
+
+
+# The default pinned pool's cache, and (on the simulator) the simulated machine
+# it was made on, which sim.reset() replaces: HostBuffer.pooled(n) without a
+# pool finds its cache with a load and a test.
+_default_cache: HostCache | None = None
+_default_sim: Any = None  # cuda_memkit.sim._state, when the default pool is simulated
+_default_machine: object = None
+
+
+def _refresh_default() -> HostCache:
+    global _default_cache, _default_sim, _default_machine
+    pool = _pool.default_pinned()
+    cache = _cache_of(pool, 0)
+    _default_sim = sys.modules.get("cuda_memkit.sim._state")
+    _default_machine = getattr(_default_sim, "MACHINE", None)
+    if _default_machine is None:
+        _default_sim = None
+    _default_cache = cache
+    return cache
+
+
+def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
+    """Take ``nbytes`` of pinned memory from host pool ``pool`` (``None``: the default).
+
+    ``flags`` are ``HostAllocFlags``: a pool gives ``DEFAULT`` / ``PORTABLE``
+    memory. With ``nbytes == 0`` only the arguments are checked (and ``None``
+    returned). Blocks up to :data:`HOST_CACHE_MAX_BLOCK` are rounded up to a
+    power of two and recycled through the pool's cache; the driver is called
+    only on a miss.
+    """
+    if pool is not None:
+        cache = _cache_of(pool, flags)
+    else:
+        cache = _default_cache  # type: ignore[assignment]
+        if cache is None or (_default_sim is not None
+                             and _default_sim.MACHINE is not _default_machine):
+            cache = _refresh_default()
+    if nbytes <= 0:
+        return None
+    if nbytes <= HOST_CACHE_MAX_BLOCK:
+        size = nbytes if not nbytes & (nbytes - 1) else 1 << nbytes.bit_length()
+        blocks = cache.bins[size]
+    else:
+        size = nbytes
+        blocks = None
+    block = None
+    if blocks:
+        try:
+            block = blocks.pop()
+        except IndexError:  # another thread took the last one
+            pass
+        else:
+            cache.cached -= size
+    if block is None:
+        if not cache.open:
+            raise ClosedError("MemoryPool is closed; it cannot be used any more")
+        res = _pool.resolve()[0](size, cache.cupool, cache.custream())
+        if res[0]:
+            _driver.check("cuMemAllocFromPoolAsync", res)
+        block = _new_object(HostBlock)
+        block.bin = blocks
+        block.cache = cache
+        block.dptr = res[1]
+        block.size = size
+        block.ptr = int(res[1])
+    block.busy = True
+    _ACCOUNT.add(block.ptr, nbytes)
+    return block
+
+
+# -- HostBuffer.pooled(n) ---------------------------------------------------------------
+
+
+class PooledHostBuffer(_pinned.HostBuffer):
+    """What ``HostBuffer.pooled(n)`` gives for bytes: a HostBuffer on a block of a pinned pool.
+
+    Everything a :class:`~cuda_memkit.HostBuffer` does; ``close()`` puts the
+    block straight back in its cache (:meth:`HostBlock.release` written out:
+    the pair must cost about what CuPy's pinned pool costs, and a call is a
+    large part of that; see bench_pool's pinned rows). A buffer collected
+    without ``close()`` drops its block, whose ``__del__`` gives it back.
+    """
+
+    __slots__ = ()
+
+    def close(self) -> None:
+        """Give the block back to the pool's cache; calling it again does nothing."""
+        if self._state is CLOSED:
+            return
+        self._state = CLOSED
+        if self._views:
+            return  # the block goes back once the views and the buffer are gone
+        block: HostBlock | None = self._block  # type: ignore[assignment]  # (no cast(): a call)
+        if block is None:
+            return
+        self._block = None
+        block.busy = False
+        ptr = block.ptr
+        acct = _ACCOUNT  # Account.remove written out (first: once cached, the block may be
+        n = acct.live.pop(ptr, 0)  # lent again): the call costs ~45 ns, ~7 % of this pair
+        acct.current -= n
+        if watchers:
+            notify(acct, ptr, n, False)
+        cache = block.cache  # HostCache.put, written out
+        blocks = block.bin
+        if blocks is not None and cache.open and cache.cached + block.size <= HOST_CACHE_LIMIT:
+            blocks.append(block)
+            cache.cached += block.size
+        else:
+            try:
+                cache.put(block)
+            except CudaError as exc:  # close() never raises driver errors
+                _pinned.warn_free_failed("pinned pool block", ptr, exc)
+
+
+_u8: Any = None  # numpy's uint8 dtype, kept here once made (numpy loads on first use)
+
+
+def _first_uint8() -> Any:
+    global _u8
+    _u8 = _pinned.uint8()
+    return _u8
+
+
+def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
+    """``HostBuffer.pooled(shape, dtype, pool=pool)``: a block from the pool's cache.
+
+    1-D bytes (the common case) give a :class:`PooledHostBuffer`, made here;
+    anything else is ``cls.empty(shape, dtype, pool=...)``.
+    """
+    if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
+            or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
+        return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
+    cache = _default_cache if pool is None else None
+    blocks = (cache.bins[shape if not shape & (shape - 1) else 1 << shape.bit_length()]
+              if cache is not None and shape <= HOST_CACHE_MAX_BLOCK and _default_sim is None
+              else None)
+    block: HostBlock | None = None
+    if blocks:  # a hit of the default pool: take()'s hit path, written out (a call is ~7 %
+        try:    # of the pooled pair; see PooledHostBuffer)
+            block = blocks.pop()
+        except IndexError:  # another thread took the last one
+            pass
+        else:
+            cache.cached -= block.size  # type: ignore[union-attr]
+            block.busy = True
+            ptr = block.ptr
+            acct = _ACCOUNT  # Account.add written out, as in PooledHostBuffer.close
+            acct.live[ptr] = shape
+            c = acct.current = acct.current + shape
+            if c > acct.peak:
+                acct.peak = c
+            acct.total += 1
+            if watchers:
+                notify(acct, ptr, shape, True)
+    if block is None:
+        block = take(pool, shape)  # checks the pool; a miss, another pool, the simulator
+    self = _new_object(PooledHostBuffer)
+    self._ptr = block.ptr  # type: ignore[union-attr]
+    self._nbytes = shape
+    self._shape = (shape,)
+    self._dtype = _u8 if _u8 is not None else _first_uint8()
+    self._flags = 0
+    self._dptr = None
+    self._views = None
+    self._finalizer = None
+    self._block = block
+    self._state = OPEN
+    return self
+
+
+class _Source:
+    """What ``_pinned.pool_source`` holds: this module's entry points (no wrapper frames)."""
+
+    take = staticmethod(take)
+    pooled = staticmethod(pooled)
+
+
+_pinned.pool_source = _Source()

@@ -1,0 +1,1 @@
+"""Managed memory: buffers, range advice and prefetches, policies, prefetch plans."""

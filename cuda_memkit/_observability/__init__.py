@@ -1,0 +1,1 @@
+"""Observing memory: events, statistics, tracking, reports and the leak report."""

@@ -1,0 +1,1 @@
+"""Stream-ordered memory pools: pools, pool buffers, attributes, statistics and IPC."""

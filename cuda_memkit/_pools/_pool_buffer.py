@@ -1,0 +1,399 @@
+"""The buffer side of a memory pool: how a :class:`~cuda_memkit.PoolBuffer` is freed.
+
+:class:`PoolBufferBase` holds everything of a ``PoolBuffer`` except its
+``pool`` property (added by :mod:`cuda_memkit._pools._pool`, which defines the pool
+and builds buffers with :func:`new_buffer`): ``free()`` (stream-ordered
+``cuMemFreeAsync``), ``close()`` and the finalizer, the numpy view of host
+and managed pool memory, the interop protocols and ``export()``.
+
+The buffer needs little of its pool (:class:`PoolOwner`): where its memory
+lives and whether the pool is shared. The free path is part of the pool hot
+path; see :mod:`cuda_memkit._pools._pool` for what it costs and why it is written
+as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from .._core import _driver
+from .._core._device import (
+    CONTEXT_ERRORS,
+    STREAM_LEGACY,
+    Stream,
+    StreamLike,
+    StreamRef,
+    custream,
+    primary_pushed,
+    stream_destroyed,
+)
+from .._core._errors import ClosedError, CudaError, MemkitWarning
+from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
+from .._core._resource import Account, Resource, host_array, notify, watchers
+from . import _pool_ipc
+
+if TYPE_CHECKING:
+    import numpy as np
+    from typing_extensions import Self
+
+__all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
+           "new_buffer", "pending_pools", "resolve_free"]
+
+_INVALID_CONTEXT = 201
+_LEGACY = (0, 1)  # the legacy default stream handles: never "destroyed"
+
+#: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
+FREE: Any = None
+
+
+def resolve_free() -> Any:
+    """Resolve (once) and return ``cuMemFreeAsync``."""
+    global FREE
+    if FREE is None:
+        FREE = _driver.function("cuMemFreeAsync")
+    return FREE
+
+
+class PoolOwner(Protocol):
+    """What a buffer reads of its pool (all of it public on ``MemoryPool``)."""
+
+    @property
+    def handle(self) -> int: ...
+    @property
+    def device(self) -> int | None: ...
+    @property
+    def is_host(self) -> bool: ...
+    @property
+    def managed(self) -> bool: ...
+    @property
+    def ipc(self) -> bool: ...
+    @property
+    def imported(self) -> bool: ...
+    def export(self) -> int: ...
+
+
+# -- pools collected before their buffers ----------------------------------------------
+
+_pending_lock = threading.Lock()
+
+#: Owned pools whose destroy waits for their allocations: ``(busy, destroy)``.
+#: Filled by :func:`destroy_when_unused`, emptied by :func:`destroy_unused`.
+pending_pools: list[tuple[Callable[[], bool], Callable[[], None]]] = []
+
+
+def destroy_when_unused(busy: Callable[[], bool], destroy: Callable[[], None]) -> None:
+    """Run ``destroy()`` (``cuMemPoolDestroy``) now, or once ``busy()`` is false.
+
+    A pool and its buffers can be collected in one garbage cycle: the pool's
+    finalizer (a weakref callback) then runs before the buffers' ``__del__``.
+    Freeing into a destroyed pool crashed later pool calls on the H100 (device
+    runs 2 and 6 of 2026-11-24), so the destroy waits; every pool buffer
+    release, a closed pinned cache's free and a new pool call
+    :func:`destroy_unused`.
+    """
+    if busy():
+        with _pending_lock:
+            pending_pools.append((busy, destroy))
+    else:
+        destroy()
+
+
+def destroy_unused() -> None:
+    """Destroy the pending pools that nothing is allocated from any more."""
+    with _pending_lock:
+        ready = [p for p in pending_pools if not p[0]()]
+        for p in ready:
+            pending_pools.remove(p)
+    for _, destroy in ready:
+        destroy()
+
+
+# -- release ---------------------------------------------------------------------------
+
+
+def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
+    """Free one pool allocation, stream-ordered: the path of close() and the finalizer."""
+    cus = sref._custream
+    if cus is None or stream_destroyed(sref):
+        # The allocation stream is closed (or was collected together with the
+        # buffer, in one garbage cycle) and work queued on it may still use
+        # the memory: wait for the device, then free on the legacy stream.
+        with primary_pushed(pool.device or 0):
+            _driver.call("cuCtxSynchronize")
+            cus = custream(STREAM_LEGACY)
+            res = FREE(dptr, cus)
+    else:
+        res = FREE(dptr, cus)
+    if res[0]:
+        cus = free_failed(res, dptr, cus, pool.device)
+    # (the key is the driver's CUdeviceptr object, unique to this allocation: a
+    # new allocation at the same address cannot be mistaken for it)
+    acct.remove(dptr, int(cus) if watchers else None)
+    if pending_pools:
+        destroy_unused()
+
+
+def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
+    """Recover a ``cuMemFreeAsync`` the driver refused; return the stream it was freed on.
+
+    * No usable current context (:data:`CONTEXT_ERRORS`: none on this thread, or
+      one destroyed behind its back): retried with the device's primary context
+      pushed (device 0 for host and managed pools), the thread's own restored.
+    * Still ``CUDA_ERROR_INVALID_CONTEXT`` with a context current: the stream
+      itself is gone (a handle destroyed while the buffer lived, as the H100
+      answers, invalid_context_probe "destroyed_stream"). Work queued on it may
+      have used the memory, so the device is synchronized and the memory freed
+      on the legacy stream, with a :class:`MemkitWarning` about the stream.
+    * Anything else raises the driver's error.
+    """
+    code = int(res[0])
+    if code in CONTEXT_ERRORS:
+        with primary_pushed(device or 0):
+            res = FREE(dptr, cus)
+            if not res[0]:
+                return cus
+            if int(res[0]) == _INVALID_CONTEXT and int(cus) not in _LEGACY:
+                _driver.call("cuCtxSynchronize")
+                legacy = custream(STREAM_LEGACY)
+                res = FREE(dptr, legacy)
+                if not res[0]:
+                    warnings.warn(
+                        f"cuda_memkit: pool buffer 0x{int(dptr):x} outlived its stream "
+                        f"0x{int(cus):x} (destroyed while the buffer was alive): freed on the "
+                        "legacy stream after synchronizing the device. Keep a stream alive "
+                        "while buffers allocated on it are (pass the Stream object, not its "
+                        "handle)", MemkitWarning, stacklevel=4)
+                    return legacy
+    _driver.check("cuMemFreeAsync", res)
+    return cus  # pragma: no cover - check() raised
+
+
+def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
+    """The release a buffer's ``__del__`` runs: warnings instead of exceptions."""
+    if sys.is_finalizing():
+        return
+    try:
+        _release(d, sref, pool, acct)
+    except CudaError as exc:
+        acct.remove(d)  # no object owns it any more; the warning reports the failure
+        warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
+                      MemkitWarning, stacklevel=2)
+
+
+# -- buffers ---------------------------------------------------------------------------
+
+
+class PoolBufferBase(Resource, DeviceMemoryMixin):
+    """Everything of :class:`~cuda_memkit.PoolBuffer` but its ``pool`` property."""
+
+    __slots__ = ("_acct", "_deferred", "_dptr", "_nbytes", "_pool", "_sref", "_views")
+
+    _acct: Account  # the ledger account of its pool
+    _deferred: Any  # the CUdeviceptr to free once numpy views are gone (close() with views)
+    _dptr: Any  # the CUdeviceptr; None once freed
+    _nbytes: int
+    _sref: Stream | StreamRef  # its _custream: the CUstream, None once a Stream is closed
+    _pool: PoolOwner
+    _views: Any
+
+    @property
+    def closed(self) -> bool:
+        """Whether the buffer was freed or closed."""
+        return self._dptr is None
+
+    def _check_open(self) -> None:
+        if self._dptr is None:
+            raise ClosedError("PoolBuffer was freed; it cannot be used any more")
+
+    @property
+    def ptr(self) -> int:
+        """Address of the allocation (a device pointer; for host pools also the host address)."""
+        d = self._dptr
+        if d is None:
+            raise ClosedError("PoolBuffer was freed; it cannot be used any more")
+        return int(d)
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        self._check_open()
+        return self._nbytes
+
+    @property
+    def stream(self) -> int:
+        """Handle of the stream the buffer was allocated on (and is freed on by default)."""
+        sref = self._sref
+        cus = sref._custream
+        return int(cus) if cus is not None else cast(Stream, sref)._handle
+
+    def free(self, stream: StreamLike = None) -> None:
+        """Return the memory to the pool, ordered on ``stream`` (``cuMemFreeAsync``).
+
+        Parameters
+        ----------
+        stream : stream-like, optional
+            Default: the stream the buffer was allocated on. Work queued on
+            that stream before the free may still use the memory.
+
+        Raises
+        ------
+        ClosedError
+            If the buffer was already freed, or the stream is a closed
+            :class:`Stream` (the buffer then stays allocated; free it on
+            another stream, or ``close()`` it).
+        BufferError
+            If numpy views of the memory (:attr:`array`) are alive (the
+            buffer then stays allocated; drop them, or ``close()`` it, which
+            frees once they are gone).
+        CudaError
+            If the driver refuses (the buffer then stays allocated).
+        """
+        d = self._dptr  # _release() written out: this is the hot path
+        if d is None:
+            raise ClosedError("PoolBuffer was already freed")
+        if self._views:
+            raise BufferError("numpy views of this buffer are alive; drop them first, "
+                              "or close() it, which frees once they are gone")
+        if stream is None:
+            cus = self._sref._custream
+            if cus is None:
+                raise ClosedError("the stream this buffer was allocated on is closed; "
+                                  "free it with stream=another stream, or close() it")
+        else:
+            cus = custream(stream)
+        self._dptr = None  # claimed before the driver call, so that nothing frees it twice
+        res = FREE(d, cus)
+        if res[0]:
+            self._dptr = d
+            cus = free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
+            self._dptr = None
+        acct = self._acct  # Account.remove written out, as in allocate()
+        n = acct.live.pop(d, 0)
+        acct.current -= n
+        if watchers:
+            notify(acct, d, n, False, int(cus))
+
+    def close(self) -> None:
+        """Free the buffer on its allocation stream; calling it again does nothing.
+
+        With numpy views of the memory alive (:attr:`array`), the free
+        happens once they and the buffer are gone.
+        """
+        d = self._dptr
+        if d is None:
+            return
+        self._dptr = None
+        if self._views:
+            self._deferred = d  # freed by __del__, once the views (which hold us) are gone
+            return
+        try:
+            _release(d, self._sref, self._pool, self._acct)
+        except BaseException:
+            self._dptr = d
+            raise
+
+    def __del__(self, _finalize: Any = _finalize) -> None:  # bound: module globals may be
+        try:                                                  # gone at interpreter exit
+            d = self._dptr
+        except AttributeError:  # never fully made
+            return
+        if d is None:
+            d = self._deferred  # closed while numpy views were alive: the free was deferred
+            if d is None:
+                return
+            self._deferred = None
+        self._dptr = None
+        _finalize(d, self._sref, self._pool, self._acct)
+
+    def __enter__(self) -> Self:
+        self._check_open()
+        return self
+
+    def _dl_device(self) -> tuple[int, int]:
+        pool = self._pool
+        if pool.managed:
+            return (DL_CUDA_MANAGED, 0)
+        if pool.is_host:
+            return (DL_CUDA_HOST, 0)
+        return (DL_CUDA, pool.device or 0)
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """A zero-copy ``uint8`` numpy view (host-located and managed pools only).
+
+        The view keeps the buffer alive. Synchronize the allocation stream
+        before the CPU touches the memory.
+
+        Raises
+        ------
+        TypeError
+            For device pools, whose memory the CPU cannot address.
+        """
+        import numpy as np
+
+        pool = self._pool
+        if not (pool.is_host or pool.managed):
+            raise TypeError("device pool memory is not host-accessible; copy it to a host "
+                            "buffer or allocate from a host-located pool")
+        ptr = self.ptr  # ClosedError once freed
+        return host_array(self, ptr, (self._nbytes,), np.dtype(np.uint8))
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        arr = self.array
+        return arr if dtype is None else arr.astype(dtype)
+
+    def export(self) -> bytes:
+        """Export the allocation to another process (``cuMemPoolExportPointer``).
+
+        The pool must be IPC-capable (``ipc=True``). The other process imports
+        the pool (:meth:`MemoryPool.import_`), then this pointer
+        (:meth:`MemoryPool.import_pointer`), and must free its mapping before
+        this process frees the buffer. Exports the pool first if it never was
+        (the H100 refuses pointers of a pool not yet exported), and waits for
+        the allocation's stream.
+
+        Returns
+        -------
+        bytes
+            64 opaque bytes, safe to send through any channel.
+        """
+        self._check_open()
+        pool = self._pool
+        if not pool.ipc or pool.imported:
+            raise ValueError("only buffers of a pool created with ipc=True can be exported")
+        if not _pool_ipc.was_exported(pool.handle):
+            os.close(pool.export())  # the driver exports pointers of exported pools only
+        cus = self._sref._custream
+        if cus is None:
+            with primary_pushed(pool.device or 0):  # its stream is gone: wait for the device
+                _driver.call("cuCtxSynchronize")
+        else:
+            _driver.call("cuStreamSynchronize", cus)
+        return _pool_ipc.export_pointer(self._dptr)
+
+    def __repr__(self) -> str:
+        if self._dptr is None:
+            return "<PoolBuffer freed>"
+        return f"<PoolBuffer 0x{int(self._dptr):x} nbytes={self._nbytes} from {self._pool!r}>"
+
+
+_new_object = object.__new__
+
+
+def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream | StreamRef,
+               pool: PoolOwner, acct: Account) -> Any:
+    """A buffer of class ``cls`` owning the pool allocation ``dptr`` (not yet in the ledger)."""
+    buf = _new_object(cls)
+    buf._dptr = dptr
+    buf._nbytes = nbytes
+    buf._sref = sref
+    buf._pool = pool
+    buf._acct = acct
+    buf._views = None
+    buf._deferred = None
+    return buf

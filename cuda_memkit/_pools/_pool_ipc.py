@@ -1,0 +1,104 @@
+"""Sharing pools and their allocations with other processes (POSIX file descriptors).
+
+The driver calls behind :meth:`MemoryPool.export`, :meth:`MemoryPool.import_`,
+:meth:`MemoryPool.import_pointer` and :meth:`PoolBuffer.export`, taking and
+returning plain handles; the pool module wraps them in objects.
+
+The protocol: the exporting process creates a pool with ``ipc=True`` and sends
+``pool.export()`` (a file descriptor) to the other process, which imports the
+pool; then each allocation's 64 bytes (``PoolBuffer.export()``), which the
+other process maps with ``import_pointer``. The importer frees its mapping
+before the exporter frees the allocation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from cuda.bindings import driver as _cu
+
+from .._core import _driver
+
+__all__ = [
+    "EXPORT_DATA_SIZE",
+    "check_fd",
+    "check_pointer_data",
+    "export_pointer",
+    "export_pool",
+    "forget",
+    "import_pointer",
+    "import_pool",
+    "pointer_size",
+    "was_exported",
+]
+
+#: Size of an exported pointer (``CUmemPoolPtrExportData``).
+EXPORT_DATA_SIZE = 64
+_POSIX_FD = _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+#: Handles of the pools exported so far: the H100 refuses to export pointers of
+#: a pool that was never exported (``CUDA_ERROR_INVALID_VALUE``).
+_exported: set[int] = set()
+
+
+def export_pool(cupool: Any) -> int:
+    """``cuMemPoolExportToShareableHandle``: a new file descriptor for the pool."""
+    fd = int(_driver.call("cuMemPoolExportToShareableHandle", cupool, _POSIX_FD, 0))
+    _exported.add(int(cupool))
+    return fd
+
+
+def was_exported(handle: int) -> bool:
+    """Whether the pool with this handle was exported (by :func:`export_pool`)."""
+    return handle in _exported
+
+
+def forget(handle: int) -> None:
+    """The pool with this handle is gone (its handle may be reused)."""
+    _exported.discard(handle)
+
+
+def check_fd(fd: object) -> int:
+    """A file descriptor argument: a non-negative int."""
+    if isinstance(fd, bool) or not isinstance(fd, int):
+        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    if fd < 0:
+        raise ValueError(f"invalid file descriptor {fd}")
+    return fd
+
+
+def import_pool(fd: int) -> Any:
+    """``cuMemPoolImportFromShareableHandle``: the imported ``CUmemoryPool``."""
+    return _driver.call("cuMemPoolImportFromShareableHandle", fd, _POSIX_FD, 0)
+
+
+def check_pointer_data(data: object) -> bytes:
+    """The 64 bytes of an exported pointer, checked."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be the bytes of PoolBuffer.export(), not "
+                        f"{type(data).__name__}")
+    raw = bytes(data)
+    if len(raw) != EXPORT_DATA_SIZE:
+        raise ValueError(f"exported pointer data is {EXPORT_DATA_SIZE} bytes, got {len(raw)}")
+    return raw
+
+
+def import_pointer(cupool: Any, raw: bytes) -> Any:
+    """``cuMemPoolImportPointer``: the ``CUdeviceptr`` of an exported allocation."""
+    share = _cu.CUmemPoolPtrExportData()
+    ctypes.memmove(share.getPtr(), raw, EXPORT_DATA_SIZE)
+    return _driver.call("cuMemPoolImportPointer", cupool, share)
+
+
+def pointer_size(dptr: Any) -> int:
+    """Size of the allocation at ``dptr`` (``CU_POINTER_ATTRIBUTE_RANGE_SIZE``)."""
+    return int(_driver.call("cuPointerGetAttribute",
+                            _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr))
+
+
+def export_pointer(dptr: Any) -> bytes:
+    """``cuMemPoolExportPointer``: the 64 bytes another process imports."""
+    data = _driver.call("cuMemPoolExportPointer", dptr)
+    return ctypes.string_at(data.getPtr(), EXPORT_DATA_SIZE)

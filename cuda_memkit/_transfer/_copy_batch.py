@@ -1,0 +1,760 @@
+"""Batched copies: many blocks between buffers in a few driver calls.
+
+* :func:`copy_batch` copies blocks given as arrays of byte offsets and sizes
+  (or ``(dst_offset, src_offset, size)`` triples) between two buffers of any
+  kind; :class:`CopyBatch` gathers several such pairs (e.g. the two
+  directions of a KV-cache swap) into one batch.
+* Everything is checked with numpy before anything is issued (integer
+  arrays, lengths, bounds, overlapping destinations, a source overlapping
+  another block's destination, pageable memory in a stream-ordered copy);
+  blocks contiguous on both sides are merged; the blocks go to
+  ``cuMemcpyBatchAsync`` calls of at most :data:`CALL_MAX` copies and
+  :data:`CALL_BYTES` bytes each where the driver has the call (CUDA >= 12.8
+  with the 13.x form), and to a loop of ``cuMemcpyAsync`` where it does not.
+* A batch moving at least :data:`DUPLEX_MIN_BYTES` each way between host and
+  device issues its device-to-host copies on a private stream forked from and
+  joined back to the caller's stream, so both copy engines work; the batch is
+  ordered on the caller's stream all the same.
+* No per-block Python object is built on the fast path: the ``CUdeviceptr``
+  lists the bindings want are views (``CUdeviceptr(_ptr=...)``) over a
+  per-thread numpy array, made once and rewritten in place per call (the
+  driver reads them during the call); sizes of equal blocks are one shared
+  int.
+* Operands of a stream-ordered batch are kept alive until the stream has
+  finished it, as :func:`copy_async` does.
+
+**What reaches the driver.** The driver checks each entry as it walks the
+list and stops at the first bad one, keeping the copies before it (the
+H100); worse, an address in the device window that is no allocation (a freed
+pointer) kills the process. So every block of an operand whose extent the
+library knows (its buffers, arrays, ``__cuda_array_interface__`` objects) is
+checked against that extent before the first call, and again at each
+:meth:`CopyBatch.execute` (a buffer closed or shrunk since :meth:`~CopyBatch.add`
+is refused there). Raw int addresses are trusted: the caller vouches for
+them, and a bad one is the driver's to refuse -- or to crash on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._core import _driver
+from .._core._device import StreamLike, as_location, stream_handle
+from .._core._errors import CudaDriverNotFoundError, CudaError
+from .._core._operands import (
+    DRIVER,
+    HOST,
+    PINNED,
+    RAW,
+    is_pinned_host,
+    keep_alive,
+    need_context,
+    operand,
+    pending_operands,
+    reap_pending,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .._core._device import LocationLike
+
+__all__ = ["CopyBatch", "copy_batch"]
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# The constants below come from the H100's run of scripts/probes/copy_batch_probe.py
+# (pinned <-> device, GB/s, median of interleaved samples; the probe's row names quoted).
+
+#: At most this many copies go to one ``cuMemcpyBatchAsync`` call, and ...
+#: One call that holds every copy is slow to start: the driver walks all of the
+#: call's entries (about 0.7-0.9 us each) before the copy engine is busy, and
+#: later calls are walked while earlier ones are moving data. The H100:
+#: 4096 x 64 KiB H2D in one call 34.0 GB/s, in 2/4/8/16 calls 40.1/47.2/49.8/51.8
+#: (contiguous 54.4); 1024 x 256 KiB in 1/2/4/8/16 calls 45.6/49.4/51.5/52.7/53.4
+#: (contiguous 54.4). The best rows of both shapes are calls of 16 MiB (256 x 64 KiB,
+#: 64 x 256 KiB), hence the two limits; 65536 x 4 KiB was 2.4-2.6 GB/s for 1 to 16
+#: calls alike (bound by the driver's per-copy cost, not by the calls).
+CALL_MAX = 256
+#: ... a call stops once it holds this many bytes (it holds at least one copy).
+CALL_BYTES = 16 * MiB
+#: Copies no larger than this get ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``.
+#: The flag measured +20% at 4 KiB (65536 x 4 KiB H2D: 2.92 GB/s with it, 2.43
+#: without, 2.57 with order ANY), -8% at 64 KiB (31.3 vs 34.0) and +1% at 256 KiB
+#: (46.2 vs 45.6), all without concurrent kernels; so it is set for 4 KiB
+#: blocks only, not up to the 128 KiB that RMM uses.
+OVERLAP_FLAG_MAX_BLOCK = 4 * KiB
+#: A batch with at least this many bytes host-to-device AND device-to-host
+#: issues the device-to-host copies on a private second stream (forked from and
+#: joined back to the caller's stream with an event), so that both copy engines
+#: work: 4096 x 64 KiB each way in one call with 2 attrs 38.7 GB/s, two calls on
+#: one stream 39.9, two calls on two streams 47.0. The fork costs a stream, an
+#: event and six driver calls (tens of microseconds), hence the floor.
+DUPLEX_MIN_BYTES = 8 * MiB
+#: The source access order given to the driver: STREAM (sources are read in
+#: stream order, like cuMemcpyAsync), pageable sources included. For a 64 MiB
+#: pageable source the H100 took 13.13 / 12.91 / 12.94 ms in all with orders
+#: STREAM / DURING_API_CALL / ANY (the call itself returned after 1.85 / 1.77 /
+#: 1.64 ms in each), so the weaker orders buy nothing; STREAM keeps the
+#: documented ordering and the operands are held until the stream is done anyway.
+SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+
+_STREAM_PER_THREAD = 0x2
+_LEGACY = (0, 0x1)
+_EVENT_DISABLE_TIMING = 0x2
+_STREAM_NON_BLOCKING = 0x1
+_I64_MAX = (1 << 63) - 1
+
+
+# -- argument checks --------------------------------------------------------------------
+
+
+def _int_array(value: Any, what: str) -> np.ndarray[Any, Any]:
+    """A 1-D int64 array of non-negative integers from an array-like."""
+    import numpy as np
+
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
+    a = np.asarray(value)
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be one-dimensional, got shape {a.shape}")
+    kind = a.dtype.kind
+    if kind not in "iu":
+        if a.size == 0 and kind in "fO":  # np.asarray([]) is float64
+            return np.zeros(0, np.int64)
+        raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
+    if a.size and kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > _I64_MAX:
+        raise ValueError(f"{what} holds a value above 2**63 - 1")
+    a = a.astype(np.int64, copy=False)
+    if a.size and int(a.min()) < 0:
+        i = int(np.flatnonzero(a < 0)[0])
+        raise ValueError(f"{what}[{i}] is negative ({int(a[i])})")
+    return a
+
+
+def _scalar_size(value: Any) -> int | None:
+    """``sizes`` given as one int (every block that size), else None."""
+    import numpy as np
+
+    if isinstance(value, bool):
+        raise TypeError("sizes must be integers, not bool")
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+        if n < 0:
+            raise ValueError(f"sizes must be >= 0, got {n}")
+        if n > _I64_MAX:
+            raise ValueError("sizes is above 2**63 - 1")
+        return n
+    return None
+
+
+def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
+                  ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The three int64 arrays (dst offsets, src offsets, sizes) of a batch, checked."""
+    import numpy as np
+
+    if blocks is not None:
+        if dst_offsets is not None or src_offsets is not None or sizes is not None:
+            raise TypeError("pass either blocks= or dst_offsets=/src_offsets=/sizes=, not both")
+        if isinstance(blocks, (str, bytes)):
+            raise TypeError("blocks must be (dst_offset, src_offset, size) triples")
+        b = np.asarray(blocks)
+        if b.size == 0:
+            z = np.zeros(0, np.int64)
+            return z, z, z
+        if b.ndim != 2 or b.shape[1] != 3:
+            raise ValueError(
+                f"blocks must be (dst_offset, src_offset, size) triples (shape (n, 3)), "
+                f"got shape {b.shape}")
+        flat = _int_array(b.reshape(-1), "blocks").reshape(-1, 3)
+        return flat[:, 0], flat[:, 1], flat[:, 2]
+    if dst_offsets is None or src_offsets is None or sizes is None:
+        raise TypeError("copy_batch needs dst_offsets=, src_offsets= and sizes= (or blocks=)")
+    d = _int_array(dst_offsets, "dst_offsets")
+    s = _int_array(src_offsets, "src_offsets")
+    if len(d) != len(s):
+        raise ValueError(f"dst_offsets has {len(d)} entries, src_offsets {len(s)}")
+    one = _scalar_size(sizes)
+    if one is not None:
+        z = np.full(len(d), one, np.int64)
+    else:
+        z = _int_array(sizes, "sizes")
+        if len(z) != len(d):
+            raise ValueError(f"sizes has {len(z)} entries, the offsets {len(d)}")
+    return d, s, z
+
+
+def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: int | None,
+                  role: str) -> None:
+    """Every block inside its buffer (``limit`` bytes; None: a raw pointer, unchecked)."""
+    import numpy as np
+
+    if not len(off):
+        return
+    room = (_I64_MAX if limit is None else limit) - off
+    bad = sz > room
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        if limit is None:
+            raise ValueError(f"block {i}: {role} offset + size overflows 64 bits")
+        raise ValueError(
+            f"block {i} is out of range: {role} bytes [{int(off[i])}, "
+            f"{int(off[i]) + int(sz[i])}) of a {limit}-byte {role}")
+
+
+# -- one (dst, src) pair --------------------------------------------------------------
+
+
+class _Group:
+    """The checked, coalesced blocks of one (destination, source) pair."""
+
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s", "src",
+                 "src_hint", "src_need", "src_op", "z")
+
+    def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
+                 blocks: Any, src_location: Any, dst_location: Any) -> None:
+        import numpy as np
+
+        self.dst, self.src = dst, src
+        self.dst_op = operand(dst, True)
+        self.src_op = operand(src, False)
+        self.src_hint = None if src_location is None else as_location(src_location)
+        self.dst_hint = None if dst_location is None else as_location(dst_location)
+        d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
+        _check_bounds(d, z, self.dst_op[1], "destination")
+        _check_bounds(s, z, self.src_op[1], "source")
+        self.blocks = len(z)
+        # The bytes each operand must have (checked again by refresh()).
+        self.dst_need = int((d + z).max()) if len(z) else 0
+        self.src_need = int((s + z).max()) if len(z) else 0
+        keep = z > 0  # zero-size blocks are skipped (the driver refuses them)
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            d, s, z = d[idx], s[idx], z[idx]
+        else:
+            idx = None
+        # Sort by destination (a batch has no order), refuse overlapping
+        # destinations, merge blocks contiguous on both sides.
+        if len(d) > 1 and not (d[1:] >= d[:-1]).all():
+            order = np.argsort(d)
+            d, s, z = d[order], s[order], z[order]
+            idx = order if idx is None else idx[order]
+        if len(d) > 1:
+            end = d + z
+            over = d[1:] < end[:-1]
+            if over.any():
+                k = int(np.flatnonzero(over)[0])
+                i, j = (k, k + 1) if idx is None else (int(idx[k]), int(idx[k + 1]))
+                raise ValueError(
+                    f"destination blocks {min(i, j)} and {max(i, j)} overlap (bytes "
+                    f"[{int(d[k])}, {int(end[k])}) and [{int(d[k + 1])}, {int(end[k + 1])})): "
+                    "the copies of a batch run in no particular order")
+            brk = (d[1:] != end[:-1]) | (s[1:] != s[:-1] + z[:-1])
+            if not brk.all():
+                starts = np.flatnonzero(np.concatenate(([True], brk)))
+                z = np.add.reduceat(z, starts)
+                d, s = d[starts], s[starts]
+        self.d, self.s, self.z = d, s, z
+        self.nbytes = int(z.sum()) if len(z) else 0
+        self._check_null()
+
+    def _check_null(self) -> None:
+        for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
+            if self.nbytes and op[0] == 0:
+                raise ValueError(f"the copy_batch {role} is a null pointer")
+
+    def refresh(self) -> None:
+        """Resolve the operands again and check the blocks against their sizes now.
+
+        A closed buffer raises ClosedError; a buffer that shrank since the
+        blocks were added (``GrowableBuffer.resize``) raises ValueError: its
+        tail may be unmapped, and a copy there can kill the process.
+        """
+        self.dst_op = operand(self.dst, True)
+        self.src_op = operand(self.src, False)
+        for op, need, role in ((self.dst_op, self.dst_need, "destination"),
+                               (self.src_op, self.src_need, "source")):
+            if op[1] is not None and need > op[1]:
+                raise ValueError(
+                    f"the {role} now has {op[1]} bytes, but the batch's blocks reach byte "
+                    f"{need} of it (it was resized since they were added)")
+        self._check_null()
+
+    def direction(self) -> int:
+        """1: host to device, 2: device to host, 0: anything else (by operand kind)."""
+        d, s = self.dst_op[3], self.src_op[3]
+        if d == DRIVER and s in (HOST, PINNED):
+            return 1
+        if s == DRIVER and d in (HOST, PINNED):
+            return 2
+        return 0
+
+    def pageable(self) -> str | None:
+        """Which operand is pageable host memory ("destination"/"source"), if any."""
+        for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
+            if op[3] == HOST and op[1] and not is_pinned_host(op[4]):
+                return role
+        return None
+
+    def addresses(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Absolute destination and source addresses (uint64)."""
+        import numpy as np
+
+        u = np.uint64
+        return (self.d.astype(u) + u(self.dst_op[0]), self.s.astype(u) + u(self.src_op[0]))
+
+
+def _check_hazards(groups: list[_Group]) -> None:
+    """No destination may overlap another block's destination or any source."""
+    import numpy as np
+
+    pairs = [g.addresses() for g in groups if len(g.z)]
+    if not pairs:
+        return
+    zs = [g.z.astype(np.uint64) for g in groups if len(g.z)]
+    ds = np.concatenate([p[0] for p in pairs])
+    ss = np.concatenate([p[1] for p in pairs])
+    z = np.concatenate(zs)
+    if len(groups) > 1:  # within one group this was checked on offsets
+        order = np.argsort(ds)
+        ds_sorted, de_sorted = ds[order], ds[order] + z[order]
+        if (ds_sorted[1:] < de_sorted[:-1]).any():
+            raise ValueError("two blocks of the batch write overlapping memory: the copies of "
+                             "a batch run in no particular order")
+    else:
+        ds_sorted, de_sorted = ds, ds + z
+    # A source that overlaps any destination (when the memories can overlap).
+    se = ss + z
+    if int(ss.min()) >= int(de_sorted.max()) or int(se.max()) <= int(ds_sorted.min()):
+        return
+    j = np.searchsorted(ds_sorted, se, side="left").astype(np.int64) - 1
+    hit = (j >= 0) & (de_sorted[np.maximum(j, 0)] > ss)
+    if hit.any():
+        raise ValueError(
+            "a source block overlaps a destination block of the same batch: the copies of "
+            "a batch run in no particular order, so the result would be undefined; split "
+            "it into two batches on one stream")
+
+
+# -- issuing ------------------------------------------------------------------------------
+
+
+class _Slots(threading.local):
+    """Per-thread ``CUdeviceptr`` views over two uint64 arrays, rewritten per call."""
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.busy = False
+        self.dst: Any = None
+        self.src: Any = None
+        self.dst_views: list[Any] = []
+        self.src_views: list[Any] = []
+        self.ok = True  # the bindings honour CUdeviceptr(_ptr=...) views
+
+    def grow(self, n: int) -> None:
+        import numpy as np
+        from cuda.bindings.driver import CUdeviceptr
+
+        cap = max(n, 2 * self.cap, 256)
+        dst = np.zeros(cap, np.uint64)
+        src = np.zeros(cap, np.uint64)
+        try:
+            dv = [CUdeviceptr(_ptr=dst.ctypes.data + 8 * i) for i in range(cap)]
+            sv = [CUdeviceptr(_ptr=src.ctypes.data + 8 * i) for i in range(cap)]
+            dst[-1] = 0x1234_5678_9ABC
+            self.ok = int(dv[-1]) == 0x1234_5678_9ABC
+        except TypeError:  # bindings without the _ptr form
+            dv, sv, self.ok = [], [], False
+        self.dst, self.src, self.dst_views, self.src_views = dst, src, dv, sv
+        self.cap = cap
+
+
+_slots = _Slots()
+
+
+def _ptr_lists(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]
+               ) -> tuple[list[Any], list[Any], bool]:
+    """The two ``CUdeviceptr`` lists for a call; True if they are the shared slots."""
+    from cuda.bindings.driver import CUdeviceptr
+
+    n = len(dst)
+    sl = _slots
+    if not sl.busy:
+        if sl.cap < n:
+            sl.grow(n)
+        if sl.ok:
+            sl.dst[:n] = dst
+            sl.src[:n] = src
+            return sl.dst_views[:n], sl.src_views[:n], True
+    # re-entered on this thread (a finalizer, a signal handler) or no views: objects
+    return (list(map(CUdeviceptr, dst.tolist())), list(map(CUdeviceptr, src.tolist())), False)
+
+
+def _attrs(g: _Group) -> Any:
+    from cuda.bindings.driver import CUmemcpyAttributes, CUmemcpySrcAccessOrder
+
+    a = CUmemcpyAttributes()
+    a.srcAccessOrder = CUmemcpySrcAccessOrder(SRC_ACCESS_ORDER)
+    if OVERLAP_FLAG_MAX_BLOCK and len(g.z) and int(g.z.max()) <= OVERLAP_FLAG_MAX_BLOCK:
+        a.flags = 1  # CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    if g.src_hint is not None:
+        a.srcLocHint = g.src_hint.to_cu()
+    if g.dst_hint is not None:
+        a.dstLocHint = g.dst_hint.to_cu()
+    return a
+
+
+def call_bounds(z: np.ndarray[Any, Any]) -> list[tuple[int, int]]:
+    """Split copies of sizes ``z`` into calls: at most CALL_MAX copies, CALL_BYTES bytes each.
+
+    A call always holds at least one copy (a copy larger than CALL_BYTES goes alone).
+    """
+    import numpy as np
+
+    total = len(z)
+    if not total:
+        return []
+    first = int(z[0])
+    if (z == first).all():
+        step = max(1, min(CALL_MAX, CALL_BYTES // first if first else CALL_MAX))
+        return [(a, min(a + step, total)) for a in range(0, total, step)]
+    cum = np.concatenate(([0], np.cumsum(z, dtype=np.int64)))
+    out: list[tuple[int, int]] = []
+    a = 0
+    while a < total:
+        fit = int(np.searchsorted(cum, int(cum[a]) + CALL_BYTES, side="right")) - 1
+        b = min(a + CALL_MAX, max(fit, a + 1), total)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _issue_batch(groups: list[_Group], stream: int) -> None:
+    """The copies of ``groups`` in calls of :func:`call_bounds`; one attrs entry per group.
+
+    Raises
+    ------
+    CudaDriverNotFoundError
+        From the first call, before anything was issued, on a driver without
+        ``cuMemcpyBatchAsync``.
+    """
+    import numpy as np
+
+    live = [g for g in groups if len(g.z)]
+    if not live:
+        return
+    addrs = [g.addresses() for g in live]
+    dst = np.concatenate([a[0] for a in addrs]) if len(addrs) > 1 else addrs[0][0]
+    src = np.concatenate([a[1] for a in addrs]) if len(addrs) > 1 else addrs[0][1]
+    z = np.concatenate([g.z for g in live]) if len(live) > 1 else live[0].z
+    starts = np.cumsum([0] + [len(g.z) for g in live])
+    attrs = [_attrs(g) for g in live]
+    uniform = bool((z == z[0]).all())
+    same_sizes: list[int] = []
+    call = _driver.call
+    for a, b in call_bounds(z):
+        n = b - a
+        dl, sl, shared = _ptr_lists(dst[a:b], src[a:b])
+        if uniform:  # one list of one int, reused while the count stays the same
+            if len(same_sizes) != n:
+                same_sizes = [int(z[0])] * n
+            sizes = same_sizes
+        else:
+            sizes = z[a:b].tolist()
+        first = int(np.searchsorted(starts, a, side="right")) - 1
+        last = int(np.searchsorted(starts, b, side="left"))
+        at = attrs[first:last]
+        idx = [max(int(starts[k]) - a, 0) for k in range(first, last)]
+        if shared:
+            _slots.busy = True
+        try:
+            call("cuMemcpyBatchAsync", dl, sl, sizes, n, at, idx, len(at), stream)
+        finally:
+            _slots.busy = False
+
+
+def _duplex(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
+    """(groups for the caller's stream, groups for a second stream): see DUPLEX_MIN_BYTES."""
+    side = [g for g in groups if g.nbytes and g.direction() == 2]
+    if not side:
+        return groups, []
+    h2d = sum(g.nbytes for g in groups if g.nbytes and g.direction() == 1)
+    d2h = sum(g.nbytes for g in side)
+    if min(h2d, d2h) < DUPLEX_MIN_BYTES:
+        return groups, []
+    return [g for g in groups if not (g.nbytes and g.direction() == 2)], side
+
+
+def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
+    """``main`` on ``stream``, ``side`` on a private stream forked from and joined to it.
+
+    The private stream waits for the work already on ``stream`` (an event),
+    and ``stream`` then waits for the private stream's copies (the same event,
+    recorded again), so the batch is ordered exactly as if every copy had gone
+    to ``stream``. The stream and the event are destroyed at once; the driver
+    releases them when their work is done.
+    """
+    call = _driver.call
+    ev = call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    try:
+        call("cuEventRecord", ev, stream)
+        private = int(call("cuStreamCreate", _STREAM_NON_BLOCKING))
+        try:
+            call("cuStreamWaitEvent", private, ev, 0)
+            try:
+                _issue_batch(side, private)  # a driver without the call: nothing issued
+                _issue_batch(main, stream)
+            finally:
+                call("cuEventRecord", ev, private)
+                call("cuStreamWaitEvent", stream, ev, 0)
+        finally:
+            call("cuStreamDestroy", private)
+    finally:
+        call("cuEventDestroy", ev)
+
+
+def _issue_loop(groups: list[_Group], stream: int) -> None:
+    """The fallback: one ``cuMemcpyAsync`` per (coalesced) block."""
+    fn = _driver.function("cuMemcpyAsync")
+    check = _driver.check
+    for g in groups:
+        if not len(g.z):
+            continue
+        dst, src = g.addresses()
+        for dp, sp, n in zip(dst.tolist(), src.tolist(), g.z.tolist(), strict=True):
+            res = fn(dp, sp, n, stream)
+            if res[0]:
+                check("cuMemcpyAsync", res)
+
+
+def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: bool) -> None:
+    """Check across groups, then issue the batch (or the loop) on the stream."""
+    h = 0 if sync else stream_handle(stream)
+    if not sync and not allow_pageable:
+        for g in groups:
+            role = g.pageable() if g.nbytes else None
+            if role is not None:
+                raise ValueError(
+                    f"the copy_batch {role} is pageable host memory: a stream-ordered copy "
+                    "from or to it is staged by the driver and serialises with the host. "
+                    "Use a HostBuffer, page-lock it with register_host(), copy without "
+                    "stream= (synchronous), or pass allow_pageable=True")
+    _check_hazards(groups)
+    if not any(g.nbytes for g in groups):
+        return
+    if pending_operands:
+        reap_pending()
+    need_context()
+    # The batch call refuses the legacy stream: issue on the per-thread default
+    # stream, a blocking stream, which the legacy stream waits for and which
+    # waits for it (the same ordering as work on the legacy stream).
+    issue_on = _STREAM_PER_THREAD if h in _LEGACY else h
+    main, side = _duplex(groups)
+    done = False
+    try:
+        try:
+            if side:
+                _issue_forked(main, side, issue_on)
+            else:
+                _issue_batch(groups, issue_on)
+        except CudaDriverNotFoundError:  # a driver without cuMemcpyBatchAsync
+            issue_on = h
+            _issue_loop(groups, issue_on)
+        done = True
+    finally:
+        # Also when the driver refused a later call (int addresses): the calls
+        # before it are in flight and read or write the operands.
+        _settle(groups, issue_on, sync, done)
+
+
+def _settle(groups: list[_Group], stream: int, sync: bool, done: bool) -> None:
+    """Wait for the batch (synchronous) or hold its operands until the stream is done.
+
+    After a refused call (``done`` False) the driver's refusal is the error to
+    report: a failure here is then dropped.
+    """
+    refs = tuple(x for g in groups for x, op in ((g.dst, g.dst_op), (g.src, g.src_op))
+                 if op[3] != RAW)
+    try:
+        if sync:
+            _driver.call("cuStreamSynchronize", stream)
+        elif refs:
+            keep_alive(stream, refs)
+    except CudaError:
+        if done:
+            raise
+
+
+# -- public API ----------------------------------------------------------------------------
+
+
+def copy_batch(
+    dst: Any,
+    src: Any,
+    *,
+    dst_offsets: Any = None,
+    src_offsets: Any = None,
+    sizes: Any = None,
+    blocks: Any = None,
+    stream: StreamLike = None,
+    allow_pageable: bool = False,
+    src_location: LocationLike | None = None,
+    dst_location: LocationLike | None = None,
+) -> Any:
+    """Copy many blocks from ``src`` to ``dst`` in a few batched driver calls.
+
+    Block ``i`` copies ``sizes[i]`` bytes from byte ``src_offsets[i]`` of
+    ``src`` to byte ``dst_offsets[i]`` of ``dst``. Everything is checked
+    before anything is issued; blocks contiguous in both buffers are merged;
+    the copies go to ``cuMemcpyBatchAsync`` calls of at most 256 copies and
+    16 MiB (a loop of ``cuMemcpyAsync`` on drivers without it). The blocks of
+    a batch run in no particular order.
+
+    Without ``stream`` the copy is synchronous (complete on return, ordered
+    like :func:`copy`); with ``stream`` it is ordered on that stream and
+    returns at once, keeping the operands alive until the stream is done.
+
+    Parameters
+    ----------
+    dst, src : buffer, array or pointer
+        Anything :func:`copy` accepts: :class:`HostBuffer`,
+        :class:`DeviceBuffer`, pool, managed or growable buffers, a
+        registered or plain C-contiguous numpy array, an object with
+        ``__cuda_array_interface__``, or an int address. An int address is
+        trusted: it is not bounds-checked, and a freed or unknown device
+        address can crash the process in the driver (the H100 segfaults).
+        They may be the same buffer (blocks moved inside it).
+    dst_offsets, src_offsets : array-like of int
+        Byte offsets, one per block (any integer dtype, or lists).
+    sizes : int or array-like of int
+        Bytes per block, or one int for blocks all of that size. Blocks of
+        size 0 are skipped (after the offset checks).
+    blocks : array-like, optional
+        Instead of the three arrays: ``(dst_offset, src_offset, size)``
+        triples, an ``(n, 3)`` integer array or a list of tuples.
+    stream : Stream, int or stream-like, optional
+        Order the batch on this stream instead of copying synchronously. The
+        legacy default stream is accepted (the batch then goes to the
+        per-thread default stream, which is ordered with it).
+    allow_pageable : bool, default False
+        Allow pageable numpy memory in a stream-ordered batch (the driver
+        stages it and the call blocks). Synchronous batches always allow it.
+    src_location, dst_location : Location, Device or int, optional
+        Location hints for managed memory operands (``srcLocHint`` /
+        ``dstLocHint``); ignored by the driver for other memory.
+
+    Returns
+    -------
+    dst
+
+    Raises
+    ------
+    TypeError
+        Non-integer offset or size arrays, both or neither of ``blocks`` and
+        the arrays, operands that are not memory.
+    ValueError
+        Arrays of different lengths, negative offsets or sizes, a block past
+        the end of its buffer, overlapping destination blocks, a source block
+        overlapping a destination block, read-only destinations, pageable
+        memory in a stream-ordered batch without ``allow_pageable``.
+    ClosedError
+        If an operand is closed.
+    CudaError
+        If the driver refuses a call: only an int address can lead there, as
+        those are not checked. The calls before it, and the copies before
+        the refused entry in it, have then been made.
+
+    Examples
+    --------
+    >>> host = cm.HostBuffer.empty(64 << 20)
+    >>> dev = cm.DeviceBuffer.alloc(64 << 20)
+    >>> slots = np.array([7, 2, 9]) * (1 << 20)
+    >>> cm.copy_batch(dev, host, dst_offsets=slots, src_offsets=[0, 1 << 20, 2 << 20],
+    ...               sizes=1 << 20)
+    """
+    g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location)
+    _run([g], stream, stream is None, allow_pageable)
+    return dst
+
+
+class CopyBatch:
+    """Several (destination, source) block lists issued as one batch.
+
+    Each :meth:`add` is checked like :func:`copy_batch`; :meth:`execute` also
+    checks across the pairs (no two blocks may write overlapping memory, no
+    source may overlap a destination) and every pair's blocks against the
+    operands' sizes at that moment, then issues every block in
+    ``cuMemcpyBatchAsync`` calls with one attribute entry per pair. With at
+    least 8 MiB each way between host and device, the device-to-host pairs
+    go to a private stream forked from and joined back to ``stream``, so that
+    both directions move at once. Use it for the
+    two directions of a swap whose blocks do not alias (evict to host while
+    loading other blocks into free device slots), or to build once and run
+    several times.
+
+    Examples
+    --------
+    >>> b = cm.CopyBatch()
+    >>> b.add(host_cache, dev_cache, dst_offsets=out_slots, src_offsets=evict, sizes=BLOCK)
+    >>> b.add(dev_cache, host_cache, dst_offsets=free, src_offsets=load, sizes=BLOCK)
+    >>> b.execute(stream=s)
+    """
+
+    def __init__(self) -> None:
+        self._groups: list[_Group] = []
+
+    def add(self, dst: Any, src: Any, *, dst_offsets: Any = None, src_offsets: Any = None,
+            sizes: Any = None, blocks: Any = None, src_location: LocationLike | None = None,
+            dst_location: LocationLike | None = None) -> CopyBatch:
+        """Add the blocks of one (destination, source) pair; arguments as :func:`copy_batch`.
+
+        Returns
+        -------
+        CopyBatch
+            This batch (chainable).
+        """
+        self._groups.append(_Group(dst, src, dst_offsets, src_offsets, sizes, blocks,
+                                   src_location, dst_location))
+        return self
+
+    def __len__(self) -> int:
+        """Number of copies issued (after merging contiguous blocks)."""
+        return sum(len(g.z) for g in self._groups)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes the batch copies."""
+        return sum(g.nbytes for g in self._groups)
+
+    @property
+    def blocks(self) -> int:
+        """Number of blocks added (before merging; zero-size blocks included)."""
+        return sum(g.blocks for g in self._groups)
+
+    def execute(self, stream: StreamLike = None, *, allow_pageable: bool = False) -> None:
+        """Issue the batch: synchronous without ``stream``, else ordered on it.
+
+        Parameters
+        ----------
+        stream : Stream, int or stream-like, optional
+            As for :func:`copy_batch`.
+        allow_pageable : bool, default False
+            As for :func:`copy_batch`.
+
+        Raises
+        ------
+        ValueError
+            Blocks of different pairs writing overlapping memory, a source
+            overlapping a destination, pageable memory (as :func:`copy_batch`),
+            an operand resized below the blocks added for it.
+        ClosedError
+            If an operand was closed since :meth:`add`.
+        """
+        for g in self._groups:
+            g.refresh()
+        _run(self._groups, stream, stream is None, allow_pageable)
+
+    def __repr__(self) -> str:
+        return (f"<CopyBatch {len(self._groups)} pairs, {self.blocks} blocks, "
+                f"{len(self)} copies, {self.nbytes} bytes>")

@@ -1,0 +1,1 @@
+"""Virtual memory management: address ranges, physical memory, mappings, growable buffers."""
