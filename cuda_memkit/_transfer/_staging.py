@@ -61,12 +61,22 @@ _DEVICE_ORDINAL = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 THREAD_PREFIX = "cuda_memkit-staging"
 
 
+def _default_threads() -> int:
+    """One staging thread per CPU this process may run on, at most 16."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(16, cpus))
+
+
 @dataclass(frozen=True)
 class StagingSettings:
     """How pageable copies are staged (see :func:`configure_staging`).
 
-    PROVISIONAL defaults, to be set from ``scripts/probes/staging_probe.py``
-    on the H100 (the chunk x threads x buffers grid and the 4-64 MiB rows).
+    The defaults were chosen on the H100 (``docs/decisions.md``, "Staging
+    defaults"): one worker thread per CPU up to 16, two buffers more than
+    threads, so that every thread has a buffer to fill while two DMAs run.
 
     Attributes
     ----------
@@ -87,8 +97,8 @@ class StagingSettings:
     enabled: bool = True
     threshold: int = 32 * MiB
     chunk: int = 8 * MiB
-    buffers: int = 10
-    threads: int = field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)))
+    buffers: int = field(default_factory=lambda: _default_threads() + 2)
+    threads: int = field(default_factory=_default_threads)
     streams: int = 2
 
     def __post_init__(self) -> None:

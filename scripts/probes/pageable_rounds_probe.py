@@ -23,10 +23,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from cuda.bindings import driver as d
 
 import cuda_memkit as cm
 from cuda_memkit._transfer import _staging
-from cuda.bindings import driver as d
 
 MiB = 1 << 20
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
@@ -48,7 +48,8 @@ def host_info() -> None:
             lines = [ln for ln in out.splitlines() if cmd[0] != "lscpu" or any(
                 k in ln for k in ("Model name", "Socket", "NUMA", "Core", "Thread", "MHz",
                                   "L3"))]
-            print("$", " ".join(cmd)); print("\n".join(lines[:20]))
+            print("$", " ".join(cmd))
+            print("\n".join(lines[:20]))
         except Exception as exc:  # a missing tool is information, not a failure
             print("$", " ".join(cmd), "->", type(exc).__name__)
 
@@ -56,9 +57,12 @@ def host_info() -> None:
 def main() -> None:
     host_info()
     print("sched_getaffinity:", len(os.sched_getaffinity(0)))
-    src = np.empty(SIZE, np.uint8); src[:] = 7
-    dst = np.empty(SIZE, np.uint8); dst[:] = 1
-    scratch = np.empty(SIZE, np.uint8); scratch[:] = 3
+    src = np.empty(SIZE, np.uint8)
+    src[:] = 7
+    dst = np.empty(SIZE, np.uint8)
+    dst[:] = 1
+    scratch = np.empty(SIZE, np.uint8)
+    scratch[:] = 3
     dev = cm.DeviceBuffer.alloc(SIZE)
     dptr = dev.ptr
     base = _staging.staging_settings()
@@ -137,13 +141,18 @@ def main() -> None:
             x = tsrc.pin_memory().to("cuda"); torch.cuda.synchronize(); del x
 
         def via_pinned_h2d():
-            tpin.copy_(tsrc); tdev.copy_(tpin, non_blocking=True); torch.cuda.synchronize()
+            tpin.copy_(tsrc)
+            tdev.copy_(tpin, non_blocking=True)
+            torch.cuda.synchronize()
 
         def via_pinned_d2h():
-            tpin.copy_(tdev, non_blocking=True); torch.cuda.synchronize(); tdst.copy_(tpin)
+            tpin.copy_(tdev, non_blocking=True)
+            torch.cuda.synchronize()
+            tdst.copy_(tpin)
 
         def direct_d2h():
-            tdst.copy_(tdev); torch.cuda.synchronize()
+            tdst.copy_(tdev)
+            torch.cuda.synchronize()
         cases["H2D"]["torch pin_memory().to()"] = pin_to
         cases["H2D"]["torch via pinned tensor"] = via_pinned_h2d
         cases["D2H"]["torch copy_ into from_numpy"] = direct_d2h
@@ -155,7 +164,9 @@ def main() -> None:
         cdev = cupy.empty(SIZE, dtype=cupy.uint8)
 
         def cp_h2d():
-            x = cupy.asarray(src); cupy.cuda.runtime.deviceSynchronize(); del x
+            x = cupy.asarray(src)
+            cupy.cuda.runtime.deviceSynchronize()
+            del x
         cases["H2D"]["cupy asarray"] = cp_h2d
         cases["D2H"]["cupy get(out=)"] = lambda: cdev.get(out=dst)
     except Exception as exc:
@@ -166,7 +177,7 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {dir_: {k: [] for k in c}
                                                   for dir_, c in cases.items()}
     # warm-up: one pass of everything
-    for dir_, c in cases.items():
+    for c in cases.values():
         for fn in c.values():
             if hasattr(fn, "cfg"):
                 setup(fn.cfg)
@@ -181,7 +192,7 @@ def main() -> None:
                     setup(c[name].cfg)
                 check(d.cuCtxSynchronize())
                 t0 = time.perf_counter()
-                ret = c[name]()
+                c[name]()
                 check(d.cuCtxSynchronize())
                 t = time.perf_counter() - t0
                 results[dir_][name].append(SIZE / t / 1e9)
