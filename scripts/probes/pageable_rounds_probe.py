@@ -138,7 +138,9 @@ def main() -> None:
         tpin = torch.empty(SIZE, dtype=torch.uint8).pin_memory()
 
         def pin_to():
-            x = tsrc.pin_memory().to("cuda"); torch.cuda.synchronize(); del x
+            x = tsrc.pin_memory().to("cuda")
+            torch.cuda.synchronize()
+            del x
 
         def via_pinned_h2d():
             tpin.copy_(tsrc)
