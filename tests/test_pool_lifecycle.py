@@ -19,7 +19,7 @@ from cuda.bindings.driver import CUresult
 
 import cuda_memkit as cm
 from cuda_memkit._core import _resource
-from cuda_memkit._core._device import STREAM_LEGACY, STREAM_PER_THREAD
+from cuda_memkit._core._constants import STREAM_LEGACY, STREAM_PER_THREAD
 from cuda_memkit._host import _pinned_pool
 from cuda_memkit._pools import _pool, _pool_buffer
 

@@ -12,6 +12,7 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._constants import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, STREAM_LEGACY
 from ._errors import CudaError
 from ._resource import Resource, driver_release, make_finalizer
 
@@ -95,7 +96,7 @@ def primary_context(ordinal: int) -> int:
 #: cuMemFreeHost, cuMemHostUnregister and cuMemFreeAsync on the legacy stream
 #: (invalid_context_probe, device run 3); every one succeeds with the owning
 #: device's primary context pushed.
-CONTEXT_ERRORS = frozenset({201, 709})
+CONTEXT_ERRORS = frozenset({INVALID_CONTEXT, CONTEXT_IS_DESTROYED})
 
 
 @contextlib.contextmanager
@@ -395,10 +396,6 @@ StreamLike = Union["Stream", int, None, Any]
 (cuda.core, CuPy >= 13), or one with an int ``.cuda_stream`` (torch) or
 ``.ptr`` (older CuPy)."""
 
-#: ``CU_STREAM_LEGACY``: the legacy default stream handle.
-STREAM_LEGACY = 0x1
-#: ``CU_STREAM_PER_THREAD``: the per-thread default stream handle.
-STREAM_PER_THREAD = 0x2
 
 
 class Stream(Resource):

@@ -29,6 +29,7 @@ from cuda.bindings.driver import CUpointer_attribute
 
 from . import _driver
 from ._checks import byte_count
+from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
 from ._device import ensure_context
 from ._errors import CudaError
 from ._resource import ArrayHolder, Resource
@@ -63,10 +64,7 @@ _ATTR_MEMORY_TYPE = 2
 MEMORYTYPE_HOST = 1
 MEMORYTYPE_DEVICE = 2
 MEMORYTYPE_UNIFIED = 4
-_EVENT_DISABLE_TIMING = 0x2
 _MEMORY_TYPE_ATTR = CUpointer_attribute(_ATTR_MEMORY_TYPE)
-_READ_ONLY = 0x8  # CU_MEMHOSTREGISTER_READ_ONLY
-_DEVICEMAP = 0x2  # CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP
 
 #: Operand kinds.
 RAW = 0  # an int address: the caller vouches for it
@@ -142,7 +140,7 @@ def mapped_device_ptr(flags: int, ptr: int, nbytes: int, what: str, how: str) ->
     ValueError
         If ``flags`` lacks ``DEVICEMAP`` (``how`` says how to get it).
     """
-    if not flags & _DEVICEMAP:
+    if not flags & MEMHOST_DEVICEMAP:
         raise ValueError(
             f"{what} is not mapped into the device address space; {how} to get a device pointer"
         )
@@ -284,7 +282,7 @@ def _from_ndarray(arr: np.ndarray[Any, Any], dst: bool) -> Operand:
         if not arr.flags.writeable:
             raise ValueError("the copy destination is a read-only array")
         flags = registered_flags(ptr, n)
-        if flags is not None and flags & _READ_ONLY:
+        if flags is not None and flags & MEMHOSTREGISTER_READ_ONLY:
             raise ValueError(
                 "the destination is registered READ_ONLY: the device may not write to it"
             )
@@ -409,7 +407,7 @@ def pending_count() -> int:
 def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
     """Hold ``refs`` until the work queued on ``stream`` so far has finished."""
     try:
-        ev = _driver.call("cuEventCreate", _EVENT_DISABLE_TIMING)
+        ev = _driver.call("cuEventCreate", EVENT_DISABLE_TIMING)
     except CudaError:
         ev = None
     if ev is not None:

@@ -31,7 +31,9 @@ from typing import Any
 
 from .._core import _driver
 from .._core._checks import MAX_NBYTES
-from .._core._device import STREAM_LEGACY, Stream, custream, stream_destroyed
+from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
+from .._core._constants import STREAM_LEGACY
+from .._core._device import Stream, custream, stream_destroyed
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import CLOSED, OPEN, account, notify, watchers
 from .._pools import _pool
@@ -46,7 +48,6 @@ __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache",
 HOST_CACHE_MAX_BLOCK = 1 << 20
 #: Most bytes cached per pool.
 HOST_CACHE_LIMIT = 32 << 20
-_PORTABLE = 0x1  # CU_MEMHOSTALLOC_PORTABLE
 
 #: Ledger account of buffers lent from pinned pools (host memory: no device).
 _ACCOUNT = account("pinned_pooled")

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
 from .._core._checks import as_index, shape_nbytes, span
+from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
 from .._core._resource import Resource, account, host_array, make_finalizer
 from ._managed_ranges import (
-    LEGACY_STREAMS,
     MemAdvice,
     RangeInfo,
     advice_location,

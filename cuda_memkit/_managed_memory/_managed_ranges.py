@@ -25,6 +25,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _device, _driver
 from .._core._checks import as_index, span
+from .._core._constants import EVENT_DISABLE_TIMING, LEGACY_STREAMS, STREAM_NON_BLOCKING
 from .._core._device import Location, LocationType, as_location
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
 
@@ -63,10 +64,6 @@ ACCESS_KINDS = frozenset({LocationType.DEVICE, LocationType.HOST})
 DEVICE_CPU = -1
 DEVICE_INVALID = -2
 
-#: The legacy default stream handles: the batch calls refuse them.
-LEGACY_STREAMS = (0, 1)
-_EVENT_DISABLE_TIMING = 0x2
-_STREAM_NON_BLOCKING = 0x1
 
 
 # -- argument checks ------------------------------------------------------------
@@ -221,10 +218,10 @@ def on_stream(stream: int, fn: Callable[[int], None]) -> None:
     if stream not in LEGACY_STREAMS:
         fn(stream)
         return
-    event = _driver.call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    event = _driver.call("cuEventCreate", EVENT_DISABLE_TIMING)
     try:
         _driver.call("cuEventRecord", event, stream)
-        private = _driver.call("cuStreamCreate", _STREAM_NON_BLOCKING)
+        private = _driver.call("cuStreamCreate", STREAM_NON_BLOCKING)
         try:
             _driver.call("cuStreamWaitEvent", private, event, 0)
             fn(int(private))

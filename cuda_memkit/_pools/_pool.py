@@ -55,6 +55,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._device import (
     Device,
     Location,
@@ -95,7 +96,6 @@ from ._pool_buffer import (
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
-_INVALID_CONTEXT = 201
 #: Granularity in which the H100 maps memory into a pool (probe section E).
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.

@@ -22,9 +22,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .._core import _driver
+from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
+from .._core._constants import LEGACY_STREAMS as _LEGACY
+from .._core._constants import STREAM_LEGACY
 from .._core._device import (
     CONTEXT_ERRORS,
-    STREAM_LEGACY,
     Stream,
     StreamLike,
     StreamRef,
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
            "new_buffer", "pending_pools", "resolve_free"]
 
-_INVALID_CONTEXT = 201
-_LEGACY = (0, 1)  # the legacy default stream handles: never "destroyed"
 
 #: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
 FREE: Any = None

@@ -40,6 +40,12 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
+from .._core._constants import (
+    EVENT_DISABLE_TIMING,
+    LEGACY_STREAMS,
+    STREAM_NON_BLOCKING,
+    STREAM_PER_THREAD,
+)
 from .._core._device import StreamLike, as_location, stream_handle
 from .._core._errors import CudaDriverNotFoundError, CudaError
 from .._core._operands import (
@@ -100,10 +106,6 @@ DUPLEX_MIN_BYTES = 8 * MiB
 #: documented ordering and the operands are held until the stream is done anyway.
 SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
 
-_STREAM_PER_THREAD = 0x2
-_LEGACY = (0, 0x1)
-_EVENT_DISABLE_TIMING = 0x2
-_STREAM_NON_BLOCKING = 0x1
 _I64_MAX = (1 << 63) - 1
 
 
@@ -496,10 +498,10 @@ def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
     releases them when their work is done.
     """
     call = _driver.call
-    ev = call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    ev = call("cuEventCreate", EVENT_DISABLE_TIMING)
     try:
         call("cuEventRecord", ev, stream)
-        private = int(call("cuStreamCreate", _STREAM_NON_BLOCKING))
+        private = int(call("cuStreamCreate", STREAM_NON_BLOCKING))
         try:
             call("cuStreamWaitEvent", private, ev, 0)
             try:
@@ -549,7 +551,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
-    issue_on = _STREAM_PER_THREAD if h in _LEGACY else h
+    issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
     main, side = _duplex(groups)
     done = False
     try:

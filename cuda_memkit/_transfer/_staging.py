@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._device import Stream, StreamLike, ensure_context, stream_handle
 from .._core._errors import CudaError
 from .._core._operands import MEMORYTYPE_DEVICE, memory_type
@@ -55,7 +56,6 @@ __all__ = [
 ]
 
 MiB = 1 << 20
-_EVENT_DISABLE_TIMING = 0x2
 _IS_MANAGED = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
 _DEVICE_ORDINAL = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 THREAD_PREFIX = "cuda_memkit-staging"
@@ -211,7 +211,7 @@ class _Ring:
             for _ in range(cfg.streams):
                 self.streams.append(Stream(device, non_blocking=False))
             for _ in range(cfg.buffers):
-                self.events.append(_driver.call("cuEventCreate", _EVENT_DISABLE_TIMING))
+                self.events.append(_driver.call("cuEventCreate", EVENT_DISABLE_TIMING))
             self.pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix=THREAD_PREFIX)
         except BaseException:
             self.close()
@@ -266,7 +266,7 @@ def _ring(device: int) -> _Ring:
 
 def _join(ring: _Ring, stream: int) -> None:
     """Make the staging streams wait for the work queued on ``stream``."""
-    ev = _driver.call("cuEventCreate", _EVENT_DISABLE_TIMING)
+    ev = _driver.call("cuEventCreate", EVENT_DISABLE_TIMING)
     try:
         _driver.call("cuEventRecord", ev, stream)
         for s in ring.streams:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._errors import ClosedError, MemkitWarning
 from .._core._resource import account
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
-_INVALID_CONTEXT = 201
 _STREAM_CACHE_LIMIT = 1024
 
 #: Set at interpreter exit: frees are skipped from then on (a leak at exit is
