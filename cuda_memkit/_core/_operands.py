@@ -30,7 +30,7 @@ from cuda.bindings.driver import CUpointer_attribute
 from . import _driver
 from ._checks import byte_count
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
-from ._device import ensure_context
+from ._device import ensure_any_context, ensure_context
 from ._errors import CudaError
 from ._resource import ArrayHolder, Resource
 
@@ -50,7 +50,6 @@ __all__ = [
     "mapped_device_ptr",
     "mark_pinned_class",
     "memory_type",
-    "need_context",
     "operand",
     "pending_count",
     "pending_operands",
@@ -76,12 +75,6 @@ Operand = tuple[int, "int | None", Any, int, Any]
 """``(ptr, nbytes, dtype, kind, host_array)``: ``nbytes`` ``None`` for raw
 pointers, ``dtype`` ``None`` where untyped, ``host_array`` the numpy array of
 a :data:`HOST` operand."""
-
-
-def need_context() -> None:
-    """Make sure the calling thread has a current context (device 0's if none)."""
-    if not int(_driver.call("cuCtxGetCurrent")):
-        ensure_context(0)
 
 
 # -- host memory the driver pins ---------------------------------------------------------
@@ -189,7 +182,7 @@ def is_pinned_host(arr: np.ndarray[Any, Any]) -> bool:
     ptr = int(arr.__array_interface__["data"][0])
     if registered_flags(ptr, int(arr.nbytes)) is not None:
         return True
-    need_context()
+    ensure_any_context()
     return memory_type(ptr) is not None
 
 
@@ -353,7 +346,7 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
     """Copy ``n`` bytes from ``s`` to ``d``, complete when it returns (``cuMemcpy``)."""
     if not n:
         return
-    need_context()
+    ensure_any_context()
     _driver.call("cuMemcpy", d[0], s[0], n)
     if d[3] != HOST and d[3] != PINNED:
         # cuMemcpy returns before a copy into device memory is done (device to

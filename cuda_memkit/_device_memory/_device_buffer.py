@@ -11,12 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
 from .._core._checks import byte_count
-from .._core._device import StreamLike, check_ordinal, ensure_context, release_call, stream_handle
+from .._core._device import (
+    StreamLike,
+    check_ordinal,
+    ensure_any_context,
+    ensure_context,
+    release_call,
+    stream_handle,
+)
 from .._core._interop import DL_CUDA, DeviceMemoryMixin, normalize_view
 from .._core._operands import (
     copy_size,
     copy_sync,
-    need_context,
     operand,
     pending_operands,
     reap_pending,
@@ -200,12 +206,12 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         if not self._nbytes:
             return
         if stream is None:
-            need_context()
+            ensure_any_context()
             _driver.call("cuMemsetD8", ptr, value, self._nbytes)
             _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
         else:
             h = stream_handle(stream)
-            need_context()
+            ensure_any_context()
             _driver.call("cuMemsetD8Async", ptr, value, self._nbytes, h)
 
     def __repr__(self) -> str:

@@ -46,7 +46,7 @@ from .._core._constants import (
     STREAM_NON_BLOCKING,
     STREAM_PER_THREAD,
 )
-from .._core._device import StreamLike, as_location, stream_handle
+from .._core._device import StreamLike, as_location, ensure_any_context, stream_handle
 from .._core._errors import CudaDriverNotFoundError, CudaError
 from .._core._operands import (
     DRIVER,
@@ -55,7 +55,6 @@ from .._core._operands import (
     RAW,
     is_pinned_host,
     keep_alive,
-    need_context,
     operand,
     pending_operands,
     reap_pending,
@@ -547,7 +546,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
         return
     if pending_operands:
         reap_pending()
-    need_context()
+    ensure_any_context()
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).

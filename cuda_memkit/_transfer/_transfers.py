@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import _driver
-from .._core._device import StreamLike, stream_handle
+from .._core._device import StreamLike, ensure_any_context, stream_handle
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -29,7 +29,6 @@ from .._core._operands import (
     copy_sync,
     is_pinned_host,
     keep_alive,
-    need_context,
     operand,
     pending_operands,
     reap_pending,
@@ -179,7 +178,7 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
         return  # complete already (pageable memory: the driver's path blocks the host too)
     if pending_operands:
         reap_pending()
-    need_context()
+    ensure_any_context()
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != RAW or d[3] != RAW:
         keep_alive(stream, (dst, src))
