@@ -18,12 +18,14 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "INT64_MAX",
     "MAX_NBYTES",
     "as_index",
     "byte_count",
     "check_dtype",
     "check_flags",
     "check_shape",
+    "int64_array",
     "nonneg",
     "positive",
     "shape_nbytes",
@@ -32,6 +34,8 @@ __all__ = [
 
 #: Largest byte count a buffer may have (numpy's index type limit).
 MAX_NBYTES = sys.maxsize
+#: Largest int64 value: offsets and sizes in int64 arrays stay at or below it.
+INT64_MAX = (1 << 63) - 1
 
 
 def as_index(value: object, what: str) -> int:
@@ -159,6 +163,37 @@ def check_dtype(dtype: npt.DTypeLike, where: str = "pinned memory") -> np.dtype[
     if dt.itemsize == 0:
         raise TypeError(f"dtype {dt} has no size; give a sized dtype such as 'S8' or 'U4'")
     return dt
+
+
+def int64_array(value: object, what: str, *, nonnegative: bool = False,
+                copy: bool = False) -> np.ndarray[Any, Any]:
+    """A 1-D int64 array from an integer array or sequence (no bools, no floats).
+
+    An empty sequence is accepted (numpy reads ``[]`` as float64). With
+    ``nonnegative``, a negative entry raises ``ValueError``; with ``copy``,
+    the result never shares memory with ``value``, so later changes to the
+    caller's array do not count.
+    """
+    import numpy as np
+
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
+    a = np.asarray(value)
+    kind = a.dtype.kind
+    if kind not in "iu" and not (a.size == 0 and kind in "fO"):  # np.asarray([]) is float64
+        raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be one-dimensional, got shape {a.shape}")
+    if kind not in "iu":
+        return np.zeros(0, np.int64)
+    if a.size and kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > INT64_MAX:
+        i = int(np.flatnonzero(a > INT64_MAX)[0])
+        raise ValueError(f"{what}[{i}] is above 2**63 - 1")
+    a = np.array(a, dtype=np.int64) if copy else a.astype(np.int64, copy=False)
+    if nonnegative and a.size and int(a.min()) < 0:
+        i = int(np.flatnonzero(a < 0)[0])
+        raise ValueError(f"{what}[{i}] is negative ({int(a[i])})")
+    return a
 
 
 def shape_nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._core._checks import int64_array
 from .._core._device import Location
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["EntryTuple", "Interval", "Ranges", "index_array", "intersect", "merge",
+__all__ = ["EntryTuple", "Interval", "Ranges", "intersect", "merge",
            "merge_all", "merge_arrays", "range_arrays", "subtract"]
 
 #: A plan entry as stored: PlanEntry's fields, in order
@@ -72,9 +73,6 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
-_I64_MAX = (1 << 63) - 1
-
-
 class Ranges:
     """The entries of one :meth:`PrefetchPlan.add_ranges` call, as two int64 arrays."""
 
@@ -95,31 +93,12 @@ class Ranges:
                 for o, n in zip(self.offsets.tolist(), self.sizes.tolist(), strict=True)]
 
 
-def index_array(value: object, what: str) -> np.ndarray[Any, Any]:
-    """A 1-D int64 array from an integer array or sequence (no bools, no floats)."""
-    import numpy as np
-
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
-    a = np.asarray(value)
-    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
-        raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {a.shape}")
-    if a.dtype.kind == "f":  # np.asarray([]) is float64
-        return np.zeros(0, np.int64)
-    if a.size and a.dtype.kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > _I64_MAX:
-        i = int(np.flatnonzero(a > _I64_MAX)[0])
-        raise ValueError(f"{what}[{i}] is above 2**63 - 1")
-    return np.array(a, dtype=np.int64)  # a copy: later changes to the caller's array do not count
-
-
 def range_arrays(offsets: object, sizes: object, total: int, what: str
                   ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Checked int64 ``(offsets, sizes)`` of ranges inside ``[0, total)``, sizes > 0."""
     import numpy as np
 
-    off = index_array(offsets, "offsets")
+    off = int64_array(offsets, "offsets", copy=True)
     if isinstance(sizes, bool):
         raise TypeError("sizes must be integers, not bool")
     if isinstance(sizes, (int, np.integer)):
@@ -128,7 +107,7 @@ def range_arrays(offsets: object, sizes: object, total: int, what: str
             raise ValueError(f"sizes must be > 0, got {one}")
         size = np.full(len(off), one, np.int64)
     else:
-        size = index_array(sizes, "sizes")
+        size = int64_array(sizes, "sizes", copy=True)
         if len(size) != len(off):
             raise ValueError(f"sizes has {len(size)} entries, offsets {len(off)}")
     if not len(off):

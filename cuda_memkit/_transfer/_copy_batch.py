@@ -40,6 +40,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
+from .._core._checks import INT64_MAX as _I64_MAX
+from .._core._checks import int64_array
 from .._core._constants import (
     EVENT_DISABLE_TIMING,
     LEGACY_STREAMS,
@@ -105,33 +107,9 @@ DUPLEX_MIN_BYTES = 8 * MiB
 #: documented ordering and the operands are held until the stream is done anyway.
 SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
 
-_I64_MAX = (1 << 63) - 1
 
 
 # -- argument checks --------------------------------------------------------------------
-
-
-def _int_array(value: Any, what: str) -> np.ndarray[Any, Any]:
-    """A 1-D int64 array of non-negative integers from an array-like."""
-    import numpy as np
-
-    if isinstance(value, (str, bytes)):
-        raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
-    a = np.asarray(value)
-    if a.ndim != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {a.shape}")
-    kind = a.dtype.kind
-    if kind not in "iu":
-        if a.size == 0 and kind in "fO":  # np.asarray([]) is float64
-            return np.zeros(0, np.int64)
-        raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
-    if a.size and kind == "u" and a.dtype.itemsize == 8 and int(a.max()) > _I64_MAX:
-        raise ValueError(f"{what} holds a value above 2**63 - 1")
-    a = a.astype(np.int64, copy=False)
-    if a.size and int(a.min()) < 0:
-        i = int(np.flatnonzero(a < 0)[0])
-        raise ValueError(f"{what}[{i}] is negative ({int(a[i])})")
-    return a
 
 
 def _scalar_size(value: Any) -> int | None:
@@ -168,19 +146,19 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
             raise ValueError(
                 f"blocks must be (dst_offset, src_offset, size) triples (shape (n, 3)), "
                 f"got shape {b.shape}")
-        flat = _int_array(b.reshape(-1), "blocks").reshape(-1, 3)
+        flat = int64_array(b.reshape(-1), "blocks", nonnegative=True).reshape(-1, 3)
         return flat[:, 0], flat[:, 1], flat[:, 2]
     if dst_offsets is None or src_offsets is None or sizes is None:
         raise TypeError("copy_batch needs dst_offsets=, src_offsets= and sizes= (or blocks=)")
-    d = _int_array(dst_offsets, "dst_offsets")
-    s = _int_array(src_offsets, "src_offsets")
+    d = int64_array(dst_offsets, "dst_offsets", nonnegative=True)
+    s = int64_array(src_offsets, "src_offsets", nonnegative=True)
     if len(d) != len(s):
         raise ValueError(f"dst_offsets has {len(d)} entries, src_offsets {len(s)}")
     one = _scalar_size(sizes)
     if one is not None:
         z = np.full(len(d), one, np.int64)
     else:
-        z = _int_array(sizes, "sizes")
+        z = int64_array(sizes, "sizes", nonnegative=True)
         if len(z) != len(d):
             raise ValueError(f"sizes has {len(z)} entries, the offsets {len(d)}")
     return d, s, z
