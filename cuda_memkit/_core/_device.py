@@ -12,7 +12,13 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._constants import CONTEXT_IS_DESTROYED, INVALID_CONTEXT, STREAM_LEGACY
+from ._constants import (
+    CONTEXT_IS_DESTROYED,
+    EVENT_DISABLE_TIMING,
+    INVALID_CONTEXT,
+    STREAM_LEGACY,
+    STREAM_NON_BLOCKING,
+)
 from ._errors import CudaError
 from ._resource import Resource, driver_release, make_finalizer
 
@@ -388,6 +394,34 @@ class Device:
 
 
 # -- streams -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def forked_stream(stream: int) -> Iterator[int]:
+    """A private non-blocking stream whose work is ordered as if it went to ``stream``.
+
+    The private stream waits for the work already on ``stream`` (an event);
+    on leaving the block, ``stream`` waits for the private stream's work (the
+    same event, recorded again), also when the block raised, since work it
+    issued before the error is in flight. The stream and the event are
+    destroyed at once; the driver releases them when their work is done.
+    """
+    call = _driver.call
+    ev = call("cuEventCreate", EVENT_DISABLE_TIMING)
+    try:
+        call("cuEventRecord", ev, stream)
+        private = int(call("cuStreamCreate", STREAM_NON_BLOCKING))
+        try:
+            call("cuStreamWaitEvent", private, ev, 0)
+            try:
+                yield private
+            finally:
+                call("cuEventRecord", ev, private)
+                call("cuStreamWaitEvent", stream, ev, 0)
+        finally:
+            call("cuStreamDestroy", private)
+    finally:
+        call("cuEventDestroy", ev)
 
 
 StreamLike = Union["Stream", int, None, Any]

@@ -25,7 +25,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _device, _driver
 from .._core._checks import as_index, span
-from .._core._constants import EVENT_DISABLE_TIMING, LEGACY_STREAMS, STREAM_NON_BLOCKING
+from .._core._constants import LEGACY_STREAMS
 from .._core._device import Location, LocationType, as_location
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
 
@@ -209,28 +209,15 @@ def on_stream(stream: int, fn: Callable[[int], None]) -> None:
     """Run ``fn(handle)`` so its work is ordered on ``stream``.
 
     The batch calls refuse the legacy default stream. For it, ``fn`` runs on a
-    private non-blocking stream that waits for the legacy stream's earlier
-    work (an event) and that the legacy stream then waits for, so the work is
-    ordered exactly as if it had been issued on the legacy stream. The private
-    stream and event are destroyed at once (the driver releases them when the
-    work is done).
+    private stream forked from and joined back to it
+    (:func:`~cuda_memkit._core._device.forked_stream`), so the work is ordered
+    exactly as if it had been issued on the legacy stream.
     """
     if stream not in LEGACY_STREAMS:
         fn(stream)
         return
-    event = _driver.call("cuEventCreate", EVENT_DISABLE_TIMING)
-    try:
-        _driver.call("cuEventRecord", event, stream)
-        private = _driver.call("cuStreamCreate", STREAM_NON_BLOCKING)
-        try:
-            _driver.call("cuStreamWaitEvent", private, event, 0)
-            fn(int(private))
-            _driver.call("cuEventRecord", event, private)
-            _driver.call("cuStreamWaitEvent", stream, event, 0)
-        finally:
-            _driver.call("cuStreamDestroy", private)
-    finally:
-        _driver.call("cuEventDestroy", event)
+    with _device.forked_stream(stream) as private:
+        fn(private)
 
 
 Range: TypeAlias = "tuple[int, int, Location | None]"

@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 from .._core import _driver
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._checks import int64_array
-from .._core._constants import (
-    EVENT_DISABLE_TIMING,
-    LEGACY_STREAMS,
-    STREAM_NON_BLOCKING,
-    STREAM_PER_THREAD,
+from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
+from .._core._device import (
+    StreamLike,
+    as_location,
+    ensure_any_context,
+    forked_stream,
+    stream_handle,
 )
-from .._core._device import StreamLike, as_location, ensure_any_context, stream_handle
 from .._core._errors import CudaDriverNotFoundError, CudaError
 from .._core._operands import (
     DRIVER,
@@ -468,29 +469,12 @@ def _duplex(groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
 def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
     """``main`` on ``stream``, ``side`` on a private stream forked from and joined to it.
 
-    The private stream waits for the work already on ``stream`` (an event),
-    and ``stream`` then waits for the private stream's copies (the same event,
-    recorded again), so the batch is ordered exactly as if every copy had gone
-    to ``stream``. The stream and the event are destroyed at once; the driver
-    releases them when their work is done.
+    The batch is ordered exactly as if every copy had gone to ``stream``
+    (:func:`~cuda_memkit._core._device.forked_stream`).
     """
-    call = _driver.call
-    ev = call("cuEventCreate", EVENT_DISABLE_TIMING)
-    try:
-        call("cuEventRecord", ev, stream)
-        private = int(call("cuStreamCreate", STREAM_NON_BLOCKING))
-        try:
-            call("cuStreamWaitEvent", private, ev, 0)
-            try:
-                _issue_batch(side, private)  # a driver without the call: nothing issued
-                _issue_batch(main, stream)
-            finally:
-                call("cuEventRecord", ev, private)
-                call("cuStreamWaitEvent", stream, ev, 0)
-        finally:
-            call("cuStreamDestroy", private)
-    finally:
-        call("cuEventDestroy", ev)
+    with forked_stream(stream) as private:
+        _issue_batch(side, private)  # a driver without the call: nothing issued
+        _issue_batch(main, stream)
 
 
 def _issue_loop(groups: list[_Group], stream: int) -> None:
