@@ -12,6 +12,8 @@ import ctypes
 import math
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_dtype, check_shape
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -32,23 +34,13 @@ def _typestr(dtype: np.dtype[Any]) -> str:
 
 def normalize_view(dtype: npt.DTypeLike, shape: int | tuple[int, ...] | None,
                nbytes: int) -> tuple[np.dtype[Any], tuple[int, ...]]:
-    import numpy as np
-
-    dt = np.dtype(dtype)
-    if dt.hasobject:
-        raise TypeError("object dtypes cannot live in device memory")
-    if dt.itemsize == 0:
-        raise TypeError(f"dtype {dt} has no size")
+    dt = check_dtype(dtype, "device memory")
     if shape is None:
         if nbytes % dt.itemsize:
             raise ValueError(f"{nbytes} bytes is not a whole number of {dt} items")
         shp: tuple[int, ...] = (nbytes // dt.itemsize,)
     else:
-        shp = (shape,) if isinstance(shape, int) else tuple(shape)
-        for d in shp:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
-                raise ValueError(f"invalid shape {shape!r}")
-        shp = tuple(int(d) for d in shp)
+        shp = check_shape(shape)
         need = math.prod(shp) * dt.itemsize
         if need > nbytes:
             raise ValueError(f"shape {shp} of {dt} needs {need} bytes; the buffer has {nbytes}")

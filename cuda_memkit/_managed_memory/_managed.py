@@ -21,7 +21,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
-from .._core._checks import as_index, shape_nbytes, span
+from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
@@ -72,21 +72,6 @@ def _free_managed(ptr: int, ordinal: int) -> None:
     _device.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
-def _normalize_shape(shape: object) -> tuple[int, ...]:
-    if isinstance(shape, bool):
-        raise TypeError("shape cannot be a bool")
-    if isinstance(shape, int) or hasattr(shape, "__index__"):
-        dims: tuple[object, ...] = (shape,)
-    elif isinstance(shape, (tuple, list)):
-        dims = tuple(shape)
-    else:
-        raise TypeError(f"shape must be an int or a tuple of ints, not {type(shape).__name__}")
-    out = tuple(as_index(d, "shape entry") for d in dims)
-    if any(d < 0 for d in out):
-        raise ValueError(f"shape entries must be >= 0, got {out}")
-    return out
-
-
 def _attach_at_alloc(attach: object) -> AttachFlags:
     if isinstance(attach, bool) or not isinstance(attach, int):
         raise TypeError(f"attach must be an AttachFlags value, not {type(attach).__name__}")
@@ -130,14 +115,8 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
     # -- construction ----------------------------------------------------------
     @classmethod
     def _allocate(cls, shape: object, dtype: npt.DTypeLike, attach: object) -> ManagedBuffer:
-        import numpy as np
-
-        dt = np.dtype(dtype)
-        if dt.hasobject:
-            raise TypeError("object dtypes cannot live in managed memory")
-        if dt.itemsize == 0:
-            raise TypeError(f"dtype {dt} has no size")
-        shp = _normalize_shape(shape)
+        dt = check_dtype(dtype, "managed memory")
+        shp = check_shape(shape)
         flags = _attach_at_alloc(attach)
         nbytes = shape_nbytes(shp, dt)  # ValueError past MAX_NBYTES, like HostBuffer
         ordinal = _device.ensure_context()
