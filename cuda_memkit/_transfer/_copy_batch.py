@@ -72,42 +72,23 @@ __all__ = ["CopyBatch", "copy_batch"]
 
 KiB, MiB = 1 << 10, 1 << 20
 
-# The constants below come from the H100's run of scripts/probes/copy_batch_probe.py
-# (pinned <-> device, GB/s, median of interleaved samples; the probe's row names quoted).
+# The values below were measured on the H100: see docs/decisions.md (copy_batch).
 
-#: At most this many copies go to one ``cuMemcpyBatchAsync`` call, and ...
-#: One call that holds every copy is slow to start: the driver walks all of the
-#: call's entries (about 0.7-0.9 us each) before the copy engine is busy, and
-#: later calls are walked while earlier ones are moving data. The H100:
-#: 4096 x 64 KiB H2D in one call 34.0 GB/s, in 2/4/8/16 calls 40.1/47.2/49.8/51.8
-#: (contiguous 54.4); 1024 x 256 KiB in 1/2/4/8/16 calls 45.6/49.4/51.5/52.7/53.4
-#: (contiguous 54.4). The best rows of both shapes are calls of 16 MiB (256 x 64 KiB,
-#: 64 x 256 KiB), hence the two limits; 65536 x 4 KiB was 2.4-2.6 GB/s for 1 to 16
-#: calls alike (bound by the driver's per-copy cost, not by the calls).
+#: At most this many copies go to one ``cuMemcpyBatchAsync`` call, since the
+#: driver walks all of a call's entries before its copy engine starts, and ...
 CALL_MAX = 256
 #: ... a call stops once it holds this many bytes (it holds at least one copy).
 CALL_BYTES = 16 * MiB
-#: Copies no larger than this get ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``.
-#: The flag measured +20% at 4 KiB (65536 x 4 KiB H2D: 2.92 GB/s with it, 2.43
-#: without, 2.57 with order ANY), -8% at 64 KiB (31.3 vs 34.0) and +1% at 256 KiB
-#: (46.2 vs 45.6), all without concurrent kernels; so it is set for 4 KiB
-#: blocks only, not up to the 128 KiB that RMM uses.
+#: Copies no larger than this get ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``,
+#: which speeds up tiny blocks and slows larger ones.
 OVERLAP_FLAG_MAX_BLOCK = 4 * KiB
 #: A batch with at least this many bytes host-to-device AND device-to-host
-#: issues the device-to-host copies on a private second stream (forked from and
-#: joined back to the caller's stream with an event), so that both copy engines
-#: work: 4096 x 64 KiB each way in one call with 2 attrs 38.7 GB/s, two calls on
-#: one stream 39.9, two calls on two streams 47.0. The fork costs a stream, an
-#: event and six driver calls (tens of microseconds), hence the floor.
+#: issues the device-to-host copies on a private second stream, so that both
+#: copy engines work; below it the fork costs more than it buys.
 DUPLEX_MIN_BYTES = 8 * MiB
 #: The source access order given to the driver: STREAM (sources are read in
-#: stream order, like cuMemcpyAsync), pageable sources included. For a 64 MiB
-#: pageable source the H100 took 13.13 / 12.91 / 12.94 ms in all with orders
-#: STREAM / DURING_API_CALL / ANY (the call itself returned after 1.85 / 1.77 /
-#: 1.64 ms in each), so the weaker orders buy nothing; STREAM keeps the
-#: documented ordering and the operands are held until the stream is done anyway.
+#: stream order, like cuMemcpyAsync), since the weaker orders measured no faster.
 SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-
 
 
 # -- argument checks --------------------------------------------------------------------

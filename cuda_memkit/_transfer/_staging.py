@@ -1,9 +1,9 @@
 """Staged copies between pageable numpy memory and device memory.
 
 The driver copies pageable memory through its own small bounce buffer, one
-piece at a time (8.5 GB/s host to device, 13.6 back on the H100, where
-pinned memory moves at 55). This module pipelines the same copy through
-pinned staging buffers it keeps for reuse:
+piece at a time, at a fraction of pinned memory's speed (figures in
+``docs/benchmarks.md``). This module pipelines the same copy through pinned
+staging buffers it keeps for reuse:
 
 * host to device: worker threads copy chunks of the array into free staging
   buffers (numpy releases the GIL), while the calling thread issues the DMA
