@@ -10,22 +10,20 @@ Sharing pools and allocations with other processes is in
 
 Hot path
 --------
-A raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` pair costs about
-1.3 µs on an H100, so ``allocate()`` + ``free()`` together may add only a few
+A raw ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` pair costs about a
+microsecond, so ``allocate()`` + ``free()`` together may add only a few
 hundred nanoseconds, the buffer object, its finalizer and the ledger entry
-included. What it does, each measured on the H100 (``bench_pool``):
+included (the measurements behind each point are in ``docs/decisions.md``):
 
 * The buffer is a slotted object that frees in ``__del__`` when it is
-  collected unfreed; a ``weakref.finalize`` per buffer costs about 1 µs, as
-  much as the driver calls. ``free()`` and ``__del__`` make the same call.
+  collected unfreed, since a ``weakref.finalize`` per buffer costs as much as
+  the driver calls. ``free()`` and ``__del__`` make the same call.
 * No class swap: a freed buffer's ``__del__`` still runs at its collection
-  (and returns at once). Dropping it by swapping the class after ``free()``
-  buys ~12 % of the pair on the development host (stub driver) but a median
-  of 4.6 % in twelve same-run H100 measurements (bench_pool's two floor
-  rows, 2026-11-24), under the 5 % that a hot-path trick must buy.
+  (and returns at once), since swapping the class after ``free()`` bought
+  less than the 5 % a hot-path trick must buy.
 * Typed handles, converted once: the bindings turn a plain ``int`` stream,
   pool or pointer into a ``CUstream`` / ``CUmemoryPool`` / ``CUdeviceptr``
-  first (~0.1 µs each). The pool keeps its ``CUmemoryPool``; a
+  first, at a cost on every call. The pool keeps its ``CUmemoryPool``; a
   :class:`~cuda_memkit.Stream` carries its ``CUstream`` (``None`` once
   closed, which is also the closed test); other stream-likes get a
   :class:`StreamRef` carrying the same attribute. The buffer hands the
@@ -96,7 +94,7 @@ from ._pool_buffer import (
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
-#: Granularity in which the H100 maps memory into a pool (probe section E).
+#: Granularity in which the H100 maps memory into a pool.
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.
 DEFAULT_PINNED_RELEASE_THRESHOLD = 64 << 20
@@ -165,7 +163,7 @@ def _busy(cupool: Any, device: int | None, cached: bool) -> bool:
     """Whether buffers of an owned pool are alive: its account's, and blocks a cache lent.
 
     The ledger, not ``USED_MEM_CURRENT``, for the pool's own buffers: the driver
-    does not count a ``cuMemFree`` of pool memory there (GPU run 5), so raw
+    does not count a ``cuMemFree`` of pool memory there, so raw
     misuse would keep the pool forever. Blocks a pinned cache lent are not in
     the pool's account: for a pool with a cache the driver's count decides.
     """
@@ -471,8 +469,7 @@ class MemoryPool(PoolAttributes, Resource):
             dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
         acct = self._acct
         buf: PoolBuffer = new_buffer(PoolBuffer, dptr, nbytes, sref, self, acct)
-        # Account.add written out: the call costs ~60 ns of a ~520 ns pair in Python
-        # (CPython 3.11, stub driver), ~5 % of a pair on the H100's host.
+        # Account.add written out: the call costs about 5 % of a pair.
         acct.live[dptr] = nbytes
         c = acct.current = acct.current + nbytes
         if c > acct.peak:
@@ -566,8 +563,7 @@ class MemoryPool(PoolAttributes, Resource):
             allocations at once, and is destroyed once this object and the
             buffers holding it are gone, so their ``free()`` stays valid.
             (Destroying a pool with allocations outstanding and freeing them
-            afterwards crashed later pool calls on the H100: device runs 2
-            and 6, a SIGFPE in ``cuMemAllocFromPoolAsync``.)
+            afterwards crashed later pool calls on the H100.)
 
         Raises
         ------

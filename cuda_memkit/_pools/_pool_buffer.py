@@ -91,8 +91,8 @@ def destroy_when_unused(busy: Callable[[], bool], destroy: Callable[[], None]) -
 
     A pool and its buffers can be collected in one garbage cycle: the pool's
     finalizer (a weakref callback) then runs before the buffers' ``__del__``.
-    Freeing into a destroyed pool crashed later pool calls on the H100 (device
-    runs 2 and 6 of 2026-11-24), so the destroy waits; every pool buffer
+    Freeing into a destroyed pool crashed later pool calls on the H100, so
+    the destroy waits; every pool buffer
     release, a closed pinned cache's free and a new pool call
     :func:`destroy_unused`.
     """
