@@ -381,7 +381,7 @@ class HostBuffer(Resource):
         """Take an uninitialised pinned buffer from a pinned memory pool.
 
         Costs about a microsecond, where :meth:`empty` pays ``cuMemHostAlloc``
-        (about 0.7 ms per 4 KiB pair on the H100): use it for many small or short-lived
+        (hundreds of microseconds per pair): use it for many small or short-lived
         buffers. Closing the buffer returns its block to the pool for the
         next one; synchronize the GPU work that uses it first.
 

@@ -3,8 +3,8 @@
 :meth:`HostBuffer.pooled` and ``HostBuffer.empty(pool=...)`` take their
 memory from a pinned host :class:`~cuda_memkit.MemoryPool` (by default
 :meth:`MemoryPool.default_pinned`). A driver host-pool allocation + free
-costs a few µs on the H100 (probe section E) where CuPy's pinned pool takes
-under 1 µs, so a :class:`HostCache` in front of each such pool keeps freed
+costs a few microseconds, several times a cached block's, so a
+:class:`HostCache` in front of each such pool keeps freed
 blocks per power-of-two size class (up to :data:`HOST_CACHE_MAX_BLOCK` per
 block and :data:`HOST_CACHE_LIMIT` per pool) and lends them again without a
 driver call.
