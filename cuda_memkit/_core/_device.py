@@ -98,10 +98,8 @@ def primary_context(ordinal: int) -> int:
 
 #: What a release answers when the calling thread has no usable current
 #: context: CUDA_ERROR_INVALID_CONTEXT (none) or CUDA_ERROR_CONTEXT_IS_DESTROYED
-#: (another thread destroyed it). The H100 gives the second for cuMemFree,
-#: cuMemFreeHost, cuMemHostUnregister and cuMemFreeAsync on the legacy stream
-#: (invalid_context_probe, device run 3); every one succeeds with the owning
-#: device's primary context pushed.
+#: (another thread destroyed it); releases that answer either succeed with the
+#: owning device's primary context pushed (see docs/decisions.md).
 CONTEXT_ERRORS = frozenset({INVALID_CONTEXT, CONTEXT_IS_DESTROYED})
 
 
