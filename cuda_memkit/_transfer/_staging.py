@@ -51,8 +51,8 @@ __all__ = [
     "configure_staging",
     "release_staging",
     "staged_copy",
-    "staging_wanted",
     "staging_settings",
+    "staging_wanted",
 ]
 
 MiB = 1 << 20
