@@ -350,24 +350,8 @@ class PrefetchPlan:
 
         Discards take effect before every prefetch of the plan (see the class
         notes); a range both discarded and prefetched is issued as
-        discard-and-prefetch.
-
-        Parameters
-        ----------
-        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
-            The memory (see :meth:`add`).
-        offset, nbytes : int
-            The byte sub-range (default: all of it).
-
-        Returns
-        -------
-        PrefetchPlan
-            The plan, for chaining.
-
-        Raises
-        ------
-        TypeError, ValueError, ClosedError
-            As :meth:`add`.
+        discard-and-prefetch. ``target``, ``offset`` and ``nbytes`` are those
+        of :meth:`add`; it returns and raises as :meth:`add` does.
         """
         return self._entry(DISCARD, target, None, offset, nbytes)
 
@@ -375,24 +359,8 @@ class PrefetchPlan:
                              offset: int = 0, nbytes: int | None = None) -> Self:
         """Add a discard of the range followed by a prefetch to ``to``.
 
-        Parameters
-        ----------
-        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
-            The memory (see :meth:`add`).
-        to : Location, Device or int
-            The destination.
-        offset, nbytes : int
-            The byte sub-range (default: all of it).
-
-        Returns
-        -------
-        PrefetchPlan
-            The plan, for chaining.
-
-        Raises
-        ------
-        TypeError, ValueError, ClosedError
-            As :meth:`add`.
+        Takes, returns and raises as :meth:`add`: the old contents of the
+        range are not migrated, only its pages move to ``to``.
         """
         if to is None:
             raise TypeError("discard_and_prefetch() needs a destination")
