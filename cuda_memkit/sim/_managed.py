@@ -325,15 +325,8 @@ def _discard_batch(dptrs: list[Any], sizes: list[int], count: int, flags: int,
         pg.discarded[p0:p1] = True
 
 
-@api(0)
-def _discard_prefetch_batch(dptrs: list[Any], sizes: list[int], count: int, locs: list[Any],
-                            idxs: list[int], nlocs: int, flags: int, hStream: Any) -> None:
-    n = _batch_head(count, flags, hStream)
-    ranges = _batch_ranges(dptrs, sizes, n)
-    dests = _batch_dests(locs, idxs, nlocs, n)
-    for (pg, p0, p1), dest in zip(ranges, dests, strict=True):
-        pg.last[p0:p1] = dest
-        pg.discarded[p0:p1] = False
+# Discarding before a prefetch leaves the pages' state as the prefetch alone does.
+_discard_prefetch_batch = _prefetch_batch
 
 
 def cuMemPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
