@@ -199,14 +199,8 @@ class Allocation:
 
     Attributes
     ----------
-    kind : str
-        The memory kind (a key of :data:`cuda_memkit.MEMORY_KINDS`).
-    device : int or None
-        The device holding the memory; ``None`` for host memory.
-    pool : int or None
-        The pool handle for kind ``"pool"``, else ``None``.
-    address : int
-        The allocation's address (for ``"vmm_physical"``: its allocation handle).
+    kind, device, pool, address
+        As in :class:`MemoryEvent`.
     nbytes : int
         Bytes it holds now.
     time : float or None
