@@ -277,15 +277,11 @@ def _join(ring: _Ring, stream: int) -> None:
 
 def _h2d(ring: _Ring, dst: int, src: np.ndarray[Any, Any], futs: list[Future[None]]) -> None:
     """Pageable ``src`` (flat bytes) to device address ``dst``, through the ring."""
-    cfg = ring.cfg
-    chunk, nbuf = cfg.chunk, cfg.buffers
-    n = src.nbytes
-    nchunks = -(-n // chunk)
-    events, views, ptrs = ring.events, ring.views, ring.ptrs
-    streams = [s.handle for s in ring.streams]
-    pool = ring.pool
+    chunk, nbuf, n = ring.cfg.chunk, ring.cfg.buffers, src.nbytes
+    device, pool, events, views, ptrs = ring.device, ring.pool, ring.events, ring.views, ring.ptrs
     assert pool is not None
-    device = ring.device
+    streams = [s.handle for s in ring.streams]
+    nchunks = -(-n // chunk)
 
     def fill(i: int, b: int, wait: bool) -> None:
         if wait:
@@ -322,15 +318,11 @@ def _h2d(ring: _Ring, dst: int, src: np.ndarray[Any, Any], futs: list[Future[Non
 
 def _d2h(ring: _Ring, dst: np.ndarray[Any, Any], src: int, futs: list[Future[None]]) -> None:
     """Device address ``src`` to pageable ``dst`` (flat bytes), through the ring."""
-    cfg = ring.cfg
-    chunk, nbuf = cfg.chunk, cfg.buffers
-    n = dst.nbytes
-    nchunks = -(-n // chunk)
-    events, views, ptrs = ring.events, ring.views, ring.ptrs
-    streams = [s.handle for s in ring.streams]
-    pool = ring.pool
+    chunk, nbuf, n = ring.cfg.chunk, ring.cfg.buffers, dst.nbytes
+    device, pool, events, views, ptrs = ring.device, ring.pool, ring.events, ring.views, ring.ptrs
     assert pool is not None
-    device = ring.device
+    streams = [s.handle for s in ring.streams]
+    nchunks = -(-n // chunk)
 
     def drain(i: int, b: int) -> None:
         ensure_context(device)
