@@ -470,13 +470,8 @@ _CTYPE = {8: "unsigned char", 16: "unsigned short", 32: "unsigned int"}
 
 
 def _check_unsigned(value: Any, bits: int) -> int:
-    """Reject values the bindings' C conversion rejects, with its messages."""
-    v = int(value)
-    if v < 0:
-        raise OverflowError(f"can't convert negative value to {_CTYPE[bits]}")
-    if v >= 1 << bits:
-        raise OverflowError(f"value too large to convert to {_CTYPE[bits]}")
-    return v
+    """A memset value, refused with the bindings' messages for its C type."""
+    return S.unsigned(value, bits, _CTYPE[bits])
 
 
 def _memset(dst: Any, value: int, count: int, width: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from . import _state as S
-from ._state import Allocation, Fail, R, api, host_address
+from ._state import Allocation, Fail, R, api, host_address, unsigned
 
 __all__ = [
     "cuMemAllocHost",
@@ -73,16 +73,6 @@ def M() -> S.Machine:
     return S.MACHINE
 
 
-def _uint(value: Any, bits: int = 64) -> int:
-    """A ``size_t`` / ``unsigned int`` argument, converted like the bindings do."""
-    v = int(value)
-    if v < 0:
-        raise OverflowError(f"can't convert negative int to unsigned ({bits} bits)")
-    if v >= 1 << bits:
-        raise OverflowError(f"int too big to convert to a {bits}-bit unsigned")
-    return v
-
-
 def _charge_host(m: S.Machine, size: int) -> None:
     if size > m.host_memory - m.host_used:
         raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
@@ -124,12 +114,12 @@ def _host_alloc(size: int, flags: int) -> int:
 
 @api(1)
 def cuMemHostAlloc(bytesize: Any, Flags: Any) -> int:
-    return _host_alloc(_uint(bytesize), _uint(Flags, 32))
+    return _host_alloc(unsigned(bytesize), unsigned(Flags, 32))
 
 
 @api(1)
 def cuMemAllocHost(bytesize: Any) -> int:
-    return _host_alloc(_uint(bytesize), 0)
+    return _host_alloc(unsigned(bytesize), 0)
 
 
 @api(0)
@@ -155,7 +145,7 @@ def _host_range(addr: int) -> Allocation:
 @api(1)
 def cuMemHostGetDevicePointer(p: Any, Flags: Any) -> cu.CUdeviceptr:
     M().need_ctx()
-    if _uint(Flags, 32) != 0:
+    if unsigned(Flags, 32) != 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     addr = host_address(p)
     a = _host_range(addr)
@@ -182,8 +172,8 @@ def cuMemHostRegister(p: Any, bytesize: Any, Flags: Any) -> None:
     m = M()
     ordinal = m.need_ctx()
     addr = host_address(p)
-    size = _uint(bytesize)
-    flags = _uint(Flags, 32)
+    size = unsigned(bytesize)
+    flags = unsigned(Flags, 32)
     if flags & ~REGISTER_FLAGS or addr == 0 or size == 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if flags & REGISTER_READ_ONLY:

@@ -332,6 +332,23 @@ def host_address(obj: Any) -> int:
     return int(np.frombuffer(mv, np.uint8).ctypes.data) if mv.nbytes else 0
 
 
+def unsigned(value: Any, bits: int = 64, ctype: str | None = None) -> int:
+    """An unsigned argument, refused as the bindings' C conversion refuses it.
+
+    ``ctype`` names the C type of a typed argument (the memset values), whose
+    conversion words its errors so; without it the value is a ``size_t`` or
+    ``unsigned int`` that Python's int conversion reads.
+    """
+    v = int(value)
+    if v < 0:
+        raise OverflowError(f"can't convert negative value to {ctype}" if ctype
+                            else f"can't convert negative int to unsigned ({bits} bits)")
+    if v >= 1 << bits:
+        raise OverflowError(f"value too large to convert to {ctype}" if ctype
+                            else f"int too big to convert to a {bits}-bit unsigned")
+    return v
+
+
 def memmove(dst: int, src: int, nbytes: int) -> None:
     if nbytes:
         ctypes.memmove(dst, src, nbytes)
