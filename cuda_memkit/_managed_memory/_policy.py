@@ -45,14 +45,17 @@ def loc_key(loc: Location) -> tuple[int, int]:
     return (int(loc.type), loc.id)
 
 
+#: The expression that builds a location of each kind (``{}``: its id).
+_LOC_EXPR = {
+    LocationType.DEVICE: "Location.device({})",
+    LocationType.HOST: "Location.host()",
+    LocationType.HOST_NUMA: "Location.host_numa({})",
+    LocationType.HOST_NUMA_CURRENT: "Location.host_numa_current()",
+}
+
+
 def _loc_expr(loc: Location) -> str:
-    if loc.type is LocationType.DEVICE:
-        return f"Location.device({loc.id})"
-    if loc.type is LocationType.HOST:
-        return "Location.host()"
-    if loc.type is LocationType.HOST_NUMA:
-        return f"Location.host_numa({loc.id})"
-    return "Location.host_numa_current()"
+    return _LOC_EXPR[loc.type].format(loc.id)
 
 
 # -- MigrationPolicy -----------------------------------------------------------------
