@@ -325,20 +325,24 @@ def _discard_batch(dptrs: list[Any], sizes: list[int], count: int, flags: int,
         pg.discarded[p0:p1] = True
 
 
-# Discarding before a prefetch leaves the pages' state as the prefetch alone does.
-_discard_prefetch_batch = _prefetch_batch
-
-
-def cuMemPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
-                            prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
-                            hStream: Any) -> Any:
-    _need_batch("cuMemPrefetchBatchAsync")
+def _prefetch_call(name: str, dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
+                   prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
+                   hStream: Any) -> Any:
+    """A prefetch batch call; discarding first leaves the pages' state as prefetching does."""
+    _need_batch(name)
     d = _list_arg("dptrs", dptrs, count, cu.CUdeviceptr, "CUdeviceptr")
     s = _int_list(sizes, count)
     locs = _list_arg("prefetchLocs", prefetchLocs, numPrefetchLocs, cu.CUmemLocation,
                      "CUmemLocation")
     idxs = _int_list(prefetchLocIdxs, numPrefetchLocs)
     return _prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags, hStream)
+
+
+def cuMemPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
+                            prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
+                            hStream: Any) -> Any:
+    return _prefetch_call("cuMemPrefetchBatchAsync", dptrs, sizes, count, prefetchLocs,
+                          prefetchLocIdxs, numPrefetchLocs, flags, hStream)
 
 
 def cuMemDiscardBatchAsync(dptrs: Any, sizes: Any, count: int, flags: int,
@@ -352,14 +356,8 @@ def cuMemDiscardBatchAsync(dptrs: Any, sizes: Any, count: int, flags: int,
 def cuMemDiscardAndPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
                                       prefetchLocIdxs: Any, numPrefetchLocs: int, flags: int,
                                       hStream: Any) -> Any:
-    _need_batch("cuMemDiscardAndPrefetchBatchAsync")
-    d = _list_arg("dptrs", dptrs, count, cu.CUdeviceptr, "CUdeviceptr")
-    s = _int_list(sizes, count)
-    locs = _list_arg("prefetchLocs", prefetchLocs, numPrefetchLocs, cu.CUmemLocation,
-                     "CUmemLocation")
-    idxs = _int_list(prefetchLocIdxs, numPrefetchLocs)
-    return _discard_prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags,
-                                   hStream)
+    return _prefetch_call("cuMemDiscardAndPrefetchBatchAsync", dptrs, sizes, count,
+                          prefetchLocs, prefetchLocIdxs, numPrefetchLocs, flags, hStream)
 
 
 # -- range attributes ----------------------------------------------------------------
