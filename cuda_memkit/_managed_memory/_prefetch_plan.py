@@ -308,7 +308,7 @@ class PrefetchPlan:
         Returns
         -------
         PrefetchPlan
-            The plan, for chaining.
+            This plan, for chaining; nothing is added when a check fails.
 
         Raises
         ------
@@ -318,7 +318,7 @@ class PrefetchPlan:
         ValueError
             Arrays of different lengths or not one-dimensional, a negative
             offset, a size that is not > 0, a range past the end of the
-            buffer (the message names the first bad index); nothing is added.
+            buffer (the message names the first bad index).
         ClosedError
             If ``buffer`` is closed.
         """
