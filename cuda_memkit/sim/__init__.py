@@ -8,8 +8,8 @@ For tests of failure paths, ``machine().fail_next(api, code, times=1)`` makes
 the next calls of ``api`` return ``code`` without doing anything, and
 ``cuCtxCreate`` / ``cuCtxDestroy`` / ``cuCtxPushCurrent`` / ``cuCtxPopCurrent``
 make other contexts current, or leave a destroyed one current on a thread
-(``_contexts``; what calls answer then is provisional, see
-``_state.STALE_CONTEXT_ERROR``).
+(``_contexts``; what calls answer then is the H100's, see
+``_state.STALE_CONTEXT_ERROR``, and the conformance suite checks it).
 """
 
 from __future__ import annotations

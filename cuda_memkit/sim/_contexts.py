@@ -12,8 +12,8 @@ Modelled:
 * ``cuCtxDestroy`` pops the context if it is current on the calling thread; on
   other threads it stays current, and their calls then fail
   (``_state.STALE_CONTEXT_ERROR`` from the calls ``_state.STALE_CONTEXT_CHECKED``
-  lists and every call needing a context). **Provisional** until
-  ``scripts/probes/invalid_context_probe.py`` has run on the H100.
+  lists and every call needing a context), as on the H100;
+  ``tests/conformance/test_contexts.py`` checks it against the GPU.
 * ``cuCtxSetCurrent`` replaces the top of the stack; ``cuCtxSetCurrent(NULL)``
   pops it.
 
@@ -69,7 +69,7 @@ def cuCtxDestroy(ctx: Any) -> None:
     m = M()
     h = int(ctx) if ctx is not None else 0
     created = m.ext.get(CONTEXTS, {})
-    if h not in created:  # NULL, a primary context, or one destroyed already (PROVISIONAL)
+    if h not in created:  # NULL, a primary context, or one destroyed already
         raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
     m.stale_ctx[h] = created.pop(h)  # its device: cuCtxGetDevice still answers (H100)
     if m.current_ctx == h:

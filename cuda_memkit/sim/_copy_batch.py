@@ -24,8 +24,8 @@ of CUdeviceptr`` confirms that ``srcs`` is checked before ``dsts``):
    len 4)``, ``numAttrs 1 with 2 attrs listed``).
 
 Then the driver's rules. Refusals of the whole call (``CUDA_ERROR_INVALID_VALUE``;
-nothing is copied -- PROVISIONAL: the probe did not read the data back after
-these, it only did after an entry was refused):
+the simulator copies nothing, which ``tests/conformance/test_copy_batch.py``
+checks on the GPU):
 
 * ``count == 0`` (``forms: count 0 ...``); the legacy default stream, handle
   0 or ``CU_STREAM_LEGACY`` (``forms: stream: ...``; the per-thread stream 2
@@ -50,10 +50,10 @@ end of its allocation``, ``risky: pinned src range past its end``, ``size
 1<<40 device->device``). **The entries before a refused one have been
 copied; it and the ones after it have not** (``data: 4 copies, the third
 past the end``: copies 0 and 1 landed, copy 3 did not; which bytes of the
-refused entry itself land is unknown -- the simulator copies none. That the
-other per-entry refusals -- size 0, null -- behave the same is PROVISIONAL:
-only the past-the-end refusal was read back; ``SIZE0_AND_NULL_REFUSED_UP_FRONT``
-switches to the other model).
+refused entry itself land is unknown -- the simulator copies none. The
+simulator refuses size-0 entries and null pointers the same way, entry by
+entry, and the conformance suite checks that on the GPU;
+``SIZE0_AND_NULL_REFUSED_UP_FRONT`` switches to the other model).
 
 **Crashes.** On the H100 an entry whose source or destination lies in the
 device address window but in no allocation (a freed device pointer as
@@ -104,9 +104,9 @@ HINT_HOST_KINDS = frozenset({2, 3, 4})
 #: (``forms: stream: legacy NULL stream 0``, ``CU_STREAM_LEGACY (1)``).
 REFUSED_STREAMS = (0, 1)
 
-#: PROVISIONAL (the probe did not read back after these refusals): size-0 entries
-#: and null pointers are refused entry by entry, like a range past its end (the
-#: entries before them are copied). True: refused before any entry is copied.
+#: False: size-0 entries and null pointers are refused entry by entry, like a
+#: range past its end (the entries before them are copied), the model the
+#: conformance suite checks on the GPU. True: refused before any entry is copied.
 SIZE0_AND_NULL_REFUSED_UP_FRONT = False
 
 # The bindings' words for the expected list types (cuda-bindings 13.x).

@@ -186,7 +186,7 @@ def cuCtxSetCurrent(ctx: Any) -> None:
 @api(1)
 def cuCtxGetDevice() -> cu.CUdevice:
     m = M()
-    if m.stale_current():  # the H100 still answers for a destroyed context (device run 3)
+    if m.stale_current():  # the H100 still answers for a destroyed context
         return cu.CUdevice(m.stale_ctx[m.current_ctx])
     return cu.CUdevice(m.need_ctx())
 
@@ -350,7 +350,7 @@ def cuMemFree(dptr: Any) -> None:
     if a is None or a.kind not in ("device", "managed"):
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # checked before the context, as on the H100
     # No current context needed: the H100 frees device and managed memory on a
-    # thread with none (invalid_context_probe, device run 3, situation "none").
+    # thread with none (scripts/probes/invalid_context_probe.py, situation "none").
     m.remove(a)
     if a.kind == "managed":
         from ._managed import release_managed

@@ -46,7 +46,7 @@ CONTEXTS = "ctx.contexts"
 # -- a destroyed context left current on a thread -----------------------------------------
 # ``cuCtxDestroy`` leaves the context current on the *other* threads it was
 # current to. What the H100 answers then (scripts/probes/invalid_context_probe.py,
-# device run 3, situation "destroyed_elsewhere"): every call that needs a
+# situation "destroyed_elsewhere"): every call that needs a
 # context (``Machine.need_ctx``: cuCtxSynchronize, cuEventCreate, cuMemAlloc,
 # cuMemGetInfo, cuStreamQuery of the legacy stream) fails with
 # CUDA_ERROR_CONTEXT_IS_DESTROYED, and so do these release calls (below), while
