@@ -124,7 +124,8 @@ def _load() -> None:
     except RuntimeError as exc:
         missing = _translate_missing(exc, "cuInit")
         if missing is not None:
-            raise missing from exc
+            # The loader's own error (cuda.pathfinder's search) says nothing our message does not.
+            raise missing from None
         raise
     if res[0]:
         _raise(mod, res[0], "cuInit")
@@ -199,12 +200,14 @@ def call(api: str, *args: Any) -> Any:
     except KeyError:
         if api in _fns:  # a KeyError from inside the function: not ours to handle
             raise
-        return _first_call(api, args)
+        res = None  # first call of ``api``: resolved below, outside the handler (no KeyError chain)
     except RuntimeError as exc:
         missing = _translate_missing(exc, api)
         if missing is not None:
-            raise missing from exc
+            raise missing from None
         raise
+    if res is None:
+        return _first_call(api, args)
     if res[0]:
         _raise(_mod, res[0], api)
     if len(res) == 2:
