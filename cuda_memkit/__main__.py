@@ -1,4 +1,4 @@
-"""``python -m cuda_memkit [info|doctor|tour] [--backend sim|cuda]``."""
+"""``python -m cuda_memkit [--backend cuda|sim] [info|stats|doctor|tour]``: see ``--help``."""
 
 from __future__ import annotations
 

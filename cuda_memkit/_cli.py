@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -12,13 +13,35 @@ from ._core._errors import CudaDriverNotFoundError, CudaError
 Say = Callable[[str], None]
 
 
+class _UsageError(Exception):
+    """A bad command-line or environment setting: reported in one line, exit status 2."""
+
+
+def _requested_backend(flag: str | None) -> str | None:
+    """Return the backend asked for by ``--backend`` or else ``CUDA_MEMKIT_BACKEND``, or None.
+
+    Both sources are held to the same rule: a named backend is used as named
+    (never replaced by the simulator), and a name that is not a backend is an error.
+    """
+    if flag is not None:
+        return flag
+    raw = os.environ.get(_driver.ENV_VAR)
+    if raw is None:
+        return None
+    name = raw.strip().lower()  # the library's own reading of the variable
+    if name not in _driver.BACKENDS:
+        raise _UsageError(f"{_driver.ENV_VAR}={raw!r} is not a backend; "
+                          f"choose one of {', '.join(_driver.BACKENDS)}")
+    return name
+
+
 def _select_backend(requested: str | None, say: Say) -> str:
     """Use the requested backend; with none, the real driver or, if absent, the simulator."""
     if requested:
         _driver.use_backend(requested)
         return requested
-    if _driver.backend_name() == "sim":
-        return "sim"
+    if _driver.is_loaded():  # a program that chose its backend and then calls main()
+        return _driver.backend_name()
     try:
         _driver.call("cuDriverGetVersion")
         return "cuda"
@@ -36,6 +59,13 @@ def _label(backend: str) -> str:
     return "sim (CPU simulator: SIMULATED devices)" if backend == "sim" else "cuda (real driver)"
 
 
+def _figures(backend: str, say: Say) -> Say:
+    """Return ``say`` that marks each line ``[simulated]`` on the simulator (its figures are)."""
+    if backend != "sim":
+        return say
+    return lambda line: say(f"{line}  [simulated]" if line.strip() else line)
+
+
 def cmd_info(backend: str, say: Say) -> int:
     """Print backend, versions and every device with memory and capabilities."""
     from importlib.metadata import PackageNotFoundError, version
@@ -48,16 +78,16 @@ def cmd_info(backend: str, say: Say) -> int:
         bindings = "not installed"
     v = int(_driver.call("cuDriverGetVersion"))
     say(f"backend        : {_label(backend)}")
-    say(f"driver version : {v // 1000}.{v % 1000 // 10}" + (" (simulated)" if backend == "sim"
-                                                            else ""))
+    fig = _figures(backend, say)
+    fig(f"driver version : {v // 1000}.{v % 1000 // 10}")
     say(f"cuda-bindings  : {bindings}")
     n = device_count()
-    say(f"devices        : {n}")
+    fig(f"devices        : {n}")
     for i in range(n):
         dev = Device(i)
         free, total = dev.mem_info()
         major, minor = dev.compute_capability
-        say(f"  [{i}] {dev.name}  sm_{major}{minor}  "
+        fig(f"  [{i}] {dev.name}  sm_{major}{minor}  "
             f"{total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free")
         caps = dev.capabilities()
         yes = [k for k, on in caps.items() if on]
@@ -65,7 +95,7 @@ def cmd_info(backend: str, say: Say) -> int:
         say(f"      supports: {', '.join(yes) or '-'}")
         if no:
             say(f"      lacks   : {', '.join(no)}")
-    usage_by_kind(say)
+    usage_by_kind(fig)
     return 0
 
 
@@ -92,20 +122,31 @@ def cmd_stats(backend: str, say: Say, as_json: bool = False) -> int:
         print(json.dumps({"backend": backend, **stats.to_dict()}, indent=1), flush=True)
     else:
         say(f"backend: {_label(backend)}")
-        say(stats.table())
+        fig = _figures(backend, say)
+        for line in stats.table().splitlines():
+            fig(line)
         say("(a fresh process holds nothing: use cuda_memkit.memory_stats() in your program)")
     return 0
 
 
 def cmd_doctor(backend: str, say: Say) -> int:
-    """Check that the basics work; exit 1 on the first failure."""
+    """Check that the basics work; exit 1 if any check fails."""
     from ._tour import doctor_checks
 
     failures = 0
-    for name, check in doctor_checks():
+    checks = doctor_checks()
+    for i, (name, check) in enumerate(checks):
         try:
             detail = check()
             say(f"ok    {name}{': ' + detail if detail else ''}")
+        except CudaDriverNotFoundError as exc:
+            # Without a driver every later check fails the same way: name them once.
+            failures += 1
+            say(f"FAIL  {name}: {exc}")
+            rest = [n for n, _ in checks[i + 1:]]
+            if rest:
+                say(f"skip  {', '.join(rest)}: they need the driver")
+            break
         except (CudaError, ValueError, TypeError, RuntimeError) as exc:
             failures += 1
             say(f"FAIL  {name}: {type(exc).__name__}: {exc}")
@@ -122,12 +163,13 @@ def cmd_tour(backend: str, say: Say) -> int:
     from ._tour import steps
 
     say(f"cuda_memkit tour on {_label(backend)}")
+    fig = _figures(backend, say)
     dev = Device(0)
     free_before = dev.mem_info()[0]
     for title, step in steps():
         say("")
         say(f"== {title}")
-        step(lambda line: say("   " + line))
+        step(lambda line: fig("   " + line))
     gc.collect()
     dev.synchronize()
     free_after = dev.mem_info()[0]
@@ -137,29 +179,64 @@ def cmd_tour(backend: str, say: Say) -> int:
     # used and freed (seen on the H100); anything beyond that is a leak.
     allowance = (160 << 20) if backend == "cuda" else (4 << 20)
     if lost > allowance:
-        say(f"tour finished, but device 0 has {lost / 2**20:.1f} MiB less free memory: a leak")
+        fig(f"tour finished, but device 0 has {lost / 2**20:.1f} MiB less free memory: a leak")
         return 1
     if lost > 4 << 20:
         say(f"(the driver still holds {lost / 2**20:.0f} MiB of device pages from the managed "
             "step: its cache of freed managed memory, not a leak)")
-    say(f"tour finished; device 0 free memory before/after: {free_before / 2**30:.3f} / "
+    fig(f"tour finished; device 0 free memory before/after: {free_before / 2**30:.3f} / "
         f"{free_after / 2**30:.3f} GiB")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m cuda_memkit``."""
-    ap = argparse.ArgumentParser(prog="python -m cuda_memkit",
-                                 description="cuda_memkit command line")
-    ap.add_argument("--backend", choices=_driver.BACKENDS,
-                    help="force a backend (default: the real driver, else the simulator)")
-    ap.add_argument("command", nargs="?", default="info",
-                    choices=("info", "stats", "doctor", "tour"))
-    ap.add_argument("--json", action="store_true",
-                    help="stats: print memory_stats() as JSON")
+# name -> (one-line description, more detail for the command's own --help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("show the backend, the driver and every device with its memory and capabilities",
+             "Ends with what this process holds through cuda_memkit, per memory kind."),
+    "stats": ("print memory_stats(): what this process holds through cuda_memkit",
+              "A fresh process holds nothing: call cuda_memkit.memory_stats() in your program "
+              "for your own figures."),
+    "doctor": ("check that the driver, devices, device memory and streams work",
+               "Exits 1 if a check fails."),
+    "tour": ("run a short end-to-end tour of every feature (pinned, managed, VMM, pools)",
+             "Exits 1 if device memory is missing afterwards."),
+}
+
+_BACKEND_HELP = (f"the backend: cuda (the real driver) or sim (the CPU simulator); default: "
+                 f"${_driver.ENV_VAR} if set, else the real driver, or the simulator (with a "
+                 "notice) where no driver is installed; a backend named here or in "
+                 f"${_driver.ENV_VAR} is never replaced by the simulator")
+
+
+def _parser() -> argparse.ArgumentParser:
+    # --backend goes before or after the command: both parsers know it, the value given wins.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--backend", choices=_driver.BACKENDS, default=argparse.SUPPRESS,
+                        help=_BACKEND_HELP)
+    ap = argparse.ArgumentParser(
+        prog="python -m cuda_memkit", parents=[common],
+        description="cuda_memkit command line: look at the driver, the devices and memory "
+                    "through cuda_memkit. Without a command, runs info.",
+        epilog="Each command has its own help: python -m cuda_memkit COMMAND --help")
+    sub = ap.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, (summary, detail) in COMMANDS.items():
+        p = sub.add_parser(name, parents=[common], help=summary,
+                           description=f"{summary[0].upper()}{summary[1:]}. {detail}")
+        if name == "stats":
+            p.add_argument("--json", action="store_true",
+                           help="print memory_stats() as JSON (notices go to stderr)")
+    return ap
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
-    if args.json and args.command != "stats":
-        ap.error("--json goes with the stats command")
+    command = args.command or "info"
+    as_json = bool(getattr(args, "json", False))
+    try:
+        requested = _requested_backend(getattr(args, "backend", None))
+    except _UsageError as exc:
+        ap.error(str(exc))
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -168,15 +245,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     # With --json, stdout carries the JSON alone: notices go to stderr.
-    backend = _select_backend(args.backend, say_err if args.json else say)
-    if args.command == "stats":
-        return cmd_stats(backend, say, args.json)
-    commands = {"info": cmd_info, "doctor": cmd_doctor, "tour": cmd_tour}
+    backend = _select_backend(requested, say_err if as_json else say)
     try:
-        return commands[args.command](backend, say)
+        if command == "stats":
+            return cmd_stats(backend, say, as_json)
+        commands = {"info": cmd_info, "doctor": cmd_doctor, "tour": cmd_tour}
+        return commands[command](backend, say)
     except CudaDriverNotFoundError as exc:
-        say(f"error: {exc}")
+        say_err(f"error: {exc}")
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m cuda_memkit``: run a command, return the exit status."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # The reader went away (``... | head``): stop quietly as shell tools do, and point
+        # stdout at /dev/null so that the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
 
 
 if __name__ == "__main__":  # pragma: no cover
