@@ -27,7 +27,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver
+from cuda_memkit._core import _driver, _operands
 
 from . import _leaks
 from ._kinds import KINDS, MANAGED, Env, kind_params, leaks_since
@@ -379,7 +379,13 @@ def _c_host(o: Any) -> Callable[[], None]:
 @_inject("RegisteredHost", "cuMemHostUnregister")
 def _c_reg(o: Any) -> Callable[[], None]:
     p = o.ptr
-    return lambda: _quiet("cuMemHostUnregister", p)
+
+    def cleanup() -> None:
+        # The refused release leaves the range registered, and recorded as such; the raw
+        # unregister here bypasses the record, so drop it too (else it outlives the array).
+        _quiet("cuMemHostUnregister", p)
+        _operands.forget_registration(p)
+    return cleanup
 
 
 @_inject("DeviceBuffer", "cuMemFree")

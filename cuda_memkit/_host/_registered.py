@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._core import _driver
 from .._core._checks import check_flags
 from .._core._device import ensure_context, release_call
+from .._core._errors import CudaHostMemoryNotRegisteredError
 from .._core._operands import (
     forget_registration,
     mapped_device_ptr,
@@ -74,7 +75,13 @@ def _unregister(ptr: int) -> None:
     # Out of the ledger first (the address may be registered again by another
     # thread as soon as this one is gone); given up even if the driver refuses.
     _ACCOUNT.remove(ptr)
-    release_call(0, "cuMemHostUnregister", ptr)
+    try:
+        release_call(0, "cuMemHostUnregister", ptr)
+    except CudaHostMemoryNotRegisteredError:
+        # The driver holds no registration there (unregistered behind our back): neither may
+        # the record, or a later array at that address would be taken for registered memory.
+        forget_registration(ptr)
+        raise
     forget_registration(ptr)  # only once the driver has unregistered it
 
 
