@@ -99,6 +99,7 @@ _COMPANIONS: dict[str, tuple[str, ...]] = {
 }
 _LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}
 
+#: The version of cuda_memkit: the one place it is written (the package metadata reads it).
 __version__ = "0.1.0"
 
 __all__ = [

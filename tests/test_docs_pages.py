@@ -1,0 +1,89 @@
+"""The API pages: every public name has an entry, and the docs build's griffe extension
+turns the docstrings' Sphinx roles into links (scripts/griffe_sphinx_roles.py; the built
+site itself is checked by scripts/check_site.py in .ci/run)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import cuda_memkit as cm
+
+ROOT = Path(__file__).resolve().parents[1]
+API = ROOT / "docs" / "api"
+
+
+def _directives() -> set[str]:
+    return {m for page in API.glob("*.md")
+            for m in re.findall(r"^:::\s+([\w.]+)\s*$", page.read_text(), re.M)}
+
+
+def test_every_public_name_has_an_api_entry() -> None:
+    documented = _directives()
+    missing = [n for n in cm.__all__ if f"cuda_memkit.{n}" not in documented]
+    assert missing == []
+
+
+def test_every_api_entry_names_something_public() -> None:
+    modules = {p.stem for p in (ROOT / "cuda_memkit").iterdir()
+               if not p.name.startswith("_") and (p.suffix == ".py" or p.is_dir())}
+    for ident in _directives():
+        if ident.startswith("cuda_memkit.") and ident.count(".") == 1:
+            name = ident.split(".")[1]
+            assert name in cm.__all__ or name in modules, ident
+
+
+@pytest.fixture(scope="module")
+def roles() -> object:
+    griffe = pytest.importorskip("griffe", reason="the docs extra (griffe) renders the pages")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import griffe_sphinx_roles as mod
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    ext = mod.SphinxRoles()
+    pkg = griffe.load("cuda_memkit", search_paths=[str(ROOT)],
+                      extensions=griffe.load_extensions(ext))
+    return ext, pkg
+
+
+def test_roles_become_links_or_code(roles: tuple[object, object]) -> None:
+    ext, pkg = roles
+    host = pkg["HostBuffer"]
+    rw = ext.rewrite  # type: ignore[attr-defined]
+    # Relative to the class, absolute, with ~ (last component) and an explicit title.
+    assert rw(host, ":meth:`empty`") == "[`empty()`][cuda_memkit.HostBuffer.empty]"
+    assert rw(host, ":class:`~cuda_memkit.MemoryPool`") == (
+        "[`MemoryPool`][cuda_memkit.MemoryPool]")
+    assert rw(host, ":meth:`the pool <MemoryPool.trim>`") == (
+        "[`the pool`][cuda_memkit.MemoryPool.trim]")
+    assert rw(host, ":func:`copy`") == "[`copy()`][cuda_memkit.copy]"
+    # Private or foreign names: code, never a literal role nor a link that cannot resolve.
+    assert rw(host, ":class:`ValueError`") == "`ValueError`"
+    assert rw(host, ":mod:`cuda_memkit._resource`") == "`cuda_memkit._resource`"
+    # No docstring of the package keeps a role.
+    left = [o.path for o in ext._walk(pkg)  # type: ignore[attr-defined]
+            if o.docstring is not None and _has_role(o.docstring.value)]
+    assert left == []
+
+
+def _has_role(text: str) -> bool:
+    return re.search(r":(meth|func|class|attr|data|exc|mod|obj):`", text) is not None
+
+
+def test_private_bases_are_hidden_and_their_members_shown(roles: tuple[object, object]) -> None:
+    _ext, pkg = roles
+    dev = pkg["DeviceBuffer"]
+    assert [str(b) for b in dev.bases] == []  # Resource, DeviceMemoryMixin: private
+    assert {"close", "as_array", "closed"} <= set(dev.members)
+    err = pkg["CudaOutOfMemoryError"]
+    assert [str(b) for b in err.bases] == ["CudaError", "MemoryError"]
+
+
+def test_doc_comments_document_attributes(roles: tuple[object, object]) -> None:
+    _ext, pkg = roles
+    kinds = pkg["MEMORY_KINDS"]
+    assert kinds.docstring is not None and "memory kind" in kinds.docstring.value
