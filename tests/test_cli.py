@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit import _cli, _driver
+from cuda_memkit import _cli
+from cuda_memkit._core import _driver
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,7 +232,7 @@ def test_no_driver_does_not_switch_to_the_simulator() -> None:
     code = _FIRST_CALL.format(patch=_NO_LIBCUDA if HAVE_DRIVER else "").replace(
         "cm.DeviceBuffer.alloc(16)",
         "try:\n    cm.DeviceBuffer.alloc(16)\nexcept cm.CudaDriverNotFoundError:\n"
-        "    print(cm.backend_name(), cm._driver.is_loaded())")
+        "    print(cm.backend_name(), cm._core._driver.is_loaded())")
     proc = _run([], None, code=code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "cuda False\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_memkit import _driver
+from cuda_memkit._core import _driver
 
 from . import _snippets
 from ._snippets import ROOT, Block, MarkerError
