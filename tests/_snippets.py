@@ -41,6 +41,11 @@ NEEDS = {
 }
 
 
+def page_name(page: Path) -> str:
+    """The page's path from the repository root (``docs/pinned.md``), or its name if outside."""
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
+
+
 class MarkerError(ValueError):
     """A ``<!-- snippet: ... -->`` comment that does not parse."""
 
@@ -61,7 +66,7 @@ class Block:
     @property
     def name(self) -> str:
         """``docs/pinned.md:25``: the page and the line of the fence."""
-        return f"{self.page.relative_to(ROOT).as_posix()}:{self.line}"
+        return f"{page_name(self.page)}:{self.line}"
 
     def chain(self) -> list[Block]:
         """The blocks to run for this one, first to last (itself and what it continues)."""
@@ -122,7 +127,7 @@ def blocks(page: Path) -> list[Block]:
         if lang == "python":
             body = [ln[len(indent):] if ln.startswith(indent) else ln.lstrip()
                     for ln in lines[start + 1:j]]
-            where = f"{page.relative_to(ROOT).as_posix()}:{start + 1}"
+            where = f"{page_name(page)}:{start + 1}"
             marker = MARKER.match(lines[start - 1]) if start else None
             settings = parse_marker(marker["body"], where) if marker else {}
             block = Block(page, start + 1, "\n".join(body) + "\n",

@@ -86,7 +86,7 @@ def _params() -> list[object]:
         if block.skip:
             marks.append(pytest.mark.skip(reason=f"not meant to run: {block.skip}"))
         reason = block.xfail or UNMARKED_KNOWN_FAILING.get(
-            (block.page.relative_to(ROOT).as_posix(), _digest(block)))
+            (_snippets.page_name(block.page), _digest(block)))
         if reason:
             marks.append(pytest.mark.xfail(reason=f"known failing, to fix: {reason}",
                                            strict=True))
@@ -121,7 +121,7 @@ def test_snippet_runs(block: Block, tmp_path: Path) -> None:
 
 def test_unmarked_known_failing_blocks_exist() -> None:
     """Each entry still names a block as it is (a stale entry would hide nothing, but mislead)."""
-    here = {(b.page.relative_to(ROOT).as_posix(), _digest(b)) for b in BLOCKS}
+    here = {(_snippets.page_name(b.page), _digest(b)) for b in BLOCKS}
     stale = set(UNMARKED_KNOWN_FAILING) - here
     assert not stale, f"remove these entries, their blocks changed: {sorted(stale)}"
 
@@ -141,13 +141,9 @@ def test_every_marker_is_right_before_a_python_block() -> None:
 
 
 def _page(tmp_path: Path, text: str) -> list[Block]:
-    docs = ROOT / "docs"
-    page = docs / f"_snippet_selftest_{os.getpid()}.md"
+    page = tmp_path / "page.md"
     page.write_text(text, encoding="utf-8")
-    try:
-        return _snippets.blocks(page)
-    finally:
-        page.unlink()
+    return _snippets.blocks(page)
 
 
 def test_markers_parse(tmp_path: Path) -> None:
