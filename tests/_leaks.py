@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuda_memkit._core import _device, _driver
+from cuda_memkit._transfer import _kernels
 
 GPU_TOLERANCE = 4 << 20
 #: The H100's driver keeps up to ~126 MiB of device pages of freed *managed*
@@ -59,6 +60,7 @@ def snapshot() -> Snapshot:
     snap = Snapshot()
     if _driver.backend_name() == "sim":
         from cuda_memkit.sim import machine
+        from cuda_memkit.sim._kernels import MODULES as KERNEL_MODULES
 
         m = machine()
         snap.counts["allocations"] = len(m.allocs)
@@ -69,6 +71,8 @@ def snapshot() -> Snapshot:
         for key, value in m.ext.items():
             n = _size(value)
             if n is not None:
+                if key == KERNEL_MODULES:  # loaded once per context and kept, like the context
+                    n -= _kernels.loaded_modules()
                 snap.counts[f"sim.{key}"] = n
         return snap
     if not _driver.is_loaded():

@@ -44,10 +44,12 @@ def reset(
         ``cuMemcpyBatchAsync``.
     """
     from .._core import _device
+    from .._transfer import _kernels
     from . import _state
 
     was_initialized = _state.MACHINE.initialized
     m = _state.reset(devices, memory, host_memory, batch_calls)
     m.initialized = was_initialized
     _device.forget_contexts()
+    _kernels.forget()  # its modules were loaded into the old machine
     return m

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._contexts import *  # noqa: F403
 from ._copy_batch import *  # noqa: F403
 from ._core import *  # noqa: F403
+from ._kernels import *  # noqa: F403
 from ._managed import *  # noqa: F403
 from ._pinned import *  # noqa: F403
 from ._pool import *  # noqa: F403

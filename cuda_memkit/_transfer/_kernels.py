@@ -1,0 +1,244 @@
+"""The block-copy kernel behind ``copy_batch(method="kernel")`` (and ``"auto"`` for small blocks).
+
+* The kernel is CUDA C (``cuda_memkit/kernels/block_copy.cu``) compiled to PTX
+  at development time (``scripts/build_kernels.py``); the package ships the
+  PTX text and the driver's JIT compiles it at the first use in a context
+  (``cuModuleLoadData``): no compiler and no binary at run time.
+* :func:`copy_function` loads the module lazily, once per context, and caches
+  the ``CUfunction`` (and the device's SM count, which sizes the grid); the
+  module lives as long as its context.
+* :func:`kernel_groups` decides which (destination, source) pairs of a batch
+  the kernel copies: both sides must be reachable from the current context's
+  device -- device or managed memory of that device, or pinned host memory
+  through its device-mapped address (``cuMemHostGetDevicePointer``); pageable
+  memory never is. ``"auto"`` takes pairs whose blocks average at most
+  :data:`KERNEL_MAX_BLOCK` bytes and leaves the rest (and raw int addresses)
+  to the driver batch; ``"kernel"`` refuses what the kernel cannot reach with
+  ``ValueError`` before anything runs.
+* :func:`launch` copies those pairs' blocks in one launch: their absolute
+  addresses go to a stream-ordered device allocation (``cuMemAllocAsync``,
+  filled by one ``cuMemcpyHtoDAsync``, freed by ``cuMemFreeAsync`` after the
+  launch, all on the batch's stream), and the kernel walks them.
+
+A fault inside the kernel (an address it cannot read or write) is reported by
+the driver at the next synchronisation as ``CUDA_ERROR_ILLEGAL_ADDRESS`` (a
+:class:`~cuda_memkit.CudaError` naming that call), and leaves the context
+unusable; the library only launches on operands whose extents and kinds it
+checked, so only a raw int address with ``method="kernel"`` can get there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
+
+from .._core import _driver
+from .._core._errors import CudaError
+from .._core._operands import HOST, MEMORYTYPE_HOST, RAW, is_pinned_host, memory_type, need_context
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["KERNEL_MAX_BLOCK", "METHODS", "copy_function", "kernel_groups", "launch"]
+
+KiB = 1 << 10
+
+#: ``method="auto"`` copies a pair with the kernel when its blocks (after merging
+#: contiguous ones) average at most this many bytes, else with the driver batch.
+#: The driver batch costs ~1.6 us per copy whatever its size, the kernel moves
+#: small blocks at PCIe speed. 64 KiB is a placeholder until the H100 run of
+#: ``scripts/probes/kernel_threshold_probe.py`` decides it.
+KERNEL_MAX_BLOCK = 64 * KiB
+#: Values of ``copy_batch(method=...)``.
+METHODS = ("auto", "kernel", "driver")
+#: Threads per CTA; groups of 32..256 lanes of a CTA copy one block each.
+THREADS = 256
+#: CTAs per SM in the grid: enough resident warps to keep PCIe reads in flight;
+#: the groups stride over the blocks beyond that.
+CTAS_PER_SM = 8
+#: The kernel's name in ``block_copy.ptx``.
+ENTRY = b"memkit_copy_blocks"
+_SM_COUNT_ATTR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+_DEVICE_ORDINAL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+_PARAM_TYPES = (ctypes.c_void_p,) * 5 + (ctypes.c_uint64,) * 3
+
+_lock = threading.Lock()
+#: Context handle -> (module, function, SM count); modules live as long as their context.
+_loaded: dict[int, tuple[Any, Any, int]] = {}
+_ptx: list[bytes] = []
+
+
+def ptx_image() -> bytes:
+    """The shipped PTX, NUL-terminated as ``cuModuleLoadData`` reads it (read once)."""
+    if not _ptx:
+        text = (resources.files("cuda_memkit") / "kernels" / "block_copy.ptx").read_bytes()
+        _ptx.append(text + b"\0")
+    return _ptx[0]
+
+
+def loaded_modules() -> int:
+    """Number of contexts with the module loaded (the leak check allows these)."""
+    return len(_loaded)
+
+
+def forget() -> None:
+    """Drop the cache without unloading (the simulated machine was replaced)."""
+    with _lock:
+        _loaded.clear()
+
+
+def copy_function() -> tuple[Any, int]:
+    """``(CUfunction, SM count)`` of the block-copy kernel in the current context.
+
+    Loads the module at the first call in a context (the driver JITs the
+    PTX); later calls are a dictionary look-up.
+
+    Raises
+    ------
+    CudaError
+        From ``cuModuleLoadData`` (for example ``CUDA_ERROR_INVALID_PTX``) or
+        ``cuModuleGetFunction``; nothing stays loaded then.
+    """
+    ctx = int(_driver.call("cuCtxGetCurrent"))
+    hit = _loaded.get(ctx)
+    if hit is not None:
+        return hit[1], hit[2]
+    with _lock:
+        hit = _loaded.get(ctx)
+        if hit is None:
+            mod = _driver.call("cuModuleLoadData", ptx_image())
+            try:
+                fn = _driver.call("cuModuleGetFunction", mod, ENTRY)
+                dev = _driver.call("cuCtxGetDevice")
+                sms = int(_driver.call("cuDeviceGetAttribute", _SM_COUNT_ATTR, dev))
+            except BaseException:
+                _driver.call("cuModuleUnload", mod)
+                raise
+            hit = _loaded[ctx] = (mod, fn, max(sms, 1))
+    return hit[1], hit[2]
+
+
+# -- which pairs the kernel copies ---------------------------------------------------
+
+
+def _reach(op: Any, role: str, device: int) -> tuple[int | None, str]:
+    """The address the kernel uses for operand ``op`` on ``device``, or (None, why not)."""
+    ptr, _nbytes, _dt, kind, arr = op
+    if kind == HOST and not is_pinned_host(arr):
+        return None, f"the {role} is pageable host memory, which a kernel cannot reach"
+    mt = memory_type(ptr)
+    if mt is None:
+        return None, f"the {role} is memory the driver does not know (pageable host memory)"
+    if mt == MEMORYTYPE_HOST:
+        try:
+            return int(_driver.call("cuMemHostGetDevicePointer", ptr, 0)), ""
+        except CudaError as e:
+            return None, f"the {role} is pinned host memory not mapped for this context ({e})"
+    ordinal = int(_driver.call("cuPointerGetAttribute", _DEVICE_ORDINAL_ATTR, ptr))
+    if ordinal != device:
+        return None, (f"the {role} is memory of device {ordinal}, but the current "
+                      f"context's device is {device}")
+    return ptr, ""
+
+
+def check_method(method: Any) -> str:
+    """``method`` checked: one of :data:`METHODS`."""
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a str, one of {METHODS}, not {type(method).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def kernel_groups(groups: Sequence[Any], method: str) -> list[tuple[Any, int, int]]:
+    """``(group, destination address, source address)`` of the pairs the kernel copies.
+
+    ``groups`` are ``copy_batch``'s checked pairs (``nbytes``, ``z``,
+    ``dst_op``, ``src_op``). Makes only queries (pointer attributes, mapped
+    addresses), no copy and no allocation.
+
+    Raises
+    ------
+    ValueError
+        With ``method="kernel"``: a side the kernel cannot reach (pageable
+        host memory, memory of another device, unmapped pinned memory).
+    """
+    live = [g for g in groups if g.nbytes]
+    if method == "driver" or not live:
+        return []
+    if method == "auto":
+        live = [g for g in live if g.dst_op[3] != RAW and g.src_op[3] != RAW
+                and g.nbytes <= KERNEL_MAX_BLOCK * len(g.z)]
+        if not live:
+            return []
+    need_context()
+    device = int(_driver.call("cuCtxGetDevice"))
+    out = []
+    for g in live:
+        d, why = _reach(g.dst_op, "destination", device)
+        s, why_s = _reach(g.src_op, "source", device) if d is not None else (None, "")
+        if d is None or s is None:
+            if method == "kernel":
+                raise ValueError(
+                    f"copy_batch(method='kernel'): {why or why_s}; use method='auto' or "
+                    "'driver', or copy from a HostBuffer / register_host() memory")
+            continue
+        out.append((g, d, s))
+    return out
+
+
+# -- launching -----------------------------------------------------------------------------
+
+
+def lanes_for(max_block: int) -> int:
+    """Threads that copy one block: 16 bytes per lane, a power of two from 32 to THREADS."""
+    want = max(1, -(-max_block // 16))
+    return min(THREADS, max(32, 1 << (want - 1).bit_length()))
+
+
+def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
+    """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
+
+    Raises
+    ------
+    CudaError
+        The failing call's error: loading the module, the descriptor
+        allocation or upload, or ``cuLaunchKernel``. A fault inside the kernel
+        surfaces at the next synchronisation instead.
+    """
+    import numpy as np
+
+    if not picked:
+        return
+    fn, sms = copy_function()
+    u = np.uint64
+    dst = np.concatenate([g.d.astype(u) + u(d) for g, d, _ in picked])
+    src = np.concatenate([g.s.astype(u) + u(s) for g, _, s in picked])
+    z = np.concatenate([g.z for g, _, _ in picked])
+    n = len(z)
+    first = int(z[0])
+    uniform = bool((z == first).all())
+    desc = np.concatenate((dst, src) if uniform else (dst, src, z.astype(u)))
+    lanes = lanes_for(int(z.max()))
+    grid = max(1, min(-(-n // (THREADS // lanes)), sms * CTAS_PER_SM))
+    call = _driver.call
+    base = int(call("cuMemAllocAsync", desc.nbytes, stream))
+    done = False
+    try:
+        # From pageable memory: the driver has taken the bytes when the call returns.
+        call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
+        sizes = 0 if uniform else base + 16 * n
+        params = ((0, 0, base, base + 8 * n, sizes, first if uniform else 0, n, lanes),
+                  _PARAM_TYPES)
+        call("cuLaunchKernel", fn, grid, 1, 1, THREADS, 1, 1, 0, stream, params, 0)
+        done = True
+    finally:
+        try:
+            call("cuMemFreeAsync", base, stream)
+        except CudaError:
+            if done:
+                raise
