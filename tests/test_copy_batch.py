@@ -12,7 +12,7 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver, _operands
-from cuda_memkit._transfer import _copy_batch
+from cuda_memkit._transfer import _copy_batch, _kernels
 from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import Calls, no_driver_calls, record_calls
@@ -41,6 +41,15 @@ def batches(calls: Calls) -> list[tuple[Any, ...]]:
 
 def copies_issued(calls: Calls) -> list[str]:
     return [api for api, _ in calls if api.startswith("cuMemcpy")]
+
+
+@pytest.fixture(autouse=True)
+def driver_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the driver batch: "auto" never picks the kernel here.
+
+    The kernel path (and "auto" choosing it) is tested in test_copy_batch_kernel.py.
+    """
+    monkeypatch.setattr(_kernels, "KERNEL_MAX_BLOCK", 0)
 
 
 @pytest.fixture

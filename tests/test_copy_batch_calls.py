@@ -17,13 +17,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cuda_memkit as cm
-from cuda_memkit._transfer import _copy_batch
+from cuda_memkit._transfer import _copy_batch, _kernels
 from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import record_calls
 from .test_copy_batch import BATCH, B, N, batches, copies_issued, expected, pattern
 
 KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def driver_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the driver batch: "auto" never picks the kernel here.
+
+    The kernel path (and "auto" choosing it) is tested in test_copy_batch_kernel.py.
+    """
+    monkeypatch.setattr(_kernels, "KERNEL_MAX_BLOCK", 0)
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@
   the kernel copies: both sides must be reachable from the current context's
   device -- device or managed memory of that device, or pinned host memory
   through its device-mapped address (``cuMemHostGetDevicePointer``); pageable
-  memory never is. ``"auto"`` takes pairs whose blocks average at most
-  :data:`KERNEL_MAX_BLOCK` bytes and leaves the rest (and raw int addresses)
-  to the driver batch; ``"kernel"`` refuses what the kernel cannot reach with
-  ``ValueError`` before anything runs.
+  memory never is, and host to host is the driver's. ``"auto"`` takes pairs
+  whose blocks average at most :data:`KERNEL_MAX_BLOCK` bytes and leaves the
+  rest (and raw int addresses) to the driver batch; ``"kernel"`` refuses
+  what the kernel cannot reach with ``ValueError`` before anything runs.
 * :func:`launch` copies those pairs' blocks in one launch: their absolute
   addresses go to a stream-ordered device allocation (``cuMemAllocAsync``,
   filled by one ``cuMemcpyHtoDAsync``, freed by ``cuMemFreeAsync`` after the
@@ -38,7 +38,14 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
 from .._core._errors import CudaError
-from .._core._operands import HOST, MEMORYTYPE_HOST, RAW, is_pinned_host, memory_type, need_context
+from .._core._operands import (
+    HOST,
+    MEMORYTYPE_HOST,
+    RAW,
+    is_pinned_host,
+    memory_type,
+    need_context,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -125,24 +132,26 @@ def copy_function() -> tuple[Any, int]:
 # -- which pairs the kernel copies ---------------------------------------------------
 
 
-def _reach(op: Any, role: str, device: int) -> tuple[int | None, str]:
-    """The address the kernel uses for operand ``op`` on ``device``, or (None, why not)."""
+def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
+    """``(address the kernel uses on device, why not if None, host memory?)`` of an operand."""
     ptr, _nbytes, _dt, kind, arr = op
     if kind == HOST and not is_pinned_host(arr):
-        return None, f"the {role} is pageable host memory, which a kernel cannot reach"
+        return None, f"the {role} is pageable host memory, which a kernel cannot reach", True
     mt = memory_type(ptr)
     if mt is None:
-        return None, f"the {role} is memory the driver does not know (pageable host memory)"
+        return None, (f"the {role} is memory the driver does not know (pageable host "
+                      "memory)"), True
     if mt == MEMORYTYPE_HOST:
         try:
-            return int(_driver.call("cuMemHostGetDevicePointer", ptr, 0)), ""
+            return int(_driver.call("cuMemHostGetDevicePointer", ptr, 0)), "", True
         except CudaError as e:
-            return None, f"the {role} is pinned host memory not mapped for this context ({e})"
+            return None, (f"the {role} is pinned host memory not mapped for this context "
+                          f"({e})"), True
     ordinal = int(_driver.call("cuPointerGetAttribute", _DEVICE_ORDINAL_ATTR, ptr))
     if ordinal != device:
         return None, (f"the {role} is memory of device {ordinal}, but the current "
-                      f"context's device is {device}")
-    return ptr, ""
+                      f"context's device is {device}"), False
+    return ptr, "", False
 
 
 def check_method(method: Any) -> str:
@@ -179,8 +188,12 @@ def kernel_groups(groups: Sequence[Any], method: str) -> list[tuple[Any, int, in
     device = int(_driver.call("cuCtxGetDevice"))
     out = []
     for g in live:
-        d, why = _reach(g.dst_op, "destination", device)
-        s, why_s = _reach(g.src_op, "source", device) if d is not None else (None, "")
+        d, why, d_host = _reach(g.dst_op, "destination", device)
+        s, why_s, s_host = _reach(g.src_op, "source", device) if d is not None else (
+            None, "", False)
+        if d is not None and s is not None and d_host and s_host:
+            d, why = None, ("both operands are host memory: the kernel would carry every "
+                            "byte over PCIe twice")
         if d is None or s is None:
             if method == "kernel":
                 raise ValueError(
