@@ -65,6 +65,34 @@ case("CopyBatch().execute(stream=1.5)",
      lambda o: cm.CopyBatch().add(o.dev, o.host, dst_offsets=_OFF, src_offsets=_OFF,
                                   sizes=_SZ).execute(1.5), TypeError, "stream")
 
+# -- method= (the kernel path): refused before any query that allocates, any copy or launch
+case("copy_batch(method='fast')", lambda o: _batch(o, method="fast"), ValueError, "method")
+case("copy_batch(method=1)", lambda o: _batch(o, method=1), TypeError, "method")
+case("copy_batch(method=None)", lambda o: _batch(o, method=None), TypeError, "method")
+case("copy_batch(method='kernel', pageable source)",
+     lambda o: cm.copy_batch(o.dev, o.page, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
+                             method="kernel"), ValueError, "pageable")
+case("copy_batch(method='kernel', pageable destination, synchronous)",
+     lambda o: cm.copy_batch(o.page, o.dev, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
+                             method="kernel"), ValueError, "pageable")
+case("copy_batch(method='kernel', host to host)",
+     lambda o: cm.copy_batch(o.host, o.reg, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
+                             method="kernel"), ValueError, "host memory")
+case("copy_batch(method='kernel', read-only registration as destination)",
+     lambda o: cm.copy_batch(o.reg_ro, o.dev, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
+                             method="kernel"), ValueError, "READ_ONLY")
+case("copy_batch(method='kernel', overlapping destinations)",
+     lambda o: _batch(o, dst_offsets=[0, 100], method="kernel"), ValueError, "overlap")
+case("copy_batch(method='kernel', past the source)",
+     lambda o: _batch(o, src_offsets=[0, N - 1], method="kernel"), ValueError, "out of range")
+case("CopyBatch().execute(method='gpu')",
+     lambda o: cm.CopyBatch().add(o.dev, o.host, dst_offsets=_OFF, src_offsets=_OFF,
+                                  sizes=_SZ).execute(o.stream, method="gpu"), ValueError,
+     "method")
+case("CopyBatch().execute(method='kernel', pageable)",
+     lambda o: cm.CopyBatch().add(o.dev, o.page, dst_offsets=_OFF, src_offsets=_OFF,
+                                  sizes=_SZ).execute(method="kernel"), ValueError, "pageable")
+
 # == staging settings ====================================================================
 
 case("configure_staging(chunk=100)", lambda o: cm.configure_staging(chunk=100), ValueError,

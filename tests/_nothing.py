@@ -39,12 +39,14 @@ ALLOCATING = frozenset({
     "cuMemAddressReserve", "cuMemMap", "cuMemImportFromShareableHandle",
     "cuMemExportToShareableHandle", "cuMemPoolExportToShareableHandle",
     "cuStreamCreate", "cuStreamCreateWithPriority", "cuEventCreate", "cuCtxCreate",
+    "cuModuleLoadData",
 })
 #: Calls a failing call must not make: the allocating ones and those that issue hints.
 FORBIDDEN = ALLOCATING | ISSUING | {"cuMemSetAccess", "cuMemPoolSetAccess",
                                     "cuMemPoolSetAttribute", "cuStreamAttachMemAsync",
                                     "cuMemcpy", "cuMemcpyAsync", "cuMemsetD8",
-                                    "cuMemsetD8Async"}
+                                    "cuMemsetD8Async", "cuMemcpyBatchAsync",
+                                    "cuMemcpyHtoDAsync", "cuLaunchKernel"}
 #: Free memory a GPU may report differently between two reads with nothing allocated.
 GPU_SLACK = 2 << 20
 

@@ -265,7 +265,6 @@ def _function(f: Any) -> tuple[dict[str, Any], str]:
     raise Fail(R.CUDA_ERROR_INVALID_HANDLE)
 
 
-@api(0)
 def _launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int,
             h: int, kernel_params: Any, extra: int) -> None:
     m = S.MACHINE
@@ -297,6 +296,10 @@ def _launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], sha
     run(device, threads, [a[:k] for a, k in zip(args, sizes, strict=True)])
 
 
+_launch.__name__ = "cuLaunchKernel"  # so that fail_next("cuLaunchKernel") reaches it
+_launch_api = api(0)(_launch)
+
+
 def cuLaunchKernel(f: Any, gridDimX: Any, gridDimY: Any, gridDimZ: Any, blockDimX: Any,
                    blockDimY: Any, blockDimZ: Any, sharedMemBytes: Any, hStream: Any,
                    kernelParams: Any, extra: Any) -> Any:
@@ -310,4 +313,4 @@ def cuLaunchKernel(f: Any, gridDimX: Any, gridDimY: Any, gridDimZ: Any, blockDim
     if not isinstance(f, (cu.CUfunction, cu.CUkernel, int)):
         raise TypeError(f"Argument 'f' is not instance of type (expected <class 'int'>, "
                         f"CUfunction or CUkernel, found {type(f)})")
-    return _launch(f, grid, block, shared, h, kernelParams, extra)
+    return _launch_api(f, grid, block, shared, h, kernelParams, extra)

@@ -1,0 +1,359 @@
+"""copy_batch's kernel path: every direction and method, what "auto" picks, faults, the loader.
+
+On the GPU these run the shipped PTX (``cuda_memkit/kernels/block_copy.ptx``);
+on the simulator its numpy twin (``cuda_memkit/sim/_kernels.py``). The
+"only the given blocks" tests are the kernel's bounds check on the GPU (and
+run under compute-sanitizer memcheck with the rest of the suite).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from cuda.bindings import driver as cu
+
+import cuda_memkit as cm
+from cuda_memkit._core import _driver
+from cuda_memkit._transfer import _kernels
+from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
+
+from ._helpers import record_calls
+
+KiB = 1 << 10
+B = 4 * KiB
+N = 64
+METHODS = ("auto", "kernel", "driver")
+
+
+def pattern(n: int, seed: int = 1) -> np.ndarray:
+    return ((np.arange(n, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
+
+
+def launches(calls: list[tuple[str, Any]]) -> int:
+    return sum(api == "cuLaunchKernel" for api, _ in calls)
+
+
+def batches(calls: list[tuple[str, Any]]) -> int:
+    return sum(api in ("cuMemcpyBatchAsync", "cuMemcpyAsync") for api, _ in calls)
+
+
+def read(obj: Any) -> np.ndarray:
+    if isinstance(obj, cm.HostBuffer):
+        return obj.array.copy()
+    return obj.to_numpy()
+
+
+@pytest.fixture
+def host() -> Iterator[cm.HostBuffer]:
+    h = cm.HostBuffer.from_array(pattern(N * B))
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def host_out() -> Iterator[cm.HostBuffer]:
+    h = cm.HostBuffer.from_array(np.full(N * B, 0xEE, np.uint8))
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def dev() -> Iterator[cm.DeviceBuffer]:
+    d = cm.DeviceBuffer.alloc(N * B)
+    cm.copy(d, pattern(N * B, 5))
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def dev_out() -> Iterator[cm.DeviceBuffer]:
+    d = cm.DeviceBuffer.alloc(N * B)
+    d.memset(0xEE)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def perm() -> np.ndarray:
+    return np.random.default_rng(11).permutation(N)
+
+
+def _pair(direction: str, host: cm.HostBuffer, host_out: cm.HostBuffer, dev: cm.DeviceBuffer,
+          dev_out: cm.DeviceBuffer) -> tuple[Any, Any]:
+    return {"h2d": (dev_out, host), "d2h": (host_out, dev), "d2d": (dev_out, dev)}[direction]
+
+
+# -- data, every direction and method ---------------------------------------------------
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+@pytest.mark.parametrize("use_stream", [False, True])
+def test_scattered_blocks_every_direction(direction: str, method: str, use_stream: bool,
+                                          host: cm.HostBuffer, host_out: cm.HostBuffer,
+                                          dev: cm.DeviceBuffer, dev_out: cm.DeviceBuffer,
+                                          perm: np.ndarray, stream: cm.Stream,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    dst, src = _pair(direction, host, host_out, dev, dev_out)
+    src_bytes = read(src).reshape(N, B)
+    d_off, s_off = perm[: N // 2] * B, np.arange(0, N, 2) * B  # scattered on both sides
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off, sizes=B, method=method,
+                   stream=stream if use_stream else None)
+        if use_stream:
+            stream.synchronize()
+    got = read(dst).reshape(N, B)
+    assert (got[perm[: N // 2]] == src_bytes[::2]).all()
+    untouched = np.setdiff1d(np.arange(N), perm[: N // 2])
+    assert (got[untouched] == 0xEE).all()
+    kernel = method != "driver"  # 4 KiB blocks: "auto" takes the kernel
+    assert launches(calls) == (1 if kernel else 0)
+    assert (batches(calls) > 0) == (not kernel)
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+def test_only_the_given_bytes_change(direction: str, host: cm.HostBuffer,
+                                     host_out: cm.HostBuffer, dev: cm.DeviceBuffer,
+                                     dev_out: cm.DeviceBuffer) -> None:
+    """Odd offsets and sizes (byte heads and tails, every vector width): nothing else moves."""
+    dst, src = _pair(direction, host, host_out, dev, dev_out)
+    src_bytes = read(src)
+    rng = np.random.default_rng(3)
+    # disjoint destination slots of 5000 bytes, blocks of 1..4999 bytes at odd places in them
+    slots = rng.permutation(N * B // 5000 - 1)[:40]
+    sizes = np.concatenate(([1, 2, 3, 15, 16, 17, 31, 33, 4096, 4999],
+                            rng.integers(1, 4999, 30)))
+    d_off = slots * 5000 + rng.integers(0, 5000 - sizes)
+    s_off = rng.integers(0, N * B - 5000, len(sizes))
+    # alignment cases: equal residues mod 16, mod 8, mod 4, and none
+    d_off[:4] = slots[:4] * 5000 + np.array([16, 24, 36, 1])
+    s_off[:4] = np.array([32, 8, 4, 2]) + 4096
+    copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off, sizes=sizes, method="kernel")
+    want = np.full(N * B, 0xEE, np.uint8)
+    for d, s, z in zip(d_off, s_off, sizes, strict=True):
+        want[d:d + z] = src_bytes[s:s + z]
+    got = read(dst)
+    assert (got == want).all(), f"{int((got != want).sum())} bytes differ"
+
+
+def test_large_blocks_and_many_blocks(host: cm.HostBuffer, dev_out: cm.DeviceBuffer) -> None:
+    """Blocks of 64 KiB (several passes of a CTA) and 1-byte blocks (many per group)."""
+    copy_batch(dev_out, host, dst_offsets=[0, 2 * 64 * KiB], src_offsets=[64 * KiB, 0],
+               sizes=64 * KiB, method="kernel")
+    got = dev_out.to_numpy()
+    h = host.array
+    assert (got[: 64 * KiB] == h[64 * KiB: 128 * KiB]).all()
+    assert (got[128 * KiB: 192 * KiB] == h[: 64 * KiB]).all()
+    assert (got[64 * KiB: 128 * KiB] == 0xEE).all()
+    offs = np.arange(0, 2 * 4096, 2)  # 4096 single bytes, every other byte
+    copy_batch(dev_out, host, dst_offsets=offs + 200 * KiB, src_offsets=offs, sizes=1,
+               method="kernel")
+    got = dev_out.to_numpy()[200 * KiB: 200 * KiB + 2 * 4096]
+    assert (got[::2] == h[: 2 * 4096: 2]).all() and (got[1::2] == 0xEE).all()
+
+
+def test_registered_and_pinned_numpy_views(dev_out: cm.DeviceBuffer, host: cm.HostBuffer
+                                           ) -> None:
+    arr = pattern(N * B, 9)
+    with cm.register_host(arr):
+        copy_batch(dev_out, arr, dst_offsets=[B], src_offsets=[3 * B], sizes=B, method="kernel")
+        back = np.zeros(N * B, np.uint8)
+        with cm.register_host(back):
+            copy_batch(back, dev_out, dst_offsets=[0], src_offsets=[B], sizes=B, method="kernel")
+    assert (back[:B] == arr[3 * B: 4 * B]).all()
+    view = host.array[B:]  # a numpy view of a HostBuffer is pinned
+    copy_batch(dev_out, view, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+    assert (dev_out.to_numpy()[:B] == host.array[B: 2 * B]).all()
+
+
+def test_copy_batch_object_mixes_kernel_and_driver(host: cm.HostBuffer, host_out: cm.HostBuffer,
+                                                   dev: cm.DeviceBuffer,
+                                                   dev_out: cm.DeviceBuffer,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    b = CopyBatch()
+    b.add(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0], sizes=B)  # kernel
+    b.add(host_out, dev, dst_offsets=[0], src_offsets=[0], sizes=N * B // 2)  # driver (big)
+    page = np.zeros(N * B, np.uint8)
+    b.add(page, dev, dst_offsets=[0], src_offsets=[B], sizes=B)  # pageable: driver
+    with record_calls(monkeypatch) as calls:
+        b.execute()
+    assert launches(calls) == 1 and batches(calls) > 0
+    got = dev_out.to_numpy()
+    assert (got[:B] == host.array[B: 2 * B]).all() and (got[2 * B: 3 * B] == host.array[:B]).all()
+    assert (host_out.array[: N * B // 2] == dev.to_numpy()[: N * B // 2]).all()
+    assert (page[:B] == dev.to_numpy()[B: 2 * B]).all()
+
+
+# -- what "auto" picks --------------------------------------------------------------------
+
+
+def test_auto_picks_the_driver_above_the_threshold(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "KERNEL_MAX_BLOCK", 2 * KiB)
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0], sizes=B)
+    assert launches(calls) == 0 and batches(calls) > 0
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0], sizes=2 * KiB)
+    assert launches(calls) == 1
+    # contiguous blocks merge into one 8 KiB copy: above the threshold
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, host, dst_offsets=[0, 2 * KiB], src_offsets=[0, 2 * KiB],
+                   sizes=2 * KiB)
+    assert launches(calls) == 0
+    assert (dev_out.to_numpy()[: 4 * KiB] == host.array[: 4 * KiB]).all()
+
+
+def test_auto_leaves_pageable_raw_and_host_to_host_to_the_driver(
+        host: cm.HostBuffer, host_out: cm.HostBuffer, dev: cm.DeviceBuffer,
+        dev_out: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = pattern(N * B, 4)
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, page, dst_offsets=[0], src_offsets=[B], sizes=B)
+        copy_batch(dev_out.ptr, host, dst_offsets=[B], src_offsets=[0], sizes=B)
+        copy_batch(host_out, host, dst_offsets=[0], src_offsets=[2 * B], sizes=B)
+    assert launches(calls) == 0
+    got = dev_out.to_numpy()
+    assert (got[:B] == page[B: 2 * B]).all() and (got[B: 2 * B] == host.array[:B]).all()
+    assert (host_out.array[:B] == host.array[2 * B: 3 * B]).all()
+
+
+def test_kernel_takes_raw_addresses_it_can_classify(host: cm.HostBuffer,
+                                                    dev_out: cm.DeviceBuffer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out.ptr, host.ptr, dst_offsets=[B], src_offsets=[0], sizes=B,
+                   method="kernel")
+    assert launches(calls) == 1
+    assert (dev_out.to_numpy()[B: 2 * B] == host.array[:B]).all()
+
+
+# -- refusals before anything runs ------------------------------------------------------------
+
+
+def test_kernel_refuses_pageable_before_anything_runs(dev_out: cm.DeviceBuffer,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    page = pattern(N * B)
+    with record_calls(monkeypatch) as calls, pytest.raises(ValueError, match="pageable"):
+        copy_batch(dev_out, page, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+    made = {api for api, _ in calls}
+    assert not made & {"cuLaunchKernel", "cuMemAllocAsync", "cuMemcpyBatchAsync",
+                       "cuModuleLoadData", "cuMemcpyHtoDAsync"}
+    assert (dev_out.to_numpy() == 0xEE).all()
+
+
+@pytest.mark.multi_gpu
+def test_kernel_refuses_another_devices_memory(host: cm.HostBuffer) -> None:
+    if cm.device_count() < 2:
+        pytest.skip("needs two devices")
+    other = cm.DeviceBuffer.alloc(N * B, device=1)
+    try:
+        with cm.Device(0):
+            with pytest.raises(ValueError, match="device 1"):
+                copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B,
+                           method="kernel")
+            copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B)  # auto: driver
+        assert (other.to_numpy()[:B] == host.array[:B]).all()
+    finally:
+        other.close()
+
+
+# -- the loader ------------------------------------------------------------------------------
+
+
+def test_the_module_is_loaded_once_per_context(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    copy_batch(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+    with record_calls(monkeypatch) as calls:
+        for i in range(3):
+            copy_batch(dev_out, host, dst_offsets=[i * B], src_offsets=[0], sizes=B,
+                       method="kernel")
+    names = [api for api, _ in calls]
+    assert "cuModuleLoadData" not in names and "cuModuleGetFunction" not in names
+    assert names.count("cuLaunchKernel") == 3
+
+
+def test_the_launch_arguments(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ((values), (ctypes types)) form cuda-bindings 13 packs, all 8 parameters."""
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, host, dst_offsets=[0, 3 * B], src_offsets=[B, 0],
+                   sizes=[B, 100], method="kernel")
+    (args,) = [a for api, a in calls if api == "cuLaunchKernel"]
+    _f, gx, gy, gz, bx, by, bz, shared, _stream, params, extra = args
+    assert (gy, gz, by, bz, shared, extra) == (1, 1, 1, 1, 0, 0)
+    assert bx == _kernels.THREADS and 1 <= gx
+    values, types = params
+    assert types == (ctypes.c_void_p,) * 5 + (ctypes.c_uint64,) * 3
+    assert all(type(v) is int for v in values)
+    assert values[4] != 0 and values[6] == 2  # sizes array given, 2 blocks
+    assert values[7] == _kernels.lanes_for(B)
+
+
+@pytest.mark.parametrize(("size", "lanes"), [(1, 32), (512, 32), (513, 64), (1024, 64),
+                                             (4096, 256), (1 << 20, 256)])
+def test_lanes_per_block(size: int, lanes: int) -> None:
+    assert _kernels.lanes_for(size) == lanes
+
+
+# -- failures (simulator: injected, or addresses a GPU context would not survive) ------------
+
+
+@pytest.mark.sim_only
+@pytest.mark.parametrize(("api", "code"), [
+    ("cuLaunchKernel", cu.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+    ("cuMemAllocAsync", cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY),
+    ("cuMemcpyHtoDAsync", cu.CUresult.CUDA_ERROR_INVALID_VALUE),
+])
+def test_a_failing_call_raises_its_typed_error(api: str, code: cu.CUresult, host: cm.HostBuffer,
+                                               dev_out: cm.DeviceBuffer) -> None:
+    from cuda_memkit.sim import machine
+
+    copy_batch(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+    dev_out.memset(0xEE)
+    machine().fail_next(api, code)
+    with pytest.raises(cm.CudaError) as info:
+        copy_batch(dev_out, host, dst_offsets=[B], src_offsets=[0], sizes=B, method="kernel")
+    assert info.value.code == int(code) and info.value.api == api
+    assert (dev_out.to_numpy() == 0xEE).all()  # nothing copied; the leak check: nothing kept
+
+
+@pytest.mark.sim_only
+def test_a_kernel_fault_is_illegal_address(host: cm.HostBuffer) -> None:
+    """A raw address the kernel cannot use: CUDA_ERROR_ILLEGAL_ADDRESS (the GPU: at the sync)."""
+    gone = cm.DeviceBuffer.alloc(N * B)
+    ptr = gone.ptr
+    target = cm.DeviceBuffer.alloc(N * B)
+    gone.close()
+    try:
+        # a raw int inside a live allocation passes the kernel path's checks, but runs past it
+        with pytest.raises(cm.CudaError) as info:
+            copy_batch(target.ptr + N * B - 16, host, dst_offsets=[0], src_offsets=[0],
+                       sizes=B, method="kernel")
+        assert info.value.code == int(cu.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+        with pytest.raises(ValueError, match="does not know"):  # freed: refused, not launched
+            copy_batch(ptr, host, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+    finally:
+        target.close()
+
+
+@pytest.mark.sim_only
+def test_module_load_failures_leave_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda_memkit.sim import machine
+
+    monkeypatch.setattr(_kernels, "_loaded", {})
+    machine().fail_next("cuModuleLoadData", cu.CUresult.CUDA_ERROR_INVALID_PTX)
+    with pytest.raises(cm.CudaError, match="INVALID_PTX"):
+        _kernels.copy_function()
+    machine().fail_next("cuModuleGetFunction", cu.CUresult.CUDA_ERROR_NOT_FOUND)
+    with pytest.raises(cm.CudaError, match="NOT_FOUND"):
+        _kernels.copy_function()  # the module it loaded is unloaded again
+    assert not _kernels._loaded
+    _fn, sms = _kernels.copy_function()
+    assert sms > 0
+    (mod, _f, _n), = _kernels._loaded.values()
+    _driver.call("cuModuleUnload", mod)
