@@ -32,7 +32,7 @@ def driver_batch(monkeypatch: pytest.MonkeyPatch) -> None:
 
     The kernel path (and "auto" choosing it) is tested in test_copy_batch_kernel.py.
     """
-    monkeypatch.setattr(_kernels, "KERNEL_MAX_BLOCK", 0)
+    monkeypatch.setattr(_kernels, "KERNEL_THRESHOLD", 0)
 
 
 @pytest.fixture

@@ -193,19 +193,19 @@ def test_copy_batch_object_mixes_kernel_and_driver(host: cm.HostBuffer, host_out
 
 def test_auto_picks_the_driver_above_the_threshold(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_kernels, "KERNEL_MAX_BLOCK", 2 * KiB)
-    with record_calls(monkeypatch) as calls:
-        copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0], sizes=B)
-    assert launches(calls) == 0 and batches(calls) > 0
+    monkeypatch.setattr(_kernels, "KERNEL_THRESHOLD", 2 * KiB)
     with record_calls(monkeypatch) as calls:
         copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0], sizes=2 * KiB)
-    assert launches(calls) == 1
-    # contiguous blocks merge into one 8 KiB copy: above the threshold
+    assert launches(calls) == 0 and batches(calls) > 0  # at the threshold: the driver
     with record_calls(monkeypatch) as calls:
-        copy_batch(dev_out, host, dst_offsets=[0, 2 * KiB], src_offsets=[0, 2 * KiB],
-                   sizes=2 * KiB)
+        copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0],
+                   sizes=2 * KiB - 1)
+    assert launches(calls) == 1
+    # contiguous blocks merge into one 2 KiB copy: not below the threshold
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dev_out, host, dst_offsets=[0, KiB], src_offsets=[0, KiB], sizes=KiB)
     assert launches(calls) == 0
-    assert (dev_out.to_numpy()[: 4 * KiB] == host.array[: 4 * KiB]).all()
+    assert (dev_out.to_numpy()[: 2 * KiB] == host.array[: 2 * KiB]).all()
 
 
 def test_auto_leaves_pageable_raw_and_host_to_host_to_the_driver(

@@ -25,7 +25,7 @@
 * Small blocks between pinned host and device memory, or device to device,
   go to a block-copy kernel instead (:mod:`cuda_memkit._transfer._kernels`): the driver
   spends ~1.6 us per copy whatever its size, the kernel moves them at PCIe
-  speed. ``method="auto"`` picks it below ``KERNEL_MAX_BLOCK`` bytes per block.
+  speed. ``method="auto"`` picks it below ``KERNEL_THRESHOLD`` bytes per block.
 
 **What reaches the driver.** The driver checks each entry as it walks the
 list and stops at the first bad one, keeping the copies before it (the
@@ -609,8 +609,8 @@ def copy_batch(
         device-mapped address; both operands must be device or managed
         memory of that device or pinned host memory. ``"driver"``: the
         driver's batch copies. ``"auto"``: the kernel when both operands
-        qualify (int addresses never do) and the blocks average at most
-        ``KERNEL_MAX_BLOCK`` bytes (64 KiB), else the driver.
+        qualify (int addresses never do, nor host to host) and the blocks
+        average less than ``KERNEL_THRESHOLD`` bytes (64 KiB), else the driver.
 
     Returns
     -------
