@@ -2,24 +2,25 @@
 
     python benchmarks/bench_transfers.py [--json PATH] [--quick] [--only SECTIONS]
 
-(SECTIONS: a comma-separated subset of scattered,pageable,prefetch.)
+(SECTIONS: a comma-separated subset of scattered,blocks,pageable,prefetch.)
 
 One table, every row measured in this run (interleaved samples, medians; each
 sample is the wall-clock time of issuing the work and waiting for it), with
 an OK/MISS verdict on each target row:
 
-* Scattered pinned -> device blocks (4096 x 64 KiB, 1024 x 256 KiB,
-  65536 x 4 KiB; block i of a pinned buffer goes to slot perm[i] of a device
-  buffer): one contiguous ``cuMemcpyHtoDAsync`` of the same bytes (the
-  PCIe limit), a raw loop of ``cuMemcpyHtoDAsync``, one raw
+* Scattered pinned -> device blocks for the driver batch (4096 x 64 KiB,
+  1024 x 256 KiB; block i of a pinned buffer goes to slot perm[i] of a
+  device buffer): one contiguous ``cuMemcpyHtoDAsync`` of the same bytes
+  (the PCIe limit), a raw loop of ``cuMemcpyHtoDAsync``, one raw
   ``cuMemcpyBatchAsync`` with its pointer lists built beforehand, the same
   prebuilt lists in the calls copy_batch splits them into, and
   ``cuda_memkit.copy_batch`` from the offset arrays (its checks, merging and
   pointer lists inside the sample); for information ``cuda.core``'s
-  ``copy_batch`` (prebuilt Buffer lists), for 4 KiB blocks copy_batch with
-  the PREFER_OVERLAP flag off (the flag is on for blocks <= 4 KiB) and one
-  contiguous copy plus a CuPy scatter kernel on the device (what closes the
-  small-block gap).
+  ``copy_batch`` (prebuilt Buffer lists).
+* Small blocks, the kernel path (``small_blocks.py``): 65536 x 4 KiB and
+  16384 x 16 KiB pinned <-> device scattered on both sides, 65536 x 4 KiB
+  device -> device; contiguous, raw loop, copy_batch with each method,
+  cuda.core, CuPy contiguous + scatter kernel.
 * Both directions at once (4096 x 64 KiB each way): two raw batch calls on
   one stream, on two streams, and a ``CopyBatch`` (which forks its
   device-to-host half onto a second stream).
@@ -34,10 +35,12 @@ an OK/MISS verdict on each target row:
 
 Targets (issue 14): 4096 x 64 KiB copy_batch >= 2.0x the raw loop and
 >= 0.95x the prebuilt raw single batch call; 1024 x 256 KiB copy_batch
->= 0.85x contiguous; pageable copies, both directions: memkit ahead of every
-torch row in every round and >= 2.5x the driver's pageable path (median); PrefetchPlan
+>= 0.85x contiguous; (issue 23) copy_batch of 65536 x 4 KiB >= 0.8x
+contiguous both ways and device to device, of 16384 x 16 KiB >= 0.85x;
+pageable copies, both directions: memkit ahead of every torch row in every
+round and >= 2.5x the driver's pageable path (median); PrefetchPlan
 build+execute of 4096 entries <= 1.1x the whole range; the whole run
-< 240 s on the GPU. 65536 x 4 KiB is information.
+< 240 s on the GPU.
 
 On the simulator the numbers are the simulator's (``--quick`` is implied:
 small sizes, few repeats, no verdicts).
@@ -54,6 +57,7 @@ from typing import Any
 
 import numpy as np
 from harness import backend, check
+from small_blocks import core_case, small_blocks
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -111,16 +115,10 @@ class Table:
 SHAPE_TARGETS = {
     (4096, 64 * KiB): "loop+batch",  # >= 2.0x the raw loop and >= 0.95x one raw batch call
     (1024, 256 * KiB): "contig",  # >= 0.85x one contiguous copy
-    (65536, 4 * KiB): "info",
-}
-SMALL_BLOCK_NOTE = (
-    "the driver spends ~1.6 us per copy, batched or not, so 4 KiB copies top out near "
-    "2.5 GB/s; closing the gap needs fewer, larger copies: one contiguous H2D into a "
-    "device staging area plus a device scatter kernel (the CuPy row), or blocks >= 64 KiB")
+}  # smaller blocks: small_blocks.py (the kernel path)
 
 
 def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int) -> None:
-    from cuda_memkit._transfer import _copy_batch
     from cuda_memkit._transfer._copy_batch import CopyBatch, call_bounds, copy_batch
 
     shapes = list(SHAPE_TARGETS)
@@ -134,7 +132,6 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
     back = cm.HostBuffer.empty(total)
     dev = cm.DeviceBuffer.alloc(total)
     dev_src = cm.DeviceBuffer.alloc(total)
-    stage = cm.DeviceBuffer.alloc(total)
     rng = np.random.default_rng(0)
 
     def sync() -> None:
@@ -182,27 +179,12 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
                 "split": split,
                 "memkit": memkit,
             }
-            if b <= _copy_batch.OVERLAP_FLAG_MAX_BLOCK:
-                def flag_off(memkit: Callable[[], None] = memkit) -> None:
-                    old = _copy_batch.OVERLAP_FLAG_MAX_BLOCK
-                    _copy_batch.OVERLAP_FLAG_MAX_BLOCK = 0
-                    try:
-                        memkit()
-                    finally:
-                        _copy_batch.OVERLAP_FLAG_MAX_BLOCK = old
-                cases["memkit, overlap flag off"] = flag_off
             extra_notes: dict[str, str] = {}
-            core = _cuda_core_case(dev, host, d_off, s_off, b, h)
+            core = core_case(dps, hps, b, h)
             if isinstance(core, str):
                 extra_notes["cuda.core"] = core
             else:
                 cases["cuda.core"] = core
-            if target == "info":
-                scatter = _cupy_scatter_case(dev, stage, host, perm, b, h)
-                if isinstance(scatter, str):
-                    extra_notes["cupy scatter"] = scatter
-                else:
-                    cases["cupy scatter"] = scatter
             res = interleaved(cases, sync, repeat)
             bw = {k: nbytes / v / 1e9 for k, v in res.items()}
             got = dev.to_numpy()[: nbytes : max(1, nbytes // 4096)]
@@ -230,15 +212,7 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
             elif target == "contig":
                 table.add(label, gbps=mk, ratio=mk / ref, vs="contig",
                           target=">= 0.85x contig", ok=None if quick else mk / ref >= 0.85)
-            else:
-                table.add(label, gbps=mk, ratio=mk / ref, vs="contig", target="info",
-                          note=SMALL_BLOCK_NOTE)
-            if "memkit, overlap flag off" in bw:
-                off = bw["memkit, overlap flag off"]
-                table.add(f"{tag}: copy_batch without PREFER_OVERLAP", gbps=off,
-                          ratio=mk / off, vs="flag on/off", target="info (flag kept if > 1)")
-            for key, lab in (("cuda.core", "cuda.core copy_batch (prebuilt Buffers)"),
-                             ("cupy scatter", "1 contiguous copy + CuPy scatter kernel")):
+            for key, lab in (("cuda.core", "cuda.core copy_batch (prebuilt Buffers)"),):
                 if key in bw:
                     table.add(f"{tag}: {lab}", gbps=bw[key], ratio=bw[key] / ref,
                               vs="contig", target="info")
@@ -250,7 +224,7 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
     finally:
         s.synchronize()
         s2.synchronize()
-        for obj in (host, back, dev, dev_src, stage, s, s2):
+        for obj in (host, back, dev, dev_src, s, s2):
             obj.close()
 
 
@@ -294,46 +268,6 @@ def _duplex(cm: Any, raw: Any, table: Table, quick: bool, repeat: int, streams: 
               ratio=bw["two streams"] / ref, vs="1 stream", target="reference")
     table.add(f"{tag}: CopyBatch.execute (calls split, D2H forked)", gbps=bw["memkit"],
               ratio=bw["memkit"] / ref, vs="1 stream", target="info")
-
-
-def _cuda_core_case(dev: Any, host: Any, d_off: np.ndarray, s_off: np.ndarray, b: int,
-                    h: int) -> Callable[[], None] | str:
-    """cuda.core.utils.copy_batch over prebuilt Buffer lists, or why it cannot run."""
-    try:
-        from cuda import core
-        from cuda.core.utils import copy_batch as core_copy_batch
-
-        core.Device(0).set_current()
-        stream = core.Stream.from_handle(h)
-        dsts = [core.Buffer.from_handle(int(dev.ptr + x), b) for x in d_off]
-        srcs = [core.Buffer.from_handle(int(host.ptr + x), b) for x in s_off]
-    except Exception as exc:  # not importable, or an API this version lacks
-        return f"{type(exc).__name__}: {exc}"[:80]
-    return lambda: core_copy_batch(stream, srcs, dsts)
-
-
-def _cupy_scatter_case(dev: Any, stage: Any, host: Any, perm: np.ndarray, b: int,
-                       h: int) -> Callable[[], None] | str:
-    """One contiguous H2D into a device staging area, then a CuPy scatter kernel."""
-    try:
-        import cupy
-
-        n = len(perm)
-        cstream = cupy.cuda.ExternalStream(h)
-        mem_stage = cupy.cuda.UnownedMemory(stage.ptr, n * b, stage)
-        mem_dev = cupy.cuda.UnownedMemory(dev.ptr, n * b, dev)
-        src = cupy.ndarray((n, b // 8), cupy.uint64, cupy.cuda.MemoryPointer(mem_stage, 0))
-        dst = cupy.ndarray((n, b // 8), cupy.uint64, cupy.cuda.MemoryPointer(mem_dev, 0))
-        idx = cupy.asarray(perm)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"[:80]
-    from cuda.bindings import driver as raw
-
-    def run() -> None:
-        check(raw.cuMemcpyHtoDAsync(stage.ptr, host.ptr, n * b, h))
-        with cstream:
-            dst[idx] = src
-    return run
 
 
 # -- pageable arrays -----------------------------------------------------------------------
@@ -574,7 +508,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    ap.add_argument("--only", default="scattered,pageable,prefetch",
+    ap.add_argument("--only", default="scattered,blocks,pageable,prefetch",
                     help="comma-separated sections to run")
     args = ap.parse_args()
 
@@ -590,6 +524,8 @@ def main() -> None:
     t0 = time.perf_counter()
     if "scattered" in sections:
         scattered(cm, raw, cu, table, quick, repeat)
+    if "blocks" in sections:
+        small_blocks(cm, raw, table, quick, repeat, interleaved)
     if "pageable" in sections:
         pageable(cm, raw, table, quick, repeat)
     if "prefetch" in sections:
