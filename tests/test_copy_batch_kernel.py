@@ -262,6 +262,29 @@ def test_kernel_refuses_another_devices_memory(host: cm.HostBuffer) -> None:
         other.close()
 
 
+@pytest.mark.multi_gpu
+def test_a_stream_of_another_device(host: cm.HostBuffer,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel runs in the current context: a stream of another device goes to the driver."""
+    if cm.device_count() < 2:
+        pytest.skip("needs two devices")
+    s1 = cm.Stream(1)
+    with cm.Device(0):
+        dev = cm.DeviceBuffer.alloc(N * B)
+        try:
+            with pytest.raises(ValueError, match="stream is on device 1"):
+                copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1,
+                           method="kernel")
+            with record_calls(monkeypatch) as calls:
+                copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1)
+                s1.synchronize()
+            assert launches(calls) == 0
+            assert (dev.to_numpy()[:B] == host.array[:B]).all()
+        finally:
+            s1.close()
+            dev.close()
+
+
 # -- the loader ------------------------------------------------------------------------------
 
 

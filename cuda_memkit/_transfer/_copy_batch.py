@@ -500,7 +500,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
-    picked = _kernels.kernel_groups(groups, method)  # queries only; may refuse "kernel"
+    picked = _kernels.kernel_groups(groups, method, issue_on)  # queries; may refuse
     rest = groups
     if picked:
         taken = {id(g) for g, _, _ in picked}

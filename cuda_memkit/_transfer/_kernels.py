@@ -148,7 +148,10 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
         except CudaError as e:
             return None, (f"the {role} is pinned host memory not mapped for this context "
                           f"({e})"), True
-    ordinal = int(_driver.call("cuPointerGetAttribute", _DEVICE_ORDINAL_ATTR, ptr))
+    try:
+        ordinal = int(_driver.call("cuPointerGetAttribute", _DEVICE_ORDINAL_ATTR, ptr))
+    except CudaError as e:
+        return None, f"the driver does not say which device the {role} is on ({e})", False
     if ordinal != device:
         return None, (f"the {role} is memory of device {ordinal}, but the current "
                       f"context's device is {device}"), False
@@ -164,18 +167,22 @@ def check_method(method: Any) -> str:
     return method
 
 
-def kernel_groups(groups: Sequence[Any], method: str) -> list[tuple[Any, int, int]]:
+def kernel_groups(groups: Sequence[Any], method: str, stream: int
+                  ) -> list[tuple[Any, int, int]]:
     """``(group, destination address, source address)`` of the pairs the kernel copies.
 
     ``groups`` are ``copy_batch``'s checked pairs (``nbytes``, ``z``,
-    ``dst_op``, ``src_op``). Makes only queries (pointer attributes, mapped
-    addresses), no copy and no allocation.
+    ``dst_op``, ``src_op``), ``stream`` the handle the batch is issued on
+    (the kernel runs in the current context, so the stream must be of its
+    device). Makes only queries (pointer attributes, mapped addresses, the
+    stream's device), no copy and no allocation.
 
     Raises
     ------
     ValueError
         With ``method="kernel"``: a side the kernel cannot reach (pageable
-        host memory, memory of another device, unmapped pinned memory).
+        host memory, memory of another device, unmapped pinned memory), host
+        to host, a stream of another device.
     """
     live = [g for g in groups if g.nbytes]
     if method == "driver" or not live:
@@ -187,6 +194,13 @@ def kernel_groups(groups: Sequence[Any], method: str) -> list[tuple[Any, int, in
             return []
     need_context()
     device = int(_driver.call("cuCtxGetDevice"))
+    on = int(_driver.call("cuStreamGetDevice", stream))
+    if on != device:
+        if method == "kernel":
+            raise ValueError(
+                f"copy_batch(method='kernel'): the stream is on device {on}, but the current "
+                f"context's device is {device}; make device {on} current first")
+        return []
     out = []
     for g in live:
         d, why, d_host = _reach(g.dst_op, "destination", device)
