@@ -250,16 +250,17 @@ def test_kernel_refuses_pageable_before_anything_runs(dev_out: cm.DeviceBuffer,
 def test_kernel_refuses_another_devices_memory(host: cm.HostBuffer) -> None:
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
-    other = cm.DeviceBuffer.alloc(N * B, device=1)
-    try:
-        with cm.Device(0):
-            with pytest.raises(ValueError, match="device 1"):
-                copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B,
-                           method="kernel")
-            copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B)  # auto: driver
-        assert (other.to_numpy()[:B] == host.array[:B]).all()
-    finally:
-        other.close()
+    with cm.Device(0):  # the caller's context comes back at the end
+        other = cm.DeviceBuffer.alloc(N * B, device=1)
+        try:
+            with cm.Device(0):
+                with pytest.raises(ValueError, match="device 1"):
+                    copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B,
+                               method="kernel")
+                copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B)  # driver
+            assert (other.to_numpy()[:B] == host.array[:B]).all()
+        finally:
+            other.close()
 
 
 @pytest.mark.multi_gpu
@@ -268,21 +269,22 @@ def test_a_stream_of_another_device(host: cm.HostBuffer,
     """The kernel runs in the current context: a stream of another device goes to the driver."""
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
-    s1 = cm.Stream(1)
-    with cm.Device(0):
-        dev = cm.DeviceBuffer.alloc(N * B)
-        try:
-            with pytest.raises(ValueError, match="stream is on device 1"):
-                copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1,
-                           method="kernel")
-            with record_calls(monkeypatch) as calls:
-                copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1)
-                s1.synchronize()
-            assert launches(calls) == 0
-            assert (dev.to_numpy()[:B] == host.array[:B]).all()
-        finally:
-            s1.close()
-            dev.close()
+    with cm.Device(0):  # the caller's context comes back at the end
+        s1 = cm.Stream(1)  # makes device 1 current
+        with cm.Device(0):
+            dev = cm.DeviceBuffer.alloc(N * B)
+            try:
+                with pytest.raises(ValueError, match="stream is on device 1"):
+                    copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B,
+                               stream=s1, method="kernel")
+                with record_calls(monkeypatch) as calls:
+                    copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1)
+                    s1.synchronize()
+                assert launches(calls) == 0
+                assert (dev.to_numpy()[:B] == host.array[:B]).all()
+            finally:
+                s1.close()
+                dev.close()
 
 
 # -- the loader ------------------------------------------------------------------------------
@@ -380,3 +382,49 @@ def test_module_load_failures_leave_nothing(monkeypatch: pytest.MonkeyPatch) -> 
     assert sms > 0
     (mod, _f, _n), = _kernels._loaded.values()
     _driver.call("cuModuleUnload", mod)
+
+
+# -- the checks' O(n) path for equal blocks in slots (what keeps them off the kernel's time) --
+
+
+def _group(dst: Any, src: Any, d_off: Any, s_off: Any, size: Any) -> Any:
+    from cuda_memkit._transfer._copy_batch import _Group
+
+    return _Group(dst, src, d_off, s_off, size, None, None, None)
+
+
+def test_scattered_slots_skip_the_sort(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+                                       perm: np.ndarray) -> None:
+    s_off = (np.arange(N) % (N // 2)) * 2 * B  # even slots only: no source continues another
+    g = _group(dev_out, host, perm * B, s_off, B)
+    assert not g.sorted and len(g.z) == N and (g.d == perm * B).all()
+    copy_batch(dev_out, host, dst_offsets=perm * B, src_offsets=s_off, sizes=B)
+    got = dev_out.to_numpy().reshape(N, B)
+    assert (got[perm] == host.array.reshape(N, B)[s_off // B]).all()
+
+
+def test_slots_that_merge_or_collide_take_the_sort(host: cm.HostBuffer,
+                                                   dev_out: cm.DeviceBuffer) -> None:
+    g = _group(dev_out, host, np.array([7, 3, 4]) * B, np.array([0, 10, 11]) * B, B)
+    assert g.sorted and g.z.tolist() == [2 * B, B]  # slots 3 and 4 merged
+    with pytest.raises(ValueError, match=r"destination blocks 0 and 2 overlap"):
+        _group(dev_out, host, np.array([5, 1, 5]) * B, np.array([0, 1, 2]) * B, B)
+    g = _group(dev_out, host, [9 * B, 100], [0, 2 * B], B)  # not at multiples of B
+    assert g.sorted and g.d.tolist() == [100, 9 * B]
+    g = _group(dev_out, host, [9 * B, 0], [0, 2 * B], [B, 2 * B])  # unequal sizes
+    assert g.sorted and g.d.tolist() == [0, 9 * B]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unsorted_blocks_in_one_buffer_still_refuse_aliasing(dev: cm.DeviceBuffer,
+                                                             method: str) -> None:
+    """A source slot that is another block's destination: refused, whatever the order."""
+    d_off = np.array([9, 2, 30, 17]) * B
+    s_off = np.array([40, 41, 17, 50]) * B  # block 2 reads slot 17, which block 3 writes
+    with pytest.raises(ValueError, match="source block overlaps a destination"):
+        copy_batch(dev, dev, dst_offsets=d_off, src_offsets=s_off, sizes=B, method=method)
+    before = dev.to_numpy()
+    copy_batch(dev, dev, dst_offsets=d_off, src_offsets=s_off + B, sizes=B, method=method)
+    got = dev.to_numpy().reshape(N, B)
+    for d, s in zip(d_off // B, (s_off + B) // B, strict=True):
+        assert (got[d] == before.reshape(N, B)[s]).all()

@@ -175,8 +175,8 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
 class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
-    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s", "src",
-                 "src_hint", "src_need", "src_op", "z")
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s",
+                 "sorted", "src", "src_hint", "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any) -> None:
@@ -201,12 +201,16 @@ class _Group:
         else:
             idx = None
         # Sort by destination (a batch has no order), refuse overlapping
-        # destinations, merge blocks contiguous on both sides.
-        if len(d) > 1 and not (d[1:] >= d[:-1]).all():
-            order = np.argsort(d)
-            d, s, z = d[order], s[order], z[order]
-            idx = order if idx is None else idx[order]
-        if len(d) > 1:
+        # destinations, merge blocks contiguous on both sides; equal blocks in
+        # distinct slots with nothing to merge (the common scattered case) skip
+        # the sort, whose cost the kernel path would otherwise wait for.
+        # (sorted False: no overlap and nothing to merge, kept in the caller's order)
+        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z))
+        if self.sorted and len(d) > 1:
+            if not (d[1:] >= d[:-1]).all():
+                order = np.argsort(d)
+                d, s, z = d[order], s[order], z[order]
+                idx = order if idx is None else idx[order]
             end = d + z
             over = d[1:] < end[:-1]
             if over.any():
@@ -224,6 +228,13 @@ class _Group:
         self.d, self.s, self.z = d, s, z
         self.nbytes = int(z.sum()) if len(z) else 0
         self._check_null()
+
+    def extents(self) -> tuple[int, int, int, int]:
+        """``(dst start, dst end, src start, src end)``: the addresses the blocks span."""
+        ends_d, ends_s = self.d + self.z, self.s + self.z
+        dp, sp = self.dst_op[0], self.src_op[0]
+        return (dp + int(self.d.min()), dp + int(ends_d.max()), sp + int(self.s.min()),
+                sp + int(ends_s.max()))
 
     def _check_null(self) -> None:
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
@@ -271,18 +282,52 @@ class _Group:
         return (self.d.astype(u) + u(self.dst_op[0]), self.s.astype(u) + u(self.src_op[0]))
 
 
+def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
+                    z: np.ndarray[Any, Any]) -> bool:
+    """Whether equal blocks sit in distinct slots with no two to merge (False: unknown).
+
+    Blocks of one size ``b`` at multiples of ``b`` overlap only when two share
+    a slot; block ``i`` merges with the block in the next slot when that one's
+    source continues ``i``'s. Both are found in O(n) with a slot table (a sort
+    is O(n log n)). False when the blocks are not of that form, share a slot,
+    merge, or the slot table would be much larger than the blocks: the sort
+    then decides (and names the overlap).
+    """
+    import numpy as np
+
+    b = int(z[0])
+    if not (z == b).all() or (d % b).any():
+        return False
+    slot = d // b
+    top = int(slot.max())
+    if top > 4 * len(d) + 1024:
+        return False
+    pos = np.full(top + 2, -1, np.int64)
+    pos[slot] = np.arange(len(d))
+    if int(np.count_nonzero(pos >= 0)) != len(d):
+        return False  # two blocks share a slot: the sort names them
+    nxt = pos[slot + 1]
+    has = nxt >= 0
+    return not (s[nxt[has]] == s[has] + b).any()  # else something to merge
+
+
 def _check_hazards(groups: list[_Group]) -> None:
     """No destination may overlap another block's destination or any source."""
     import numpy as np
 
-    pairs = [g.addresses() for g in groups if len(g.z)]
-    if not pairs:
+    live = [g for g in groups if len(g.z)]
+    if not live:
         return
-    zs = [g.z.astype(np.uint64) for g in groups if len(g.z)]
+    if len(live) == 1:
+        d0, d1, s0, s1 = live[0].extents()
+        if d1 <= s0 or s1 <= d0:
+            return  # one pair whose destination and source spans do not meet
+    pairs = [g.addresses() for g in live]
+    zs = [g.z.astype(np.uint64) for g in live]
     ds = np.concatenate([p[0] for p in pairs])
     ss = np.concatenate([p[1] for p in pairs])
     z = np.concatenate(zs)
-    if len(groups) > 1:  # within one group this was checked on offsets
+    if len(live) > 1 or not live[0].sorted:  # a sorted group was checked on offsets
         order = np.argsort(ds)
         ds_sorted, de_sorted = ds[order], ds[order] + z[order]
         if (ds_sorted[1:] < de_sorted[:-1]).any():
