@@ -7,7 +7,8 @@
 * Everything is checked with numpy before anything is issued (integer
   arrays, lengths, bounds, overlapping destinations, a source overlapping
   another block's destination, pageable memory in a stream-ordered copy);
-  blocks contiguous on both sides are merged; the blocks go to
+  blocks contiguous on both sides are merged (equal blocks in slots are
+  checked in O(n) without a sort, see ``_distinct_slots``); the blocks go to
   ``cuMemcpyBatchAsync`` calls of at most :data:`CALL_MAX` copies and
   :data:`CALL_BYTES` bytes each where the driver has the call (CUDA >= 12.8
   with the 13.x form), and to a loop of ``cuMemcpyAsync`` where it does not.
@@ -94,6 +95,10 @@ DUPLEX_MIN_BYTES = 8 * MiB
 #: The source access order given to the driver: STREAM (sources are read in
 #: stream order, like cuMemcpyAsync), since the weaker orders measured no faster.
 SRC_ACCESS_ORDER = 1  # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+
+#: Equal blocks in distinct slots are sorted (to merge the contiguous ones) only
+#: when at least one in this many continues its neighbour in both buffers.
+MERGE_WORTH_SORT = 16
 
 
 # -- argument checks --------------------------------------------------------------------
@@ -284,14 +289,16 @@ class _Group:
 
 def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
                     z: np.ndarray[Any, Any]) -> bool:
-    """Whether equal blocks sit in distinct slots with no two to merge (False: unknown).
+    """Whether equal blocks sit in distinct slots with (almost) nothing to merge.
 
     Blocks of one size ``b`` at multiples of ``b`` overlap only when two share
     a slot; block ``i`` merges with the block in the next slot when that one's
     source continues ``i``'s. Both are found in O(n) with a slot table (a sort
-    is O(n log n)). False when the blocks are not of that form, share a slot,
-    merge, or the slot table would be much larger than the blocks: the sort
-    then decides (and names the overlap).
+    is O(n log n)). Random slots on both sides hold about one such pair
+    whatever their number, so fewer than one in :data:`MERGE_WORTH_SORT` are
+    left unmerged. False when the blocks are not of that form, share a slot,
+    merge more often, or the slot table would be much larger than the blocks:
+    the sort then decides (and names the overlap).
     """
     import numpy as np
 
@@ -308,7 +315,8 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
         return False  # two blocks share a slot: the sort names them
     nxt = pos[slot + 1]
     has = nxt >= 0
-    return not (s[nxt[has]] == s[has] + b).any()  # else something to merge
+    merges = int(np.count_nonzero(s[nxt[has]] == s[has] + b))
+    return merges * MERGE_WORTH_SORT <= len(d)  # a stray pair or two is not worth the sort
 
 
 def _check_hazards(groups: list[_Group]) -> None:
