@@ -156,6 +156,18 @@ def test_large_blocks_and_many_blocks(host: cm.HostBuffer, dev_out: cm.DeviceBuf
     assert (got[::2] == h[: 2 * 4096: 2]).all() and (got[1::2] == 0xEE).all()
 
 
+@pytest.mark.parametrize("as_array", [False, True])
+def test_triples_through_the_kernel(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+                                    as_array: bool) -> None:
+    triples = [(0, 4096, 100), (8192, 0, 4096), (20000, 777, 3)]
+    blocks = np.array(triples) if as_array else triples
+    copy_batch(dev_out, host, blocks=blocks, method="kernel")
+    want = np.full(N * B, 0xEE, np.uint8)
+    for d, s, z in triples:
+        want[d:d + z] = host.array[s:s + z]
+    assert (dev_out.to_numpy() == want).all()
+
+
 def test_registered_and_pinned_numpy_views(dev_out: cm.DeviceBuffer, host: cm.HostBuffer
                                            ) -> None:
     arr = pattern(N * B, 9)

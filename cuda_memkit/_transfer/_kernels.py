@@ -244,13 +244,20 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
         return
     fn, sms = copy_function()
     u = np.uint64
-    dst = np.concatenate([g.d.astype(u) + u(d) for g, d, _ in picked])
-    src = np.concatenate([g.s.astype(u) + u(s) for g, _, s in picked])
-    z = np.concatenate([g.z for g, _, _ in picked])
+    z = picked[0][0].z if len(picked) == 1 else np.concatenate([g.z for g, _, _ in picked])
     n = len(z)
     first = int(z[0])
     uniform = bool((z == first).all())
-    desc = np.concatenate((dst, src) if uniform else (dst, src, z.astype(u)))
+    # One array [dst addresses | src addresses | sizes if they differ], written in place.
+    desc = np.empty((2 if uniform else 3) * n, u)
+    at = 0
+    for g, d, s in picked:
+        k = len(g.z)
+        np.add(g.d.view(u), u(d), out=desc[at:at + k])  # offsets are >= 0: the view is exact
+        np.add(g.s.view(u), u(s), out=desc[n + at:n + at + k])
+        at += k
+    if not uniform:
+        desc[2 * n:] = z
     lanes = lanes_for(int(z.max()))
     grid = max(1, min(-(-n // (THREADS // lanes)), sms * CTAS_PER_SM))
     call = _driver.call
