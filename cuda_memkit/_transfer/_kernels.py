@@ -55,11 +55,9 @@ __all__ = ["KERNEL_THRESHOLD", "METHODS", "copy_function", "kernel_groups", "lau
 KiB = 1 << 10
 
 #: ``method="auto"`` copies a pair with the kernel when its blocks (after merging
-#: contiguous ones) average fewer bytes than this, else with the driver batch.
-#: The driver batch costs ~1.6 us per copy whatever its size (4096 x 64 KiB
-#: reached 2.6x the raw loop on the H100), the kernel moves small blocks at
-#: PCIe speed. 64 KiB is a placeholder until the H100 run of
-#: ``scripts/probes/kernel_threshold_probe.py`` decides it.
+#: contiguous ones) average fewer bytes than this, else with the driver batch,
+#: whose fixed cost per copy dominates small blocks only. A placeholder until
+#: the H100 run of ``scripts/probes/kernel_threshold_probe.py`` decides it.
 KERNEL_THRESHOLD = 64 * KiB
 #: Values of ``copy_batch(method=...)``.
 METHODS = ("auto", "kernel", "driver")

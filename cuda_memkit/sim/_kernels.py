@@ -16,11 +16,13 @@ and live in ``MACHINE.ext["kernel.modules"]`` until ``cuModuleUnload``.
 Launching checks the bindings' argument forms (``kernelParams`` is ``None``,
 an int address of a ``void*`` array, or the ``((values...), (ctypes types...))``
 pair, converted as cuda-bindings 13 converts it; ``extra`` must be an int),
-then the driver's rules: an unknown function handle is
-``CUDA_ERROR_INVALID_HANDLE`` (PROVISIONAL, as are the codes below that no
-probe has read: a function of a module loaded in another context, grid or
+then the driver's rules: an unknown function handle, or a function of a
+module loaded in another context, is ``CUDA_ERROR_INVALID_HANDLE``; grid or
 block dimensions of 0 or beyond the H100's limits, more than 48 KiB of
-dynamic shared memory, missing parameters: ``CUDA_ERROR_INVALID_VALUE``).
+dynamic shared memory, or missing parameters are ``CUDA_ERROR_INVALID_VALUE``.
+``scripts/probes/kernel_threshold_probe.py`` records the GPU's answers to the
+cases that cannot crash a process (bad images, unknown names, bad
+dimensions); the tests of the others are marked ``provisional``.
 
 Execution is immediate (simulated streams complete at once). An access the
 GPU would fault on -- an address in no allocation (pageable or freed memory),
