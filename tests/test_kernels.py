@@ -16,7 +16,7 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._operands import need_context
+from cuda_memkit._core._device import ensure_any_context
 from cuda_memkit._transfer import _kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def test_the_package_reads_the_shipped_ptx() -> None:
 
 @pytest.fixture
 def module() -> Iterator[Any]:
-    need_context()
+    ensure_any_context()
     mod = _driver.call("cuModuleLoadData", _kernels.ptx_image())
     yield mod
     _driver.call("cuModuleUnload", mod)
@@ -133,7 +133,7 @@ def test_bad_launch_dimensions_are_invalid_value(module: Any, grid: tuple[int, .
      R.CUDA_ERROR_UNSUPPORTED_PTX_VERSION),
 ])
 def test_bad_images(image: bytes, code: R) -> None:
-    need_context()
+    ensure_any_context()
     with pytest.raises(cm.CudaError) as info:
         _driver.call("cuModuleLoadData", image)
     assert info.value.code == int(code)

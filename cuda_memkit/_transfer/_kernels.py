@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
+from .._core._device import ensure_any_context
 from .._core._errors import CudaError
 from .._core._operands import (
     HOST,
@@ -44,7 +45,6 @@ from .._core._operands import (
     RAW,
     is_pinned_host,
     memory_type,
-    need_context,
 )
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
                 and g.nbytes < KERNEL_THRESHOLD * len(g.z)]
         if not live:
             return []
-    need_context()
+    ensure_any_context()
     device = int(_driver.call("cuCtxGetDevice"))
     on = int(_driver.call("cuStreamGetDevice", stream))
     if on != device:
