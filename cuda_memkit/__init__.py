@@ -33,6 +33,7 @@ from ._core._errors import (
 )
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
+    from ._core._buffer import Buffer, MemoryKind
     from ._core._device import Device, Location, LocationType, Stream, device_count
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
 # Feature modules load on first use of one of their names (PEP 562), so that
 # ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
+    "_core._buffer": ("Buffer", "MemoryKind"),
     "_core._device": ("Device", "Location", "LocationType", "Stream", "device_count"),
     "_device_memory._device_buffer": ("DeviceBuffer",),
     "_transfer._transfers": ("copy", "copy_async"),
@@ -93,9 +95,15 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
 }
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
+# The transfers plug copy() into every buffer's copy_from/copy_to (_core._buffer.copier).
 _COMPANIONS: dict[str, tuple[str, ...]] = {
-    "_host._pinned": ("_host._pinned_pool",),
-    "_pools._pool": ("_host._pinned_pool",),
+    "_host._pinned": ("_host._pinned_pool", "_transfer._transfers"),
+    "_pools._pool": ("_host._pinned_pool", "_transfer._transfers"),
+    "_device_memory._device_buffer": ("_transfer._transfers",),
+    "_host._registered": ("_transfer._transfers",),
+    "_managed_memory._managed": ("_transfer._transfers",),
+    "_virtual._vmm": ("_transfer._transfers",),
+    "_virtual._growable": ("_transfer._transfers",),
 }
 _LAZY: dict[str, str] = {name: mod for mod, names in _LAZY_MODULES.items() for name in names}
 
@@ -108,6 +116,7 @@ __all__ = [
     "AddressRange",
     "Allocation",
     "AttachFlags",
+    "Buffer",
     "ClosedError",
     "CopyBatch",
     "CudaAlreadyMappedError",
@@ -143,6 +152,7 @@ __all__ = [
     "MemAdvice",
     "MemkitWarning",
     "MemoryEvent",
+    "MemoryKind",
     "MemoryPool",
     "MemoryStats",
     "MigrationPolicy",

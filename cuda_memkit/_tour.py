@@ -37,7 +37,7 @@ def _pinned_step(say: Say) -> None:
     from . import DeviceBuffer, HostAllocFlags, HostBuffer, copy, register_host
 
     with Stream() as s, HostBuffer.empty((1024, 256), np.float32) as host, \
-            DeviceBuffer.alloc(host.nbytes) as dev:
+            DeviceBuffer.empty(host.nbytes) as dev:
         host.array[:] = np.arange(host.array.size, dtype=np.float32).reshape(host.shape)
         copy(dev, host, stream=s)
         back = HostBuffer.zeros(host.shape, np.float32, flags=HostAllocFlags.PORTABLE)

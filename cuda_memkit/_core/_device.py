@@ -20,7 +20,7 @@ from ._constants import (
     STREAM_NON_BLOCKING,
 )
 from ._errors import CudaError
-from ._resource import Resource, driver_release, make_finalizer
+from ._resource import Resource, driver_release, make_finalizer, warn_exit_failed
 
 __all__ = [
     "Device",
@@ -386,9 +386,15 @@ class Device:
         stack.append(prev)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         prev = self._saved.stack.pop()
-        _driver.call("cuCtxSetCurrent", prev)
+        if exc_type is None:
+            _driver.call("cuCtxSetCurrent", prev)
+            return
+        try:
+            _driver.call("cuCtxSetCurrent", prev)
+        except CudaError as err:  # never replace the exception in flight
+            warn_exit_failed(self, err)
 
 
 # -- streams -------------------------------------------------------------------

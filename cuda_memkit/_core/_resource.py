@@ -26,6 +26,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _driver
@@ -141,8 +142,26 @@ class Resource:
         self._check_open()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self._close_on_error()
+        except Exception as err:  # never replace the exception in flight: report this one
+            warn_exit_failed(self, err)
+
+    def _close_on_error(self) -> None:
+        """What leaving a ``with`` block by an exception does: :meth:`close`."""
         self.close()
+
+
+def warn_exit_failed(owner: object, err: BaseException) -> None:
+    """A cleanup that failed while an exception propagated: a warning, never a new exception."""
+    warnings.warn(f"cuda_memkit: {type(owner).__name__} was left by an exception, and cleaning "
+                  f"it up failed too ({type(err).__name__}: {err}); the original exception "
+                  "propagates", MemkitWarning, stacklevel=3)
 
 
 class ArrayHolder:

@@ -10,23 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
-from .._core._checks import byte_count
-from .._core._device import (
-    StreamLike,
-    check_ordinal,
-    ensure_any_context,
-    ensure_context,
-    release_call,
-    stream_handle,
-)
-from .._core._interop import DL_CUDA, DeviceMemoryMixin, normalize_view
-from .._core._operands import (
-    copy_size,
-    copy_sync,
-    operand,
-    pending_operands,
-    reap_pending,
-)
+from .._core._buffer import BufferMixin, MemoryKind
+from .._core._checks import byte_count, check_dtype, check_shape, shape_nbytes
+from .._core._device import check_ordinal, ensure_context, release_call
+from .._core._interop import DL_CUDA, DeviceMemoryMixin
+from .._core._operands import copy_size, copy_sync, operand, pending_operands, reap_pending
 from .._core._resource import Resource, State, account, make_finalizer
 
 if TYPE_CHECKING:
@@ -50,38 +38,48 @@ def _free_device(ptr: int, ordinal: int) -> None:
     release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
-class DeviceBuffer(DeviceMemoryMixin, Resource):
-    """Device memory from ``cuMemAlloc``: ``nbytes`` bytes on one device.
+class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
+    """Device memory from ``cuMemAlloc`` on one device.
 
-    Build with :meth:`alloc` (or :meth:`from_array`). It exports
-    ``__cuda_array_interface__`` and DLPack (a 1-D ``uint8`` view; typed views
-    with :meth:`as_array`) so CuPy, torch and numba can use it without a copy.
-    A zero-length buffer allocates nothing and has ``ptr == 0``.
+    Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. A buffer
+    made from a byte count (``empty(nbytes)``) is plain bytes (``dtype`` is
+    ``None``): it exports a 1-D ``uint8`` view and copies to and from any
+    dtype of its size. One made with a ``dtype`` (or from an array) keeps its
+    shape and dtype: ``to_numpy()``, ``__cuda_array_interface__`` and DLPack
+    give them, and copies check them. A zero-length buffer allocates nothing
+    and has ``ptr == 0``.
 
     Examples
     --------
-    >>> d = cm.DeviceBuffer.alloc(1 << 20)
-    >>> cm.copy(d, np.arange(1 << 18, dtype=np.float32))
-    >>> d.to_numpy(np.float32)[:3]
-    array([0., 1., 2.], dtype=float32)
+    >>> d = cm.DeviceBuffer.from_array(np.arange(5, dtype=np.float32))
+    >>> d.to_numpy()
+    array([0., 1., 2., 3., 4.], dtype=float32)
+    >>> d.fill(np.float32(1.5))
     >>> d.close()
     """
 
     _ptr: int
     _nbytes: int
     _device: int
+    _dtype: np.dtype[Any] | None
+    _shape: tuple[int, ...]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("create a DeviceBuffer with DeviceBuffer.alloc(nbytes)")
+        raise TypeError("create a DeviceBuffer with DeviceBuffer.empty(), .zeros() "
+                        "or .from_array()")
 
     @classmethod
-    def alloc(cls, nbytes: int, *, device: Any = None) -> DeviceBuffer:
-        """Allocate ``nbytes`` of device memory (``cuMemAlloc``), uninitialised.
+    def empty(cls, shape: int | tuple[int, ...], dtype: npt.DTypeLike | None = None, *,
+              device: Any = None) -> DeviceBuffer:
+        """Allocate uninitialised device memory (``cuMemAlloc``).
 
         Parameters
         ----------
-        nbytes : int
-            Size in bytes; 0 allocates nothing.
+        shape : int or tuple of int
+            Without ``dtype``: the size in bytes. With it: the array shape.
+            0 (or any zero dimension) allocates nothing.
+        dtype : dtype-like, optional
+            Element type; default: plain bytes (see the class docstring).
         device : Device or int, optional
             The device; default: the current context's (device 0 if none).
             Its primary context becomes current.
@@ -89,16 +87,31 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         Raises
         ------
         TypeError
-            If ``nbytes`` is not an int.
+            For a shape that is not an int or a tuple of ints, or an object or
+            zero-size dtype.
         ValueError
-            If it is negative or impossibly large (before any driver call).
+            For a negative or impossibly large size (before any driver call).
         CudaOutOfMemoryError
             If the device has not enough free memory.
         """
-        n = byte_count(nbytes)
+        dt: np.dtype[Any] | None = None
+        if dtype is not None:
+            shp = check_shape(shape)
+            dt = check_dtype(dtype, "device memory")
+            n = shape_nbytes(shp, dt)
+        elif isinstance(shape, (tuple, list)):
+            shp = check_shape(shape)
+            if len(shp) != 1:
+                raise ValueError(f"shape {shape!r} without a dtype must be a byte count")
+            n = shp[0]
+        else:
+            n = byte_count(shape, "shape (a byte count without dtype)")
+            shp = (n,)
         ordinal = check_ordinal(device) if device is not None else None
         self = cls.__new__(cls)
         self._nbytes = n
+        self._dtype = dt
+        self._shape = shp
         if n == 0:
             self._ptr = 0
             self._device = ensure_context(ordinal)
@@ -115,25 +128,47 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         return self
 
     @classmethod
+    def zeros(cls, shape: int | tuple[int, ...], dtype: npt.DTypeLike | None = None, *,
+              device: Any = None) -> DeviceBuffer:
+        """Allocate device memory filled with zero bytes; arguments as :meth:`empty`."""
+        self = cls.empty(shape, dtype, device=device)
+        try:
+            self._memset(self._ptr, 0, 1, self._nbytes, None)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @classmethod
     def from_array(cls, array: Any, *, device: Any = None) -> DeviceBuffer:
-        """Allocate a device buffer of ``array``'s size and copy it in (synchronously).
+        """Allocate a device buffer with ``array``'s shape and dtype and copy it in.
+
+        The copy is synchronous.
 
         Parameters
         ----------
-        array : array-like or HostBuffer
-            Host data (C-contiguous after ``numpy.ascontiguousarray``).
+        array : array-like or cuda_memkit buffer
+            Host data (made C-contiguous first if it is not), or another
+            buffer, whose bytes (and dtype and shape, where it has them) are copied.
         device : Device or int, optional
-            As for :meth:`alloc`.
+            As for :meth:`empty`.
         """
-        if not isinstance(array, Resource):  # memkit buffers are copied from as they are
+        if isinstance(array, Resource):  # memkit buffers are copied from as they are
+            dt = getattr(array, "dtype", None)
+            shape = getattr(array, "shape", None)
+            if dt is None or shape is None:
+                self = cls.empty(array.nbytes, device=device)  # type: ignore[attr-defined]
+            else:
+                self = cls.empty(shape, dt, device=device)
+        else:
             import numpy as np
 
             array = np.ascontiguousarray(array)
             if array.dtype.hasobject:
                 raise TypeError("object arrays cannot be copied to the device")
-        self = cls.alloc(array.nbytes, device=device)
+            self = cls.empty(array.shape, array.dtype, device=device)
         try:
-            _copy(self, array, None)
+            _copy(self, array, self._nbytes)
         except BaseException:
             self.close()
             raise
@@ -152,68 +187,32 @@ class DeviceBuffer(DeviceMemoryMixin, Resource):
         return self._nbytes
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        """Array shape (``(nbytes,)`` for a byte buffer)."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any] | None:
+        """Element type; ``None`` for a buffer of plain bytes (made from a byte count)."""
+        return self._dtype
+
+    @property
     def device(self) -> int:
         """Ordinal of the device holding the memory."""
         return self._device
 
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.DEVICE`."""
+        return MemoryKind.DEVICE
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        return self._dtype, self._shape
+
     def _dl_device(self) -> tuple[int, int]:
         return (DL_CUDA, self._device)
 
-    def to_numpy(self, dtype: npt.DTypeLike = "uint8",
-                 shape: int | tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
-        """Copy the contents to a new numpy array (synchronously).
-
-        Parameters
-        ----------
-        dtype : dtype-like, default uint8
-            Element type.
-        shape : int or tuple of int, optional
-            Shape; default: as many elements as fit.
-        """
-        import numpy as np
-
-        dt, shp = normalize_view(dtype, shape, self._nbytes)
-        out = np.empty(shp, dt)
-        if out.nbytes:
-            _copy(out, self, out.nbytes)
-        return out
-
-    def memset(self, value: int = 0, *, stream: StreamLike = None) -> None:
-        """Set every byte to ``value``.
-
-        Without ``stream`` it is synchronous (``cuMemsetD8`` and a wait); with
-        ``stream``, ordered on it (``cuMemsetD8Async``).
-
-        Parameters
-        ----------
-        value : int, default 0
-            The byte value, 0..255.
-        stream : stream-like, optional
-            Order the memset on this stream instead of waiting for it.
-
-        Raises
-        ------
-        TypeError
-            If ``value`` is not an int.
-        ValueError
-            If ``value`` is not in 0..255.
-        """
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError("value must be an int byte value")
-        if not 0 <= value <= 255:
-            raise ValueError(f"byte value must be in 0..255, got {value}")
-        ptr = self.ptr
-        if not self._nbytes:
-            return
-        if stream is None:
-            ensure_any_context()
-            _driver.call("cuMemsetD8", ptr, value, self._nbytes)
-            _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
-        else:
-            h = stream_handle(stream)
-            ensure_any_context()
-            _driver.call("cuMemsetD8Async", ptr, value, self._nbytes, h)
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
-        return f"<DeviceBuffer {self._nbytes} bytes on device {self._device} {state}>"
+        typed = "" if self._dtype is None else f" shape={self._shape} dtype={self._dtype}"
+        return f"<DeviceBuffer {self._nbytes} bytes{typed} on device {self._device} {state}>"

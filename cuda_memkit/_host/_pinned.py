@@ -30,16 +30,13 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core import _driver
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
 from .._core._device import ensure_any_context, release_call
 from .._core._errors import CudaError, CudaInvalidContextError, MemkitWarning
 from .._core._operands import (
-    copy_size,
-    copy_sync,
-    is_pinned_object,
     mapped_device_ptr,
     mark_pinned_class,
-    operand,
     pending_operands,
     reap_pending,
 )
@@ -145,6 +142,8 @@ class PinnedAlloc:
                 self.release()
             except CudaError as exc:
                 warn_free_failed("HostBuffer", ptr, exc)
+_PINNED = MemoryKind.PINNED
+_PINNED_POOLED = MemoryKind.PINNED_POOLED
 _UINT8_NAME = "uint8"  # empty()'s default dtype (the same interned str)
 _NO_FLAGS = HostAllocFlags.DEFAULT
 _U8: Any = None  # numpy's uint8 dtype, made on first use
@@ -206,7 +205,7 @@ def warn_free_failed(what: str, ptr: int, exc: CudaError) -> None:
 # -- HostBuffer -------------------------------------------------------------------------
 
 
-class HostBuffer(Resource):
+class HostBuffer(BufferMixin, Resource):
     """Page-locked (pinned) host memory holding an array of ``shape`` and ``dtype``.
 
     Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. The memory
@@ -220,14 +219,14 @@ class HostBuffer(Resource):
     >>> import numpy as np, cuda_memkit as cm
     >>> with cm.HostBuffer.empty((1024, 1024), np.float32) as h:
     ...     h.array[:] = 1.0                     # fill in place (zero-copy)
-    ...     d = cm.DeviceBuffer.alloc(h.nbytes)
+    ...     d = cm.DeviceBuffer.empty(h.nbytes)
     ...     cm.copy(d, h)                        # fast: pinned source
     ...     d.close()
     """
 
     if not TYPE_CHECKING:
-        __slots__ = ("_block", "_dptr", "_dtype", "_finalizer", "_flags", "_nbytes", "_ptr",
-                     "_shape", "_state", "_views")
+        __slots__ = ("_block", "_dptr", "_dtype", "_finalizer", "_flags", "_kind", "_nbytes",
+                     "_ptr", "_shape", "_state", "_views")
     _ptr: int
     _nbytes: int
     _shape: tuple[int, ...]
@@ -235,6 +234,7 @@ class HostBuffer(Resource):
     _flags: int  # HostAllocFlags bits
     _dptr: int | None
     _block: PooledBlock | None  # what owns the memory (PinnedAlloc, a pool's block); None: freed
+    _kind: MemoryKind  # PINNED, or PINNED_POOLED for a pool's block
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError(
@@ -306,6 +306,7 @@ class HostBuffer(Resource):
         self._views = None
         self._block = None
         self._finalizer = None
+        self._kind = _PINNED if pool is None else _PINNED_POOLED
         if nbytes == 0:
             if pool is not None:
                 _pool_source().take(pool, 0, fl)  # same pool checks as a real allocation
@@ -446,6 +447,22 @@ class HostBuffer(Resource):
         return math.prod(self._shape)
 
     @property
+    def device(self) -> None:
+        """``None``: the memory is host memory."""
+        return None
+
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.PINNED`, or :attr:`MemoryKind.PINNED_POOLED` for pool memory."""
+        return self._kind
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        return self._dtype, self._shape
+
+    def _host_only(self) -> bool:
+        return True
+
+    @property
     def flags(self) -> HostAllocFlags:
         """The flags the buffer was allocated with."""
         return HostAllocFlags(self._flags)
@@ -497,102 +514,5 @@ class HostBuffer(Resource):
                 "allocate it with flags=HostAllocFlags.DEVICEMAP")
         return dptr
 
-    # -- copies ----------------------------------------------------------------------
-    def copy_from(self, src: Any) -> None:
-        """Copy ``src`` into this buffer (synchronously).
-
-        Parameters
-        ----------
-        src : array-like, HostBuffer or device memory
-            Host data must have this buffer's shape and dtype exactly; device
-            memory (anything :func:`cuda_memkit.copy` accepts) must have its
-            size in bytes.
-
-        Raises
-        ------
-        ValueError
-            On a shape, dtype or size mismatch (before anything is copied).
-        ClosedError
-            If either buffer is closed.
-        """
-        self._check_open()
-        host = _host_view(src)
-        if host is None:  # device memory
-            d = operand(self, True)
-            s = operand(src, False)
-            copy_sync(d, s, copy_size(d, s, None))
-            return
-        _check_same(host, self, "source", "this buffer")
-        if self._nbytes:
-            import numpy as np
-
-            np.copyto(self.array, host, casting="no")
-
-    def copy_to(self, dst: Any) -> None:
-        """Copy this buffer into ``dst`` (synchronously).
-
-        Parameters
-        ----------
-        dst : numpy array, HostBuffer or device memory
-            A writable host array must have this buffer's shape and dtype
-            exactly; device memory must have its size in bytes.
-
-        Raises
-        ------
-        ValueError
-            On a shape, dtype or size mismatch, or a read-only destination.
-        ClosedError
-            If either buffer is closed.
-        """
-        self._check_open()
-        host = _host_view(dst)
-        if host is None:  # device memory
-            d = operand(dst, True)
-            s = operand(self, False)
-            copy_sync(d, s, copy_size(d, s, None))
-            return
-        if not host.flags.writeable:
-            raise ValueError("the destination array is read-only")
-        _check_same(self, host, "this buffer", "destination")
-        if self._nbytes:
-            import numpy as np
-
-            np.copyto(host, self.array, casting="no")
-
-    def to_numpy(self) -> np.ndarray[Any, Any]:
-        """Return a copy of the contents as an ordinary numpy array."""
-        out: np.ndarray[Any, Any] = self.array.copy()
-        return out
-
 
 mark_pinned_class(HostBuffer)
-
-
-def _host_view(obj: Any) -> np.ndarray[Any, Any] | None:
-    """A numpy view of host data ``obj``, or ``None`` if it is device memory."""
-    import numpy as np
-
-    if isinstance(obj, np.ndarray):
-        arr = obj
-    elif is_pinned_object(obj):  # HostBuffer, RegisteredHost
-        arr = obj.array
-    elif hasattr(obj, "__cuda_array_interface__") or (
-        hasattr(obj, "ptr") and hasattr(obj, "nbytes") and not hasattr(obj, "__array__")
-    ):
-        return None
-    else:
-        arr = np.asarray(obj)
-    if arr.dtype.hasobject:
-        raise TypeError("object arrays cannot be copied to or from pinned memory")
-    return arr
-
-
-def _check_same(a: Any, b: Any, a_name: str, b_name: str) -> None:
-    if a.dtype != b.dtype:
-        raise ValueError(f"dtype mismatch: {a_name} is {a.dtype}, {b_name} is {b.dtype}")
-    if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(
-            f"shape mismatch: {a_name} has shape {tuple(a.shape)}, {b_name} {tuple(b.shape)}"
-        )
-
-

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from .._core import _driver
+from .._core._buffer import MemoryKind
 from .._core._checks import MAX_NBYTES
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._constants import STREAM_LEGACY
@@ -278,6 +279,7 @@ class PooledHostBuffer(_pinned.HostBuffer):
     """
 
     __slots__ = ()
+    _kind = MemoryKind.PINNED_POOLED  # (HostBuffer's slot, never set on these)
 
     def close(self) -> None:
         """Give the block back to the pool's cache; calling it again does nothing."""

@@ -14,6 +14,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
+from .._core._buffer import BufferMixin, MemoryKind, host_array_protocol
 from .._core._checks import check_flags
 from .._core._device import ensure_context, release_call
 from .._core._errors import CudaHostMemoryNotRegisteredError
@@ -28,6 +29,7 @@ from .._core._resource import Resource, account, make_finalizer
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["HostRegisterFlags", "RegisteredHost", "register_host"]
 
@@ -85,7 +87,7 @@ def _unregister(ptr: int) -> None:
     forget_registration(ptr)  # only once the driver has unregistered it
 
 
-class RegisteredHost(Resource):
+class RegisteredHost(BufferMixin, Resource):
     """Host memory page-locked by :func:`register_host` until :meth:`close`.
 
     It keeps the registered array alive. Closing it (or leaving its ``with``
@@ -118,6 +120,38 @@ class RegisteredHost(Resource):
     def nbytes(self) -> int:
         """Size of the registered range in bytes."""
         return self._nbytes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the registered array."""
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type of the registered array."""
+        dt: np.dtype[Any] = self._array.dtype
+        return dt
+
+    @property
+    def device(self) -> None:
+        """``None``: the memory is host memory."""
+        return None
+
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.REGISTERED`."""
+        return MemoryKind.REGISTERED
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        arr = self._array  # a Fortran-ordered array's elements come out in memory order
+        return arr.dtype, tuple(arr.shape) if arr.flags.c_contiguous else (arr.size,)
+
+    def _host_only(self) -> bool:
+        return True
+
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+                  ) -> np.ndarray[Any, Any]:
+        return host_array_protocol(self.array, dtype, copy)
 
     @property
     def flags(self) -> HostRegisterFlags:

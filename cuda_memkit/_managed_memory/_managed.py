@@ -21,6 +21,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
@@ -81,7 +82,7 @@ def _attach_at_alloc(attach: object) -> AttachFlags:
     return AttachFlags(int(attach))
 
 
-class ManagedBuffer(Resource, DeviceMemoryMixin):
+class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
     """Managed (unified) memory from ``cuMemAllocManaged``.
 
     One address valid on the host and on every device; the driver migrates
@@ -221,7 +222,6 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        self._check_open()
         return self._nbytes
 
     @property
@@ -238,6 +238,14 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
     def device(self) -> int:
         """Ordinal of the device whose context was current at allocation."""
         return self._device_ordinal
+
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.MANAGED`."""
+        return MemoryKind.MANAGED
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        return self._dtype, self._shape
 
     @property
     def attach_flags(self) -> AttachFlags:
@@ -257,16 +265,6 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
-    def to_numpy(self) -> np.ndarray[Any, Any]:
-        """Return a copy of the contents as a new numpy array (``cuMemcpy``)."""
-        import numpy as np
-
-        self._check_open()
-        out = np.empty(self._shape, self._dtype)
-        if self._nbytes:
-            _driver.call("cuMemcpy", int(out.ctypes.data), self._ptr, self._nbytes)
-        return out
-
     def _dl_device(self) -> tuple[int, int]:
         return (DL_CUDA_MANAGED, self._device_ordinal)
 
@@ -278,7 +276,7 @@ class ManagedBuffer(Resource, DeviceMemoryMixin):
 
     def __repr__(self) -> str:
         if self.closed:
-            return "<ManagedBuffer closed>"
+            return f"<ManagedBuffer closed nbytes={self._nbytes}>"
         return (f"<ManagedBuffer shape={self._shape} dtype={self._dtype} nbytes={self._nbytes} "
                 f"ptr=0x{self._ptr:x} attach={self._attach_flags.name}>")
 

@@ -285,7 +285,8 @@ class Tracker:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.stop()
+        if exc_type is None or self._state == _ACTIVE:  # (stopped inside a failing block: done)
+            self.stop()
 
     @property
     def duration(self) -> float:

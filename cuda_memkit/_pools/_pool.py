@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -68,7 +69,7 @@ from .._core._device import (
     device_count,
     ensure_context,
 )
-from .._core._errors import CudaNotSupportedError
+from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._resource import (
     CLOSED,
     LEDGER,
@@ -586,6 +587,16 @@ class MemoryPool(PoolAttributes, Resource):
             self._state = CLOSED
             return
         super().close()
+
+    def _close_on_error(self) -> None:
+        """Left by an exception: closed as ``close(force=True)`` would, warning of live buffers."""
+        if not self.closed and self._owned and self is not _pinned_default:
+            live = self._in_use()
+            if live:
+                warnings.warn(f"cuda_memkit: a MemoryPool was left by an exception with {live}: "
+                              "closed as close(force=True) would (destroyed once they are "
+                              "freed)", MemkitWarning, stacklevel=4)
+        self.close(force=True)
 
 
 # -- caches in front of a pool (the pinned block cache of cuda_memkit._host._pinned_pool) --------

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .._core import _driver
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._constants import LEGACY_STREAMS as _LEGACY
 from .._core._constants import STREAM_LEGACY
@@ -188,7 +189,7 @@ def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) 
 # -- buffers ---------------------------------------------------------------------------
 
 
-class PoolBufferBase(Resource, DeviceMemoryMixin):
+class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
     """Everything of :class:`~cuda_memkit.PoolBuffer` but its ``pool`` property."""
 
     __slots__ = ("_acct", "_deferred", "_dptr", "_nbytes", "_pool", "_sref", "_views")
@@ -221,8 +222,20 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        self._check_open()
         return self._nbytes
+
+    @property
+    def device(self) -> int | None:
+        """The pool's device; ``None`` for a host pool."""
+        return self._pool.device
+
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.POOL` (whatever the pool's location)."""
+        return MemoryKind.POOL
+
+    def _host_only(self) -> bool:
+        return self._pool.is_host
 
     @property
     def stream(self) -> int:
@@ -240,12 +253,14 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
             Default: the stream the buffer was allocated on. Work queued on
             that stream before the free may still use the memory.
 
+        A second ``free()`` (or one after ``close()``) does nothing, as a
+        second ``close()`` does.
+
         Raises
         ------
         ClosedError
-            If the buffer was already freed, or the stream is a closed
-            :class:`Stream` (the buffer then stays allocated; free it on
-            another stream, or ``close()`` it).
+            If the stream is a closed :class:`Stream` (the buffer then stays
+            allocated; free it on another stream, or ``close()`` it).
         BufferError
             If numpy views of the memory (:attr:`array`) are alive (the
             buffer then stays allocated; drop them, or ``close()`` it, which
@@ -255,7 +270,7 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
         """
         d = self._dptr  # _release() written out: this is the hot path
         if d is None:
-            raise ClosedError("PoolBuffer was already freed")
+            return
         if self._views:
             raise BufferError("numpy views of this buffer are alive; drop them first, "
                               "or close() it, which frees once they are gone")
@@ -378,7 +393,7 @@ class PoolBufferBase(Resource, DeviceMemoryMixin):
 
     def __repr__(self) -> str:
         if self._dptr is None:
-            return "<PoolBuffer freed>"
+            return f"<PoolBuffer freed nbytes={self._nbytes}>"
         return f"<PoolBuffer 0x{int(self._dptr):x} nbytes={self._nbytes} from {self._pool!r}>"
 
 

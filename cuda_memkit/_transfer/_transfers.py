@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core import _driver
+from .._core import _buffer, _driver
 from .._core._device import StreamLike, ensure_any_context, stream_handle
 from .._core._operands import (
     DRIVER,
@@ -182,3 +182,7 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != RAW or d[3] != RAW:
         keep_alive(stream, (dst, src))
+
+
+# Buffers' copy_from/copy_to are copy() itself: plugged in here (see _core._buffer).
+_buffer.copier = copy

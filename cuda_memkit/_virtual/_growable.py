@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._device import (
     Device,
@@ -100,7 +101,7 @@ def _fin_growable(gs: _GrowState) -> None:
             raise first
 
 
-class GrowableBuffer(DeviceMemoryMixin, Resource):
+class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
     """A device buffer that grows and shrinks in place: its pointer never moves.
 
     It reserves ``max_size`` bytes of addresses once; :meth:`resize` maps new
@@ -181,7 +182,6 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
     @property
     def nbytes(self) -> int:
         """The current size in bytes (as last passed to :meth:`resize`)."""
-        self._check_open()
         return self._nbytes
 
     @property
@@ -208,6 +208,11 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
     def device(self) -> int:
         """The device whose memory backs the buffer."""
         return self._device
+
+    @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.GROWABLE`."""
+        return MemoryKind.GROWABLE
 
     @property
     def peers(self) -> tuple[int, ...]:
@@ -348,6 +353,6 @@ class GrowableBuffer(DeviceMemoryMixin, Resource):
 
     def __repr__(self) -> str:
         if self.closed:
-            return "<GrowableBuffer closed>"
+            return f"<GrowableBuffer closed nbytes={self._nbytes}>"
         return (f"<GrowableBuffer 0x{self._gs.ptr:x} nbytes={self._nbytes} "
                 f"capacity={self.capacity} max_size={self._max_size} device={self._device}>")

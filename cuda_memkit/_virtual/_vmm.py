@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._device import Location, LocationType, as_location, check_exists, ensure_context
 from .._core._errors import ClosedError
@@ -279,7 +280,7 @@ class AddressRange(Resource):
         return self._rs.ptr
 
     @property
-    def size(self) -> int:
+    def nbytes(self) -> int:
         """Bytes reserved."""
         return self._rs.size
 
@@ -331,7 +332,7 @@ class AddressRange(Resource):
         physical._check_open()
         offset = nonneg("offset", offset)
         check_multiple("offset", offset, physical.granularity)
-        size = physical.size
+        size = physical.nbytes
         if offset + size > self._rs.size:
             raise ValueError(
                 f"a physical allocation of {size} bytes at offset {offset} does not fit in "
@@ -346,7 +347,7 @@ class AddressRange(Resource):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._rs.ptr:x}"
-        return f"<AddressRange {state} size={self._rs.size}>"
+        return f"<AddressRange {state} nbytes={self._rs.size}>"
 
 
 # -- physical memory -----------------------------------------------------------------
@@ -481,11 +482,9 @@ class PhysicalMemory(Resource):
         return self._ps.handle
 
     @property
-    def size(self) -> int:
+    def nbytes(self) -> int:
         """Bytes of physical memory."""
         return self._ps.size
-
-    nbytes = size
 
     @property
     def location(self) -> Location:
@@ -549,13 +548,13 @@ class PhysicalMemory(Resource):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"handle=0x{self._ps.handle:x}"
-        return f"<PhysicalMemory {state} size={self._ps.size} on {self._location}>"
+        return f"<PhysicalMemory {state} nbytes={self._ps.size} on {self._location}>"
 
 
 # -- mappings ------------------------------------------------------------------------
 
 
-class Mapping(DeviceMemoryMixin, Resource):
+class Mapping(BufferMixin, DeviceMemoryMixin, Resource):
     """Physical memory mapped into an :class:`AddressRange` (from :meth:`AddressRange.map`).
 
     Closing it unmaps it (``cuMemUnmap``). It is a device buffer (``ptr``,
@@ -611,13 +610,12 @@ class Mapping(DeviceMemoryMixin, Resource):
     @property
     def nbytes(self) -> int:
         """Bytes mapped."""
-        self._check_open()
         return self._ms.size
 
     @property
-    def size(self) -> int:
-        """Bytes mapped (also valid after close)."""
-        return self._ms.size
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.VMM_MAPPED`."""
+        return MemoryKind.VMM_MAPPED
 
     @property
     def offset(self) -> int:
@@ -695,4 +693,4 @@ class Mapping(DeviceMemoryMixin, Resource):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._ms.ptr:x}"
-        return f"<Mapping {state} size={self._ms.size} offset={self._offset}>"
+        return f"<Mapping {state} nbytes={self._ms.size} offset={self._offset}>"

@@ -1,0 +1,395 @@
+"""The one buffer contract: :class:`MemoryKind`, the :class:`Buffer` protocol, :class:`BufferMixin`.
+
+Every owning kind (device, pinned, registered, managed, pool, VMM mapping,
+growable) satisfies :class:`Buffer` and gets ``fill``, ``copy_from``,
+``copy_to`` and ``to_numpy`` from :class:`BufferMixin`, so they behave alike.
+
+Copies go through :func:`cuda_memkit.copy`, which lives above this layer (in
+``_transfer``, which itself builds on pinned buffers): ``_transfer._transfers``
+plugs it in through :data:`copier` when it loads, as ``_host._pinned_pool``
+does for ``_host._pinned.pool_source``; the package loads it together with
+every buffer module (``_COMPANIONS`` in ``__init__.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import inspect
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, _ProtocolMeta, runtime_checkable
+
+from . import _driver
+from ._device import StreamLike, ensure_any_context, stream_handle
+from ._interop import normalize_view
+from ._operands import copy_sync, operand
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from typing_extensions import Self
+
+__all__ = ["Buffer", "BufferMixin", "MemoryKind", "copier"]
+
+
+class MemoryKind(str, enum.Enum):
+    """The kinds of memory cuda_memkit owns; each value is its ledger kind.
+
+    ``buf.kind`` of any buffer is one of these, and the keys of
+    :func:`~cuda_memkit.memory_stats` are their values, so the two agree
+    (``memory_stats().by_kind()[buf.kind]``).
+
+    Attributes
+    ----------
+    DEVICE
+        :class:`~cuda_memkit.DeviceBuffer` (``cuMemAlloc``).
+    POOL
+        :class:`~cuda_memkit.PoolBuffer` of any pool (device, host or managed).
+    MANAGED
+        :class:`~cuda_memkit.ManagedBuffer` (``cuMemAllocManaged``).
+    PINNED
+        :class:`~cuda_memkit.HostBuffer` (``cuMemHostAlloc``).
+    PINNED_POOLED
+        :class:`~cuda_memkit.HostBuffer` from a pinned pool (``HostBuffer.pooled``).
+    REGISTERED
+        :class:`~cuda_memkit.RegisteredHost` (``cuMemHostRegister``).
+    VMM_PHYSICAL
+        :class:`~cuda_memkit.PhysicalMemory` (``cuMemCreate``): no address of its own.
+    VMM_MAPPED
+        :class:`~cuda_memkit.Mapping` (``cuMemMap``).
+    GROWABLE
+        :class:`~cuda_memkit.GrowableBuffer` (mapped chunks).
+    """
+
+    DEVICE = "device"
+    POOL = "pool"
+    MANAGED = "managed"
+    PINNED = "pinned"
+    PINNED_POOLED = "pinned_pooled"
+    REGISTERED = "registered"
+    VMM_PHYSICAL = "vmm_physical"
+    VMM_MAPPED = "vmm_mapped"
+    GROWABLE = "growable"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+#: The members :class:`Buffer` asks for (checked without reading them: see ``_BufferMeta``).
+_MEMBERS = ("ptr", "nbytes", "device", "kind", "closed", "close", "__enter__", "__exit__",
+            "fill", "copy_from", "copy_to", "to_numpy")
+_MISSING = object()
+
+
+class _BufferMeta(_ProtocolMeta):
+    # typing's runtime check reads every member with hasattr(); reading ``ptr``
+    # of a closed buffer raises ClosedError, so look the members up statically.
+    def __instancecheck__(cls, instance: object) -> bool:
+        if cls is not Buffer:
+            return super().__instancecheck__(instance)
+        return all(inspect.getattr_static(instance, m, _MISSING) is not _MISSING
+                   for m in _MEMBERS)
+
+
+@runtime_checkable
+class Buffer(Protocol, metaclass=_BufferMeta):
+    """What every cuda_memkit buffer is: memory with one owner and one set of methods.
+
+    :class:`~cuda_memkit.DeviceBuffer`, :class:`~cuda_memkit.HostBuffer`
+    (also pooled), :class:`~cuda_memkit.RegisteredHost`,
+    :class:`~cuda_memkit.ManagedBuffer`, :class:`~cuda_memkit.PoolBuffer`,
+    :class:`~cuda_memkit.Mapping` and :class:`~cuda_memkit.GrowableBuffer`
+    satisfy it (``isinstance(buf, cm.Buffer)``).
+
+    After :meth:`close`, ``nbytes``, ``kind``, ``closed``, ``device`` and
+    ``repr()`` still answer; everything that touches the memory (``ptr``,
+    views, copies, ``fill``, ``to_numpy``, exports) raises
+    :class:`~cuda_memkit.ClosedError`. ``close()`` is idempotent.
+    """
+
+    @property
+    def ptr(self) -> int:
+        """Address of the first byte (0 for a zero-length buffer)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+
+    @property
+    def device(self) -> int | None:
+        """Ordinal of the device holding the memory; ``None`` for host memory."""
+
+    @property
+    def kind(self) -> MemoryKind:
+        """The kind of memory (its ledger kind)."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the buffer was closed."""
+
+    def close(self) -> None:
+        """Give the memory back; calling it again does nothing."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+    def fill(self, value: Any, *, stream: StreamLike = None) -> None:
+        """Set every element to ``value`` (a 1-, 2- or 4-byte pattern)."""
+
+    def copy_from(self, src: Any, *, stream: StreamLike = None) -> None:
+        """Copy ``src`` (of the same size in bytes) into the buffer."""
+
+    def copy_to(self, dst: Any, *, stream: StreamLike = None) -> None:
+        """Copy the buffer into ``dst`` (of the same size in bytes)."""
+
+    def to_numpy(self, dtype: npt.DTypeLike | None = None,
+                 shape: int | tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
+        """A new host array holding a copy of the contents."""
+
+
+#: :func:`cuda_memkit.copy`, set by ``cuda_memkit._transfer._transfers`` when it loads.
+copier: Callable[..., Any] | None = None
+
+
+def _copier() -> Callable[..., Any]:
+    if copier is None:
+        raise RuntimeError("the transfers (cuda_memkit._transfer._transfers) are not loaded; "
+                           "use the classes through `import cuda_memkit`")
+    return copier
+
+
+_MEMSET = {1: "cuMemsetD8", 2: "cuMemsetD16", 4: "cuMemsetD32"}
+
+
+def fill_pattern(value: object, dtype: np.dtype[Any] | None) -> tuple[int, int, int]:
+    """``(bit pattern, width, element size)`` of a fill of elements of ``dtype`` with ``value``.
+
+    A numpy scalar brings its own dtype; a Python int or float takes the
+    buffer's (``uint8`` for byte buffers). The element's bytes must repeat a
+    1-, 2- or 4-byte pattern (any 1-, 2- or 4-byte value does; so do wider
+    ones such as ``0.0`` in float64), the ``width`` the driver's memset sets.
+    Raises ``TypeError`` / ``ValueError`` for values that are not numbers or
+    do not fit.
+    """
+    if isinstance(value, bool):
+        raise TypeError("fill value must be a number, not a bool")
+    if type(value) is int and dtype is None:  # bytes: the common case, without numpy
+        if not 0 <= value <= 255:
+            raise ValueError(f"fill value {value} does not fit a byte (0..255); pass a numpy "
+                             "scalar such as np.uint32(x) for a wider pattern")
+        return value, 1, 1
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        dt = value.dtype
+    elif isinstance(value, (int, float, complex)):
+        dt = dtype if dtype is not None else np.dtype(np.uint8)
+    else:
+        raise TypeError(f"fill value must be an int, a float or a numpy scalar, "
+                        f"not {type(value).__name__}")
+    if dt.kind not in "biufc":
+        raise ValueError(f"fill value of dtype {dt}: fill sets numbers")
+    if dt.kind in "iu" and isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"fill value {value} is not a whole number of dtype {dt}")
+    try:
+        raw = np.array(value, dtype=dt).tobytes()
+    except (OverflowError, ValueError, TypeError):
+        raise ValueError(f"fill value {value!r} does not fit dtype {dt}") from None
+    for width in _MEMSET:
+        if len(raw) % width == 0 and raw == raw[:width] * (len(raw) // width):
+            return int.from_bytes(raw[:width], sys.byteorder), width, len(raw)
+    raise ValueError(f"fill value {value!r} of dtype {dt} is not a repeated 1-, 2- or 4-byte "
+                     "pattern, which is what the driver's memset sets")
+
+
+class BufferMixin:
+    """``fill``, ``copy_from``, ``copy_to`` and ``to_numpy`` for every buffer kind.
+
+    A class provides ``ptr`` and ``nbytes`` (``ptr`` raising ``ClosedError``
+    once closed) and overrides :meth:`_layout` when it was made with a dtype
+    and shape, and :meth:`_host_only` when the CPU must touch its memory
+    (host memory, which the driver's memset does not serve for every kind).
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+        @property
+        def ptr(self) -> int: ...
+        @property
+        def nbytes(self) -> int: ...
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        """The dtype and shape the buffer was made with (``None``: plain bytes)."""
+        return None, None
+
+    def _host_only(self) -> bool:
+        """Whether the memory is host memory that the CPU fills and reads."""
+        return False
+
+    def fill(self, value: Any, *, stream: StreamLike = None) -> None:
+        """Set every element to ``value``.
+
+        Device-visible memory is filled by the driver (``cuMemsetD8/D16/D32``;
+        without ``stream`` synchronously, with ``stream`` ordered on it
+        (the ``Async`` form)); host memory by the CPU (with ``stream``, after
+        waiting for the work queued on it).
+
+        Parameters
+        ----------
+        value : int, float or numpy scalar
+            Converted to the buffer's dtype (``uint8`` for byte buffers); a
+            numpy scalar brings its own (``np.float32(1.0)`` fills 4-byte
+            floats). Its bytes must repeat a 1-, 2- or 4-byte pattern: any
+            value of a 1-, 2- or 4-byte dtype, and e.g. ``0`` of any dtype.
+        stream : stream-like, optional
+            Order the fill on this stream instead of completing it now.
+
+        Raises
+        ------
+        TypeError
+            For a value that is not a number, or a bad stream.
+        ValueError
+            If the value does not fit the dtype, its bytes do not repeat a
+            1-, 2- or 4-byte pattern, or the buffer is not a whole number of such elements
+            (all before any driver call); for a ``READ_ONLY`` registration.
+        ClosedError
+            If the buffer is closed.
+        """
+        pattern, width, size = fill_pattern(value, self._layout()[0])
+        ptr = self.ptr
+        n = self.nbytes
+        h = None if stream is None else stream_handle(stream)
+        if n % size or ptr % width:
+            raise ValueError(f"a fill value of {size} bytes needs a buffer of whole {size}-byte "
+                             f"elements at a {width}-byte aligned address; this one has {n} "
+                             f"bytes at 0x{ptr:x}")
+        if getattr(self, "read_only", False):
+            raise ValueError("the buffer is a READ_ONLY registration: it cannot be filled")
+        self._memset(ptr, pattern, width, n, h)
+
+    def _memset(self, ptr: int, pattern: int, width: int, n: int, h: int | None) -> None:
+        """Set ``n`` bytes at ``ptr`` to ``pattern`` (``width`` bytes); checked already."""
+        if not n:
+            return
+        if self._host_only():
+            if h is not None:
+                ensure_any_context()
+                _driver.call("cuStreamSynchronize", h)
+            _cpu_fill(ptr, pattern, width, n)
+            return
+        ensure_any_context()
+        if h is None:
+            _driver.call(_MEMSET[width], ptr, pattern, n // width)
+            _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
+        else:
+            _driver.call(_MEMSET[width] + "Async", ptr, pattern, n // width, h)
+
+    def copy_from(self, src: Any, *, stream: StreamLike = None) -> None:
+        """Copy ``src`` into this buffer, as :func:`cuda_memkit.copy` ``(self, src)``.
+
+        Parameters
+        ----------
+        src : buffer, array or array-like memory
+            Anything :func:`cuda_memkit.copy` accepts, of this buffer's size
+            in bytes (and, where both are typed, of its dtype).
+        stream : stream-like, optional
+            Order the copy on this stream (pageable numpy memory is then
+            refused: see :func:`cuda_memkit.copy_async`); default: synchronous.
+
+        Raises
+        ------
+        ValueError
+            On a size or dtype mismatch (before anything is copied).
+        ClosedError
+            If either side is closed.
+        """
+        _copier()(self, src, stream=stream)
+
+    def copy_to(self, dst: Any, *, stream: StreamLike = None) -> None:
+        """Copy this buffer into ``dst``, as :func:`cuda_memkit.copy` ``(dst, self)``.
+
+        Parameters
+        ----------
+        dst : buffer, writable array or array-like memory
+            Anything :func:`cuda_memkit.copy` accepts, of this buffer's size
+            in bytes (and, where both are typed, of its dtype).
+        stream : stream-like, optional
+            As for :meth:`copy_from`.
+
+        Raises
+        ------
+        ValueError
+            On a size or dtype mismatch or a read-only destination (before
+            anything is copied).
+        ClosedError
+            If either side is closed.
+        """
+        _copier()(dst, self, stream=stream)
+
+    def to_numpy(self, dtype: npt.DTypeLike | None = None,
+                 shape: int | tuple[int, ...] | None = None) -> np.ndarray[Any, Any]:
+        """Return a new numpy array holding a copy of the contents (synchronously).
+
+        Parameters
+        ----------
+        dtype : dtype-like, optional
+            Element type; default: the dtype the buffer was made with
+            (``uint8`` bytes for a buffer made from a byte count).
+        shape : int or tuple of int, optional
+            Shape; default: the buffer's own shape when ``dtype`` is left out
+            too, else as many elements as fit. A shape smaller than the
+            buffer copies its first bytes.
+
+        Raises
+        ------
+        TypeError
+            For object or zero-size dtypes.
+        ValueError
+            If the shape needs more bytes than the buffer has.
+        ClosedError
+            If the buffer is closed.
+        """
+        import numpy as np
+
+        ptr = self.ptr
+        own_dtype, own_shape = self._layout()
+        if dtype is None and shape is None and own_dtype is not None and own_shape is not None:
+            dt, shp = own_dtype, own_shape
+        else:
+            want = dtype if dtype is not None else own_dtype if own_dtype is not None else "u1"
+            dt, shp = normalize_view(want, shape, self.nbytes)
+        out = np.empty(shp, dt)
+        n = out.nbytes
+        if n:
+            if self._host_only():
+                ctypes.memmove(out.ctypes.data, ptr, n)
+            else:
+                copy_sync(operand(out, True), operand(self, False), n)
+        return out
+
+
+def _cpu_fill(ptr: int, pattern: int, width: int, nbytes: int) -> None:
+    if width == 1:
+        ctypes.memset(ptr, pattern, nbytes)
+        return
+    import numpy as np
+
+    raw = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
+    np.frombuffer(raw, dtype=f"u{width}")[:] = pattern
+
+
+def host_array_protocol(arr: np.ndarray[Any, Any], dtype: npt.DTypeLike | None,
+                        copy: bool | None) -> np.ndarray[Any, Any]:
+    """``__array__(dtype, copy)`` of host-visible memory whose zero-copy view is ``arr``."""
+    if dtype is not None and arr.dtype != dtype:
+        if copy is False:
+            raise ValueError("converting the buffer to another dtype needs a copy")
+        out: np.ndarray[Any, Any] = arr.astype(dtype)
+        return out
+    if copy:
+        dup: np.ndarray[Any, Any] = arr.copy()
+        return dup
+    return arr
