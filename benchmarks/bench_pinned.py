@@ -81,7 +81,7 @@ def main() -> None:
     # -- memory for the transfer cases ----------------------------------------------
     raw_pinned = int(check(raw.cuMemHostAlloc(nbytes, 0)))
     dptr = int(check(raw.cuMemAlloc(nbytes)))
-    dev = cm.DeviceBuffer.alloc(nbytes)
+    dev = cm.DeviceBuffer.empty(nbytes)
     hb = cm.HostBuffer.empty(nbytes)
     wc = cm.HostBuffer.empty(nbytes, flags=cm.HostAllocFlags.WRITECOMBINED)
     pageable = np.ones(nbytes, np.uint8)
@@ -89,9 +89,9 @@ def main() -> None:
     reg = cm.register_host(reg_arr)
     for buf in (hb.array, wc.array):
         buf[:] = 1
-    ctypes.memset(raw_pinned, 1, nbytes)  # every host buffer touched alike
+    ctypes.fill(raw_pinned, 1, nbytes)  # every host buffer touched alike
     check(raw.cuMemsetD8(dptr, 1, nbytes))
-    dev.memset(1)
+    dev.fill(1)
 
     h2d = interleaved({
         "raw": lambda: check(raw.cuMemcpyHtoDAsync(dptr, raw_pinned, nbytes, h)),

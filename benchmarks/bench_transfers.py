@@ -130,8 +130,8 @@ def scattered(cm: Any, raw: Any, cu: Any, table: Table, quick: bool, repeat: int
     host = cm.HostBuffer.empty(total)
     host.array[:] = 1
     back = cm.HostBuffer.empty(total)
-    dev = cm.DeviceBuffer.alloc(total)
-    dev_src = cm.DeviceBuffer.alloc(total)
+    dev = cm.DeviceBuffer.empty(total)
+    dev_src = cm.DeviceBuffer.empty(total)
     rng = np.random.default_rng(0)
 
     def sync() -> None:
@@ -308,7 +308,7 @@ def pageable(cm: Any, raw: Any, table: Table, quick: bool, repeat: int) -> None:
     src[:] = 7
     dst = np.empty(size, np.uint8)
     dst[:] = 0
-    dev = cm.DeviceBuffer.alloc(size)
+    dev = cm.DeviceBuffer.empty(size)
     dptr = dev.ptr
     s = _staging.staging_settings()
     if quick and s.threshold > size // 2:

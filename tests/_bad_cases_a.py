@@ -107,7 +107,7 @@ case("HostBuffer.copy_from(dtype mismatch)",
 case("HostBuffer.copy_from(object array)",
      lambda o: o.host.copy_from(np.array([object()] * N)), TypeError, "object")
 case("HostBuffer.copy_from(device, size mismatch)",
-     lambda o: o.host_f32.copy_from(cm.DeviceBuffer.alloc(0)), ValueError, "size|bytes")
+     lambda o: o.host_f32.copy_from(cm.DeviceBuffer.empty(0)), ValueError, "size|bytes")
 case("HostBuffer.copy_to(read-only)", lambda o: o.host.copy_to(o.ro_array), ValueError,
      "read-only")
 case("HostBuffer.copy_to(shape mismatch)", lambda o: o.host.copy_to(np.zeros(3, np.uint8)),
@@ -211,15 +211,15 @@ case("copy(strided __cuda_array_interface__)", lambda o: cm.copy(_BadCAI(), o.ho
 
 for bad, exc in [("1", TypeError), (-1, ValueError), (1.5, TypeError), (True, TypeError),
                  (None, TypeError), (1 << 70, ValueError)]:
-    case(f"DeviceBuffer.alloc({bad!r})", lambda o, b=bad: cm.DeviceBuffer.alloc(b), exc,
-         "nbytes")
-case("DeviceBuffer.alloc(device='0')", lambda o: cm.DeviceBuffer.alloc(N, device="0"),
+    case(f"DeviceBuffer.empty({bad!r})", lambda o, b=bad: cm.DeviceBuffer.empty(b), exc,
+         "shape")
+case("DeviceBuffer.empty(device='0')", lambda o: cm.DeviceBuffer.empty(N, device="0"),
      TypeError, "device")
-case("DeviceBuffer.alloc(device=-1)", lambda o: cm.DeviceBuffer.alloc(N, device=-1),
+case("DeviceBuffer.empty(device=-1)", lambda o: cm.DeviceBuffer.empty(N, device=-1),
      ValueError, "device")
-case("DeviceBuffer.alloc(device=99)", lambda o: cm.DeviceBuffer.alloc(N, device=99),
+case("DeviceBuffer.empty(device=99)", lambda o: cm.DeviceBuffer.empty(N, device=99),
      ValueError, "DEVICE|device", driver=True)
-case("DeviceBuffer(1)", lambda o: cm.DeviceBuffer(1), TypeError, "alloc")
+case("DeviceBuffer(1)", lambda o: cm.DeviceBuffer(1), TypeError, "empty")
 case("DeviceBuffer.from_array(object array)",
      lambda o: cm.DeviceBuffer.from_array(np.array([object()])), TypeError, "object")
 case("DeviceBuffer.from_array(device='0')",
@@ -231,11 +231,11 @@ case("DeviceBuffer.to_numpy(shape too big)", lambda o: o.dev.to_numpy("u1", N + 
 case("DeviceBuffer.to_numpy(shape=-1)", lambda o: o.dev.to_numpy("u1", -1), ValueError,
      "shape")
 case("DeviceBuffer.to_numpy(float64 of 4095 bytes)",
-     lambda o: cm.DeviceBuffer.alloc(0).to_numpy(np.float64, 1), ValueError, "bytes")
+     lambda o: cm.DeviceBuffer.empty(0).to_numpy(np.float64, 1), ValueError, "bytes")
 for bad, exc in [(256, ValueError), (-1, ValueError), ("a", TypeError), (1.0, TypeError),
                  (True, TypeError)]:
-    case(f"DeviceBuffer.memset({bad!r})", lambda o, b=bad: o.dev.memset(b), exc, "value")
-case("DeviceBuffer.memset(stream='s')", lambda o: o.dev.memset(0, stream="s"), TypeError,
+    case(f"DeviceBuffer.fill({bad!r})", lambda o, b=bad: o.dev.fill(b), exc, "value")
+case("DeviceBuffer.fill(stream='s')", lambda o: o.dev.fill(0, stream="s"), TypeError,
      "stream")
 case("DeviceBuffer.as_array(object)", lambda o: o.dev.as_array(object), TypeError, "object")
 case("DeviceBuffer.as_array(float64, too big)", lambda o: o.dev.as_array(np.float64, N),

@@ -438,14 +438,14 @@ CLOSED: dict[str, list[tuple[str, Callable[[Any, SimpleNamespace], Any]]]] = {
     ],
     "DeviceBuffer": [
         ("ptr", lambda b, o: b.ptr), ("to_numpy", lambda b, o: b.to_numpy()),
-        ("memset", lambda b, o: b.memset(0)), ("as_array", lambda b, o: b.as_array()),
+        ("fill", lambda b, o: b.fill(0)), ("as_array", lambda b, o: b.as_array()),
         ("__cuda_array_interface__", lambda b, o: b.__cuda_array_interface__),
         ("__dlpack__", lambda b, o: b.__dlpack__()), ("with", lambda b, o: b.__enter__()),
         ("copy(dst)", lambda b, o: cm.copy(b, o.host)),
         ("copy_async(src)", lambda b, o: cm.copy_async(o.host, b, stream=o.stream)),
     ],
     "ManagedBuffer": [
-        ("ptr", lambda b, o: b.ptr), ("nbytes", lambda b, o: b.nbytes),
+        ("ptr", lambda b, o: b.ptr),
         ("array", lambda b, o: b.array), ("to_numpy", lambda b, o: b.to_numpy()),
         ("attach", lambda b, o: b.attach(o.stream)),
         ("advise", lambda b, o: b.advise(cm.MemAdvice.SET_READ_MOSTLY)),
@@ -458,14 +458,14 @@ CLOSED: dict[str, list[tuple[str, Callable[[Any, SimpleNamespace], Any]]]] = {
         ("copy(dst)", lambda b, o: cm.copy(b, o.host)),
     ],
     "PoolBuffer": [
-        ("ptr", lambda b, o: b.ptr), ("nbytes", lambda b, o: b.nbytes),
-        ("free", lambda b, o: b.free()), ("export", lambda b, o: b.export()),
+        ("ptr", lambda b, o: b.ptr),
+        ("export", lambda b, o: b.export()),
         ("as_array", lambda b, o: b.as_array()),
         ("__cuda_array_interface__", lambda b, o: b.__cuda_array_interface__),
         ("with", lambda b, o: b.__enter__()), ("copy(dst)", lambda b, o: cm.copy(b, o.host)),
     ],
     "HostPoolBuffer": [
-        ("array", lambda b, o: b.array), ("free", lambda b, o: b.free()),
+        ("array", lambda b, o: b.array),
         ("copy(src)", lambda b, o: cm.copy(o.host, b)),
     ],
     "MemoryPool": [
@@ -495,7 +495,7 @@ CLOSED: dict[str, list[tuple[str, Callable[[Any, SimpleNamespace], Any]]]] = {
         ("pool.allocate(stream=)", lambda s, o: o.pool.allocate(N, stream=s)),
         ("prefetch(stream=)", lambda s, o: o.managed.prefetch(0, stream=s)),
         ("plan.execute(stream=)", lambda s, o: cm.PrefetchPlan().add(o.managed, 0).execute(s)),
-        ("DeviceBuffer.memset(stream=)", lambda s, o: o.dev.memset(0, stream=s)),
+        ("DeviceBuffer.fill(stream=)", lambda s, o: o.dev.fill(0, stream=s)),
     ],
     "AddressRange": [
         ("ptr", lambda r, o: r.ptr), ("map", lambda r, o: r.map(o.pm2)),
@@ -507,20 +507,32 @@ CLOSED: dict[str, list[tuple[str, Callable[[Any, SimpleNamespace], Any]]]] = {
         ("with", lambda p, o: p.__enter__()),
     ],
     "Mapping": [
-        ("ptr", lambda m, o: m.ptr), ("nbytes", lambda m, o: m.nbytes),
+        ("ptr", lambda m, o: m.ptr),
         ("set_access", lambda m, o: m.set_access(0)), ("access", lambda m, o: m.access()),
         ("as_array", lambda m, o: m.as_array()),
         ("__cuda_array_interface__", lambda m, o: m.__cuda_array_interface__),
         ("with", lambda m, o: m.__enter__()), ("copy(dst)", lambda m, o: cm.copy(m, o.host)),
     ],
     "GrowableBuffer": [
-        ("ptr", lambda b, o: b.ptr), ("nbytes", lambda b, o: b.nbytes),
+        ("ptr", lambda b, o: b.ptr),
         ("resize", lambda b, o: b.resize(o.g)), ("grant_access", lambda b, o: b.grant_access(0)),
         ("as_array", lambda b, o: b.as_array()),
         ("__cuda_array_interface__", lambda b, o: b.__cuda_array_interface__),
         ("with", lambda b, o: b.__enter__()), ("copy(dst)", lambda b, o: cm.copy(b, o.host)),
     ],
 }
+#: The buffer contract (cuda_memkit.Buffer): everything that touches the memory refuses.
+CONTRACT: list[tuple[str, Callable[[Any, SimpleNamespace], Any]]] = [
+    ("fill", lambda b, o: b.fill(0)), ("fill(stream=)", lambda b, o: b.fill(0, stream=o.stream)),
+    ("copy_from", lambda b, o: b.copy_from(np.zeros(N, np.uint8))),
+    ("copy_to", lambda b, o: b.copy_to(np.zeros(N, np.uint8))),
+    ("copy_to(stream=)", lambda b, o: b.copy_to(o.dev, stream=o.stream)),
+    ("to_numpy", lambda b, o: b.to_numpy()), ("to_numpy(u1)", lambda b, o: b.to_numpy("u1")),
+]
+for _kind in ("HostBuffer", "RegisteredHost", "DeviceBuffer", "ManagedBuffer", "PoolBuffer",
+              "HostPoolBuffer", "Mapping", "GrowableBuffer"):
+    _have = {m for m, _ in CLOSED[_kind]}
+    CLOSED[_kind] += [(m, f) for m, f in CONTRACT if m not in _have]
 CLOSED["HostBuffer.pooled"] = CLOSED["HostBuffer"]
 
 for kind, methods in CLOSED.items():

@@ -50,7 +50,7 @@ KINDS: dict[str, Callable[[Env], Any]] = {
     "HostBuffer": lambda env: cm.HostBuffer.empty(N),
     "HostBuffer.pooled": lambda env: cm.HostBuffer.pooled(N),
     "RegisteredHost": lambda env: cm.register_host(np.ones(N, np.uint8)),
-    "DeviceBuffer": lambda env: cm.DeviceBuffer.alloc(N),
+    "DeviceBuffer": lambda env: cm.DeviceBuffer.empty(N),
     "ManagedBuffer": lambda env: cm.ManagedBuffer.empty(N),
     "PoolBuffer": lambda env: cm.MemoryPool.default(0).allocate(N, stream=env.stream),
     "PoolBuffer(legacy stream)": lambda env: cm.MemoryPool.default(0).allocate(N, stream=None),

@@ -49,7 +49,7 @@ def o() -> Iterator[SimpleNamespace]:
     ns.ro_array = np.zeros(N, np.uint8)
     ns.ro_array.flags.writeable = False
     ns.reg_ro = cm.register_host(ns.ro_array, flags=cm.HostRegisterFlags.READ_ONLY)
-    ns.dev = cm.DeviceBuffer.alloc(N)
+    ns.dev = cm.DeviceBuffer.empty(N)
     ns.managed = cm.ManagedBuffer.zeros(N)
     ns.managed0 = cm.ManagedBuffer.empty(0)
     ns.pool = cm.MemoryPool(0)
@@ -74,7 +74,7 @@ def o() -> Iterator[SimpleNamespace]:
         "HostBuffer": lambda: cm.HostBuffer.empty(N),
         "HostBuffer.pooled": lambda: cm.HostBuffer.pooled(N),
         "RegisteredHost": lambda: cm.register_host(np.zeros(N, np.uint8)),
-        "DeviceBuffer": lambda: cm.DeviceBuffer.alloc(N),
+        "DeviceBuffer": lambda: cm.DeviceBuffer.empty(N),
         "ManagedBuffer": lambda: cm.ManagedBuffer.zeros(N),
         "Stream": cm.Stream,
         "MemoryPool": lambda: cm.MemoryPool(0),
@@ -131,7 +131,7 @@ def test_the_matrix_is_large_and_covers_every_public_callable() -> None:
     not_callables = {"__version__", "LocationType"}
     records = {"PlanEntry", "PlannedCall", "PoolStats", "RangeInfo", "HostAllocFlags",
                "HostRegisterFlags", "AttachFlags", "MemAdvice", "Access", "HandleType",
-               "backend_name", "device_count", "MEMORY_KINDS",
+               "backend_name", "device_count", "MEMORY_KINDS", "MemoryKind", "Buffer",
                # results made by the library, not from user input
                "Allocation", "Frame", "MemoryEvent", "KindStats", "MemoryStats", "Usage",
                "KindSummary", "SiteSummary", "Timeline", "TrackSummary"}

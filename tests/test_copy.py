@@ -46,7 +46,7 @@ class CAI:
 
 @pytest.fixture
 def dev() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(N * 4)
+    d = cm.DeviceBuffer.empty(N * 4)
     yield d
     d.close()
 
@@ -119,7 +119,7 @@ def test_host_to_device_and_back(kind: str, mode: str, dev: cm.DeviceBuffer, dat
 
 def test_device_to_device(dev: cm.DeviceBuffer, data: np.ndarray, stream: cm.Stream) -> None:
     cm.copy(dev, data, nbytes=data.nbytes)
-    with cm.DeviceBuffer.alloc(dev.nbytes) as d2, cm.DeviceBuffer.alloc(dev.nbytes) as d3:
+    with cm.DeviceBuffer.empty(dev.nbytes) as d2, cm.DeviceBuffer.empty(dev.nbytes) as d3:
         cm.copy(d2, dev)
         cm.copy_async(d3, d2, stream=stream)
         stream.synchronize()
@@ -144,7 +144,7 @@ def test_generic_buffers_views_and_cai(dev: cm.DeviceBuffer, data: np.ndarray) -
     out2 = np.zeros_like(data)
     cm.copy(out2, foreign)
     np.testing.assert_array_equal(out2, data)
-    with cm.DeviceBuffer.alloc(dev.nbytes) as d2:
+    with cm.DeviceBuffer.empty(dev.nbytes) as d2:
         cm.copy(CAI(d2.ptr, (N,), "<f4", strides=(4,)), g)
         np.testing.assert_array_equal(d2.to_numpy(np.float32), data)
 
@@ -157,7 +157,7 @@ def test_cuda_device_pointer_objects(dev: cm.DeviceBuffer, data: np.ndarray) -> 
 
 
 def test_nbytes_copies_a_prefix(dev: cm.DeviceBuffer, data: np.ndarray) -> None:
-    dev.memset(0)
+    dev.fill(0)
     cm.copy(dev, data, nbytes=16)
     got = dev.to_numpy(np.float32, 8)
     assert got.tolist() == [0, 1, 2, 3, 0, 0, 0, 0]
@@ -307,7 +307,7 @@ def test_keep_alive_falls_back_to_synchronizing(dev: cm.DeviceBuffer, stream: cm
 
 @pytest.mark.parametrize(("dst_n", "src_n"), [(16, 32), (32, 16)])
 def test_size_mismatch(dst_n: int, src_n: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(dst_n) as d, no_driver_calls(monkeypatch), \
+    with cm.DeviceBuffer.empty(dst_n) as d, no_driver_calls(monkeypatch), \
             pytest.raises(ValueError, match="size mismatch"):
         cm.copy(d, np.zeros(src_n, np.uint8))
 
@@ -322,17 +322,17 @@ def test_dtype_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("nbytes", [17, 1 << 40])
 def test_nbytes_too_large(nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch), \
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch), \
             pytest.raises(ValueError, match="larger"):
         cm.copy(d, np.zeros(32, np.uint8), nbytes=nbytes)
-    with cm.DeviceBuffer.alloc(32) as d, \
+    with cm.DeviceBuffer.empty(32) as d, \
             no_driver_calls(monkeypatch), pytest.raises(ValueError, match="larger than the"):
         cm.copy(d, np.zeros(16, np.uint8), nbytes=min(nbytes, 24))
 
 
 @pytest.mark.parametrize("nbytes", [-1, 1.5, "8", True])
 def test_bad_nbytes(nbytes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch), \
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch), \
             pytest.raises((TypeError, ValueError)):
         cm.copy(d, np.zeros(16, np.uint8), nbytes=nbytes)
 
@@ -344,7 +344,7 @@ def test_two_raw_pointers_need_nbytes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("bad", [None, True, 1.5, "abc", object(), -4096, [1, 2]])
 def test_not_memory(bad: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch):
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch):
         with pytest.raises((TypeError, ValueError)):
             cm.copy(d, bad, nbytes=16)
         with pytest.raises((TypeError, ValueError)):
@@ -353,7 +353,7 @@ def test_not_memory(bad: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_object_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
     objs = np.array([None] * 2, dtype=object)
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch):
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch):
         with pytest.raises(TypeError, match="objects"):
             cm.copy(d, objs)
         with pytest.raises(TypeError, match="objects"):
@@ -362,7 +362,7 @@ def test_object_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_non_contiguous(monkeypatch: pytest.MonkeyPatch) -> None:
     a = np.zeros((8, 8), np.float32)
-    with cm.DeviceBuffer.alloc(128) as d, no_driver_calls(monkeypatch):
+    with cm.DeviceBuffer.empty(128) as d, no_driver_calls(monkeypatch):
         with pytest.raises(ValueError, match="contiguous"):
             cm.copy(d, a[:, ::2])
         with pytest.raises(ValueError, match="contiguous"):
@@ -374,7 +374,7 @@ def test_non_contiguous(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_read_only_destinations(monkeypatch: pytest.MonkeyPatch) -> None:
     ro = np.zeros(16, np.uint8)
     ro.flags.writeable = False
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch):
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch):
         with pytest.raises(ValueError, match="read-only"):
             cm.copy(ro, d)
         with pytest.raises(ValueError, match="read-only"):
@@ -384,7 +384,7 @@ def test_read_only_destinations(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_copy_into_a_closed_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
-    d = cm.DeviceBuffer.alloc(16)
+    d = cm.DeviceBuffer.empty(16)
     h = cm.HostBuffer.zeros(16)
     d.close()
     with no_driver_calls(monkeypatch):
@@ -395,7 +395,7 @@ def test_copy_into_a_closed_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(cm.ClosedError):
             cm.copy(Generic(d), h)
     h.close()
-    with cm.DeviceBuffer.alloc(16) as d2, no_driver_calls(monkeypatch):
+    with cm.DeviceBuffer.empty(16) as d2, no_driver_calls(monkeypatch):
         with pytest.raises(cm.ClosedError):
             cm.copy(h, d2)
         with pytest.raises(cm.ClosedError):

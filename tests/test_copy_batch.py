@@ -61,8 +61,8 @@ def host() -> Iterator[cm.HostBuffer]:
 
 @pytest.fixture
 def dev() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(N * B)
-    d.memset(0)
+    d = cm.DeviceBuffer.empty(N * B)
+    d.fill(0)
     yield d
     d.close()
 
@@ -87,7 +87,7 @@ def test_scattered_device_to_host_and_device(host: cm.HostBuffer, dev: cm.Device
                                              perm: np.ndarray) -> None:
     cm.copy(dev, host)
     back = cm.HostBuffer.zeros(N * B)
-    other = cm.DeviceBuffer.alloc(N * B)
+    other = cm.DeviceBuffer.empty(N * B)
     try:
         copy_batch(back, dev, dst_offsets=np.arange(N) * B, src_offsets=perm * B, sizes=B)
         assert (back.array.reshape(N, B) == host.array.reshape(N, B)[perm]).all()
@@ -438,7 +438,7 @@ def test_copy_batch_object_refuses_aliasing_pairs(host: cm.HostBuffer,
 
 
 def test_copy_batch_object_sees_closed_buffers(host: cm.HostBuffer) -> None:
-    d = cm.DeviceBuffer.alloc(N * B)
+    d = cm.DeviceBuffer.empty(N * B)
     b = CopyBatch().add(d, host, dst_offsets=[0], src_offsets=[0], sizes=B)
     d.close()
     with pytest.raises(cm.ClosedError):
@@ -506,7 +506,7 @@ def test_bad_input_is_refused_before_any_call(host: cm.HostBuffer, dev: cm.Devic
 
 def test_closed_and_read_only_operands(host: cm.HostBuffer,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    d = cm.DeviceBuffer.alloc(N * B)
+    d = cm.DeviceBuffer.empty(N * B)
     d.close()
     ro = np.zeros(N * B, np.uint8)
     ro.flags.writeable = False

@@ -44,8 +44,8 @@ def host() -> Iterator[cm.HostBuffer]:
 
 @pytest.fixture
 def dev() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(N * B)
-    d.memset(0)
+    d = cm.DeviceBuffer.empty(N * B)
+    d.fill(0)
     yield d
     d.close()
 
@@ -91,7 +91,7 @@ def test_a_large_batch_goes_in_calls_of_the_measured_size(monkeypatch: pytest.Mo
                                                          ) -> None:
     n = 600
     host = cm.HostBuffer.from_array(pattern(n * B, 4))
-    dev = cm.DeviceBuffer.alloc(n * B)
+    dev = cm.DeviceBuffer.empty(n * B)
     perm = np.random.default_rng(5).permutation(n)
     try:
         with record_calls(monkeypatch) as calls:
@@ -155,7 +155,7 @@ def test_pageable_sources_are_read_in_stream_order(dev: cm.DeviceBuffer, stream:
 def _swap(monkeypatch: pytest.MonkeyPatch, floor: int) -> tuple[CopyBatch, list[Any]]:
     monkeypatch.setattr(_copy_batch, "DUPLEX_MIN_BYTES", floor)
     host = cm.HostBuffer.from_array(pattern(N * B, 21))
-    dev = cm.DeviceBuffer.alloc(N * B)
+    dev = cm.DeviceBuffer.empty(N * B)
     back = cm.HostBuffer.zeros(N * B)
     cm.copy(dev, host)
     b = CopyBatch()
@@ -267,7 +267,7 @@ def test_a_refused_later_call_leaves_the_earlier_ones_done() -> None:
     # destination of 2 MiB and runs past its end: a clean INVALID_VALUE on the
     # H100 ("dst range past the end of its allocation"), not a crash.
     n = 512
-    dev = cm.DeviceBuffer.alloc(n * B)
+    dev = cm.DeviceBuffer.empty(n * B)
     src = cm.HostBuffer.from_array(pattern((n + 1) * B, 17))
     # With unified addressing the driver may place the pinned source right after the
     # device buffer (H100, device run 1 of 2026-11-24): the overrun then lands on the
@@ -281,7 +281,7 @@ def test_a_refused_later_call_leaves_the_earlier_ones_done() -> None:
     sizes = np.full(n, B)
     sizes[-1] = 2 * B
     try:
-        dev.memset(0)
+        dev.fill(0)
         with pytest.raises(cm.CudaInvalidValueError):
             copy_batch(dev.ptr, src, dst_offsets=np.arange(n) * B, src_offsets=s_off,
                        sizes=sizes)

@@ -17,7 +17,7 @@ from ._helpers import no_driver_calls, record_calls
 
 
 def test_alloc_basics() -> None:
-    with cm.DeviceBuffer.alloc(1 << 20) as d:
+    with cm.DeviceBuffer.empty(1 << 20) as d:
         assert d.nbytes == 1 << 20
         assert d.ptr != 0
         assert d.device == 0
@@ -27,12 +27,12 @@ def test_alloc_basics() -> None:
 
 
 def test_numpy_integer_size() -> None:
-    with cm.DeviceBuffer.alloc(np.int64(256)) as d:
+    with cm.DeviceBuffer.empty(np.int64(256)) as d:
         assert d.nbytes == 256
 
 
 def test_cuda_array_interface_and_dlpack() -> None:
-    with cm.DeviceBuffer.alloc(4096) as d:
+    with cm.DeviceBuffer.empty(4096) as d:
         cai = d.__cuda_array_interface__
         assert cai["data"] == (d.ptr, False)
         assert cai["shape"] == (4096,)
@@ -54,7 +54,8 @@ def test_from_array_and_to_numpy() -> None:
         assert d.nbytes == src.nbytes
         np.testing.assert_array_equal(d.to_numpy(np.float64, (10, 100)), src)
         np.testing.assert_array_equal(d.to_numpy(np.float64)[:5], src.ravel()[:5])
-        assert d.to_numpy().dtype == np.uint8
+        np.testing.assert_array_equal(d.to_numpy(), src)  # the dtype and shape it was made with
+        assert d.to_numpy(np.uint8).shape == (src.nbytes,)
         assert d.to_numpy(np.float64, 3).tolist() == [0.0, 1.0, 2.0]
     with cm.HostBuffer.from_array(src) as h, cm.DeviceBuffer.from_array(h) as d:
         np.testing.assert_array_equal(d.to_numpy(np.float64, src.shape), src)
@@ -68,31 +69,31 @@ def test_from_array_object_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_to_numpy_shape_too_big() -> None:
-    with cm.DeviceBuffer.alloc(16) as d, pytest.raises(ValueError, match="needs"):
+    with cm.DeviceBuffer.empty(16) as d, pytest.raises(ValueError, match="needs"):
         d.to_numpy(np.float64, 3)
 
 
-def test_memset_sync_and_stream(stream: cm.Stream) -> None:
-    with cm.DeviceBuffer.alloc(4096) as d:
-        d.memset(0xAB)
+def test_fill_sync_and_stream(stream: cm.Stream) -> None:
+    with cm.DeviceBuffer.empty(4096) as d:
+        d.fill(0xAB)
         assert (d.to_numpy() == 0xAB).all()
-        d.memset(0, stream=stream)
+        d.fill(0, stream=stream)
         stream.synchronize()
         assert not d.to_numpy().any()
 
 
 @pytest.mark.parametrize("value", [-1, 256, 1.0, True])
-def test_memset_bad_value(value: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(16) as d, no_driver_calls(monkeypatch), \
+def test_fill_bad_value(value: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    with cm.DeviceBuffer.empty(16) as d, no_driver_calls(monkeypatch), \
             pytest.raises((TypeError, ValueError)):
-        d.memset(value)
+        d.fill(value)
 
 
 def test_zero_length_allocates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     cm.Device(0).set_current()
-    with record_calls(monkeypatch) as calls, cm.DeviceBuffer.alloc(0) as d:
+    with record_calls(monkeypatch) as calls, cm.DeviceBuffer.empty(0) as d:
         assert d.ptr == 0 and d.nbytes == 0
-        d.memset(1)
+        d.fill(1)
         assert d.to_numpy().size == 0
         cm.copy(d, np.zeros(0, np.uint8))
     assert not [c for c in calls if c[0].startswith("cuMem")]
@@ -101,41 +102,41 @@ def test_zero_length_allocates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("nbytes", [-1, -(1 << 40)])
 def test_negative_size(nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     with no_driver_calls(monkeypatch), pytest.raises(ValueError, match=">= 0"):
-        cm.DeviceBuffer.alloc(nbytes)
+        cm.DeviceBuffer.empty(nbytes)
 
 
 @pytest.mark.parametrize("nbytes", [1.0, "16", None, True, 2**10 + 0.5, [16]])
 def test_non_integer_size(nbytes: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     with no_driver_calls(monkeypatch), pytest.raises(TypeError):
-        cm.DeviceBuffer.alloc(nbytes)
+        cm.DeviceBuffer.empty(nbytes)
 
 
 @pytest.mark.parametrize("nbytes", [1 << 63, 1 << 64, 1 << 100])
 def test_size_overflow(nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     with no_driver_calls(monkeypatch), pytest.raises(ValueError, match="larger"):
-        cm.DeviceBuffer.alloc(nbytes)
+        cm.DeviceBuffer.empty(nbytes)
 
 
 def test_out_of_memory() -> None:
     total = cm.Device(0).total_memory
     with pytest.raises(cm.CudaOutOfMemoryError) as info:
-        cm.DeviceBuffer.alloc(total * 2)
+        cm.DeviceBuffer.empty(total * 2)
     assert info.value.api == "cuMemAlloc"
 
 
 @pytest.mark.parametrize("device", [-1, "0", 1.0])
 def test_bad_device(device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     with no_driver_calls(monkeypatch), pytest.raises((TypeError, ValueError)):
-        cm.DeviceBuffer.alloc(16, device=device)
+        cm.DeviceBuffer.empty(16, device=device)
 
 
 def test_direct_construction_is_refused() -> None:
-    with pytest.raises(TypeError, match="alloc"):
+    with pytest.raises(TypeError, match="empty"):
         cm.DeviceBuffer()
 
 
 def test_close_gc_and_use_after_close(monkeypatch: pytest.MonkeyPatch) -> None:
-    d = cm.DeviceBuffer.alloc(64)
+    d = cm.DeviceBuffer.empty(64)
     ptr = d.ptr
     with record_calls(monkeypatch) as calls:
         d.close()
@@ -144,10 +145,10 @@ def test_close_gc_and_use_after_close(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "closed" in repr(d)
     with no_driver_calls(monkeypatch):
         for action in (lambda: d.ptr, lambda: d.__cuda_array_interface__, lambda: d.to_numpy(),
-                       lambda: d.memset(0), lambda: d.as_array()):
+                       lambda: d.fill(0), lambda: d.as_array()):
             with pytest.raises(cm.ClosedError, match="DeviceBuffer is closed"):
                 action()
-    e = cm.DeviceBuffer.alloc(64)
+    e = cm.DeviceBuffer.empty(64)
     ptr = e.ptr
     ref = weakref.ref(e)
     with record_calls(monkeypatch) as calls:
@@ -158,7 +159,7 @@ def test_close_gc_and_use_after_close(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_view_keeps_the_buffer_alive() -> None:
-    d = cm.DeviceBuffer.alloc(64)
+    d = cm.DeviceBuffer.empty(64)
     ref = weakref.ref(d)
     view = d.as_array(np.int32)
     del d
@@ -170,9 +171,9 @@ def test_view_keeps_the_buffer_alive() -> None:
 
 
 def test_second_device(two_devices: None) -> None:
-    with cm.DeviceBuffer.alloc(256, device=1) as d1, cm.DeviceBuffer.alloc(256, device=0) as d0:
+    with cm.DeviceBuffer.empty(256, device=1) as d1, cm.DeviceBuffer.empty(256, device=0) as d0:
         assert d1.device == 1 and d0.device == 0
         assert d1.__dlpack_device__() == (DL_CUDA, 1)
-        d0.memset(9)
+        d0.fill(9)
         cm.copy(d1, d0)
         assert (d1.to_numpy() == 9).all()

@@ -38,12 +38,12 @@ LEAKY = textwrap.dedent("""\
     import cuda_memkit as cm
 
     def make():
-        return cm.DeviceBuffer.alloc(3 << 20)
+        return cm.DeviceBuffer.empty(3 << 20)
 
     kept = make()
     pinned = cm.HostBuffer.empty(5000)
     cm.HostBuffer.empty(100).close()
-    with cm.DeviceBuffer.alloc(1000):
+    with cm.DeviceBuffer.empty(1000):
         pass
     print("done")
 """)
@@ -70,7 +70,7 @@ def test_leak_report_at_exit_names_every_allocation(tmp_path: pathlib.Path) -> N
 
 def test_leak_report_without_leaks_and_when_off(tmp_path: pathlib.Path) -> None:
     script = tmp_path / "clean.py"
-    script.write_text("import cuda_memkit as cm\ncm.DeviceBuffer.alloc(10).close()\n")
+    script.write_text("import cuda_memkit as cm\ncm.DeviceBuffer.empty(10).close()\n")
     on = _run([str(script)], tmp_path, CUDA_MEMKIT_LEAK_REPORT="1")
     assert on.returncode == 0 and "cuda_memkit leak report: no memory left at exit" in on.stderr
     leaky = tmp_path / "leaky.py"
@@ -91,11 +91,11 @@ TESTS = textwrap.dedent("""\
         KEEP.append(cm.MemoryPool.default(0).allocate(4096, stream=None))
 
     def test_clean():
-        with cm.DeviceBuffer.alloc(100):
+        with cm.DeviceBuffer.empty(100):
             cm.HostBuffer.pooled(64).close()
 
     def test_garbage_is_collected_first():
-        a = [cm.DeviceBuffer.alloc(100)]
+        a = [cm.DeviceBuffer.empty(100)]
         a.append(a)  # a cycle: freed by the check's gc.collect()
 
     @pytest.mark.memkit_allow_leaks
@@ -104,7 +104,7 @@ TESTS = textwrap.dedent("""\
 
     @pytest.fixture(scope="module")
     def module_buffer():
-        return cm.DeviceBuffer.alloc(2048)
+        return cm.DeviceBuffer.empty(2048)
 
     def test_wider_fixtures_are_not_leaks(module_buffer):
         assert module_buffer.nbytes == 2048

@@ -64,7 +64,7 @@ def _registered() -> tuple[Any, str, int | None, int | None, int]:
 
 
 def _device() -> tuple[Any, str, int | None, int | None, int]:
-    return cm.DeviceBuffer.alloc(3 * MiB + 1), "device", 0, None, 3 * MiB + 1
+    return cm.DeviceBuffer.empty(3 * MiB + 1), "device", 0, None, 3 * MiB + 1
 
 
 def _managed() -> tuple[Any, str, int | None, int | None, int]:
@@ -129,7 +129,7 @@ def test_totals_and_peaks() -> None:
     a = acct("device", 0)
     a.reset_peak()
     base_total, base = a.total, a.current
-    bufs = [cm.DeviceBuffer.alloc(MiB) for _ in range(4)]
+    bufs = [cm.DeviceBuffer.empty(MiB) for _ in range(4)]
     assert a.current == base + 4 * MiB and a.peak == base + 4 * MiB
     assert a.total == base_total + 4
     for b in bufs[:3]:
@@ -143,7 +143,7 @@ def test_totals_and_peaks() -> None:
 
 def test_zero_length_buffers_register_nothing() -> None:
     before = {k: (len(v.live), v.current) for k, v in _resource.LEDGER.items()}
-    objs = [cm.HostBuffer.empty(0), cm.DeviceBuffer.alloc(0), cm.ManagedBuffer.empty(0),
+    objs = [cm.HostBuffer.empty(0), cm.DeviceBuffer.empty(0), cm.ManagedBuffer.empty(0),
             cm.register_host(np.zeros(0))]
     after = {k: (len(v.live), v.current) for k, v in _resource.LEDGER.items()}
     assert {k: v for k, v in after.items() if v != before.get(k, (0, 0))} == {}
@@ -228,7 +228,7 @@ def test_watchers_see_every_event() -> None:
 
     _resource.watchers.append(watch)
     try:
-        with cm.DeviceBuffer.alloc(1000):
+        with cm.DeviceBuffer.empty(1000):
             pass
         cm.MemoryPool.default(0).allocate(2000, stream=None).free()
         cm.HostBuffer.pooled(3000).close()

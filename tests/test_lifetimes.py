@@ -132,7 +132,7 @@ def test_host_pool_buffer_view_outlives_the_buffer(env: Env) -> None:
 @pytest.mark.uses_managed_memory
 def test_typed_device_view_outlives_its_owner(env: Env) -> None:
     before = settled(env)
-    for make in (lambda: cm.DeviceBuffer.alloc(N), lambda: cm.ManagedBuffer.empty(N),
+    for make in (lambda: cm.DeviceBuffer.empty(N), lambda: cm.ManagedBuffer.empty(N),
                  lambda: cm.MemoryPool.default(0).allocate(N, stream=env.stream)):
         view = make().as_array(np.float32, (N // 4,))
         gc.collect()
@@ -183,7 +183,7 @@ def test_plan_and_hints_keep_their_buffers(env: Env) -> None:
 
 def test_async_copy_keeps_its_operands(env: Env) -> None:
     before = settled(env)
-    dst = cm.DeviceBuffer.alloc(N)
+    dst = cm.DeviceBuffer.empty(N)
     cm.copy_async(dst, cm.HostBuffer.from_array(np.full(N, 6, np.uint8)), stream=env.stream)
     gc.collect()  # the source is held until the stream is done
     env.stream.synchronize()
@@ -294,7 +294,7 @@ keep.host = cm.HostBuffer.empty(1 << 20)
 keep.host_view = cm.HostBuffer.zeros(4096).array
 keep.pooled = cm.HostBuffer.pooled(4096)
 keep.reg = cm.register_host(np.ones(1 << 20, np.uint8))
-keep.dev = cm.DeviceBuffer.alloc(1 << 20)
+keep.dev = cm.DeviceBuffer.empty(1 << 20)
 keep.managed = cm.ManagedBuffer.zeros(1 << 20)
 keep.managed_view = cm.ManagedBuffer.zeros(4096).array
 keep.pool = cm.MemoryPool(0, release_threshold=1 << 30)
@@ -321,7 +321,7 @@ EXIT_SCRIPTS = {
     "daemon thread": _EXIT_PRELUDE + textwrap.dedent("""
         started = threading.Event()
         def hold():
-            mine = [cm.DeviceBuffer.alloc(4096), cm.HostBuffer.empty(4096),
+            mine = [cm.DeviceBuffer.empty(4096), cm.HostBuffer.empty(4096),
                     cm.MemoryPool.default(0).allocate(4096, stream=None)]
             started.set()
             threading.Event().wait()

@@ -41,7 +41,7 @@ def free() -> Iterator[int]:
 
 
 def _still_works() -> None:
-    with cm.DeviceBuffer.alloc(MiB) as d:
+    with cm.DeviceBuffer.empty(MiB) as d:
         cm.copy(d, np.ones(MiB, np.uint8))
         out = np.zeros(MiB, np.uint8)
         cm.copy(out, d)
@@ -60,20 +60,20 @@ def _oom(monkeypatch: pytest.MonkeyPatch, fn: object, *, undone: bool = False
 
 
 def test_device_buffer_beyond_free_memory(free: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    err = _oom(monkeypatch, lambda: cm.DeviceBuffer.alloc(free + GiB))
+    err = _oom(monkeypatch, lambda: cm.DeviceBuffer.empty(free + GiB))
     assert err.api == "cuMemAlloc"
     _still_works()
 
 
 def test_device_buffer_when_the_device_is_nearly_full(free: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    big = cm.DeviceBuffer.alloc(free * 3 // 4)
+    big = cm.DeviceBuffer.empty(free * 3 // 4)
     try:
-        _oom(monkeypatch, lambda: cm.DeviceBuffer.alloc(free // 2))
+        _oom(monkeypatch, lambda: cm.DeviceBuffer.empty(free // 2))
         _still_works()
     finally:
         big.close()
-    with cm.DeviceBuffer.alloc(free // 2):  # fits again
+    with cm.DeviceBuffer.empty(free // 2):  # fits again
         pass
 
 

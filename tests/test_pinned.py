@@ -361,8 +361,8 @@ def test_device_ptr_of_a_mapped_buffer() -> None:
 
 def test_device_ptr_data_path() -> None:
     with cm.HostBuffer.zeros(256, np.uint8, flags=F.MAPPED) as h, \
-            cm.DeviceBuffer.alloc(256) as d:
-        d.memset(0x5A)
+            cm.DeviceBuffer.empty(256) as d:
+        d.fill(0x5A)
         cm.copy(h.device_ptr, d, nbytes=256)
         assert (h.array == 0x5A).all()
 
@@ -400,7 +400,7 @@ def test_copy_between_host_buffers() -> None:
 
 def test_copy_from_and_to_device() -> None:
     src = np.arange(100, dtype=np.int64)
-    with cm.HostBuffer.from_array(src) as h, cm.DeviceBuffer.alloc(h.nbytes) as d, \
+    with cm.HostBuffer.from_array(src) as h, cm.DeviceBuffer.empty(h.nbytes) as d, \
             cm.HostBuffer.zeros(100, np.int64) as back:
         h.copy_to(d)
         back.copy_from(d)
@@ -424,7 +424,7 @@ def test_copy_mismatch(other: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_copy_size_mismatch_with_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.HostBuffer.zeros(6, np.float32) as h, cm.DeviceBuffer.alloc(20) as d, \
+    with cm.HostBuffer.zeros(6, np.float32) as h, cm.DeviceBuffer.empty(20) as d, \
             no_driver_calls(monkeypatch):
         with pytest.raises(ValueError, match="size mismatch"):
             h.copy_from(d)

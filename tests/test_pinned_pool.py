@@ -118,7 +118,7 @@ def test_empty_zeros_from_array_with_a_pool(host_pool: cm.MemoryPool) -> None:
 def test_copies_with_pooled_buffers(stream: cm.Stream) -> None:
     src = cm.HostBuffer.pooled(MiB)
     src.array[:] = np.arange(MiB, dtype=np.uint64).astype(np.uint8)
-    d = cm.DeviceBuffer.alloc(MiB)
+    d = cm.DeviceBuffer.empty(MiB)
     cm.copy(d, src)
     dst = cm.HostBuffer.pooled(MiB)
     cm.copy(dst, d)

@@ -284,10 +284,10 @@ class Operand:
             self.obj = cm.ManagedBuffer.zeros(count, dt)
             self.ptr, self.size, self.dtype = self.obj.ptr, n, dt
         elif kind == "DeviceBuffer":
-            self.obj = cm.DeviceBuffer.alloc(n)
+            self.obj = cm.DeviceBuffer.empty(n)
             self.ptr, self.size, self.dtype = self.obj.ptr, n, None
         else:  # a raw pointer to 1 KiB of device memory: copy trusts its size
-            hidden = cm.DeviceBuffer.alloc(1024)
+            hidden = cm.DeviceBuffer.empty(1024)
             self.owned.append(hidden)
             self.obj = hidden.ptr
             self.ptr, self.size, self.dtype = hidden.ptr, None, None

@@ -109,8 +109,8 @@ def test_flags(arr: np.ndarray, flags: Any) -> None:
 def test_device_ptr_of_a_mapped_registration(arr: np.ndarray) -> None:
     with cm.register_host(arr, flags=RF.DEVICEMAP) as reg:
         assert reg.device_ptr == arr.ctypes.data  # unified addressing
-        with cm.DeviceBuffer.alloc(128) as d:
-            d.memset(0x33)
+        with cm.DeviceBuffer.empty(128) as d:
+            d.fill(0x33)
             cm.copy(reg.device_ptr, d, nbytes=128)
         assert (arr[:128] == 0x33).all()
         assert (arr[128:] == 0).all()
@@ -137,7 +137,7 @@ def test_read_only_registration(arr: np.ndarray) -> None:
         assert reg.read_only
         assert not reg.array.flags.writeable
         assert np.shares_memory(reg.array, arr)
-        with cm.DeviceBuffer.alloc(N) as d:
+        with cm.DeviceBuffer.empty(N) as d:
             cm.copy(d, reg)  # the device reads it
             assert (d.to_numpy() == 5).all()
 
@@ -155,7 +155,7 @@ def test_read_only_array_needs_read_only_flag(monkeypatch: pytest.MonkeyPatch) -
 
 def test_writing_through_a_read_only_registration(arr: np.ndarray,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.register_host(arr, flags=RF.READ_ONLY) as reg, cm.DeviceBuffer.alloc(N) as d:
+    with cm.register_host(arr, flags=RF.READ_ONLY) as reg, cm.DeviceBuffer.empty(N) as d:
         s = cm.Stream()
         try:
             with no_driver_calls(monkeypatch):
@@ -197,7 +197,7 @@ def test_object_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_device_memory_is_not_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(64) as d, cm.HostBuffer.empty(64) as h, \
+    with cm.DeviceBuffer.empty(64) as d, cm.HostBuffer.empty(64) as h, \
             no_driver_calls(monkeypatch):
         with pytest.raises(TypeError):
             cm.register_host(d)
@@ -296,7 +296,7 @@ def test_direct_construction_is_refused() -> None:
 def test_async_copies_accept_registered_arrays() -> None:
     src = np.arange(N // 4, dtype=np.float32)
     back = np.zeros_like(src)
-    with cm.register_host(src), cm.register_host(back), cm.DeviceBuffer.alloc(src.nbytes) as d:
+    with cm.register_host(src), cm.register_host(back), cm.DeviceBuffer.empty(src.nbytes) as d:
         s = cm.Stream()
         cm.copy(d, src, stream=s)
         cm.copy(back, d, stream=s)

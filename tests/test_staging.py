@@ -46,7 +46,7 @@ def data(n: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture
 def dev() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(4 * MiB)
+    d = cm.DeviceBuffer.empty(4 * MiB)
     yield d
     d.close()
 
@@ -116,7 +116,7 @@ def test_ring_is_reused_and_released(dev: cm.DeviceBuffer) -> None:
 
 
 def test_concurrent_copies(dev: cm.DeviceBuffer) -> None:
-    other = cm.DeviceBuffer.alloc(4 * MiB)
+    other = cm.DeviceBuffer.empty(4 * MiB)
     srcs = [data(3 * MiB, 10), data(3 * MiB, 11)]
     errors: list[BaseException] = []
 
@@ -143,7 +143,7 @@ def test_concurrent_copies(dev: cm.DeviceBuffer) -> None:
 
 def test_second_device_keeps_the_current_context(two_devices: None) -> None:
     cm.Device(0).set_current()
-    d1 = cm.DeviceBuffer.alloc(2 * MiB, device=1)
+    d1 = cm.DeviceBuffer.empty(2 * MiB, device=1)
     cm.Device(0).set_current()
     before = int(_driver.call("cuCtxGetCurrent"))
     try:
@@ -217,7 +217,7 @@ def test_bad_input(dev: cm.DeviceBuffer, args: tuple[str, str], kw: dict[str, An
 def test_device_range_too_small_fails_mid_pipeline() -> None:
     # The fourth 256 KiB chunk straddles the end of the allocation: the driver refuses it
     # (a chunk starting past the end could land in a neighbouring allocation).
-    small = cm.DeviceBuffer.alloc(MiB - 128 * KiB)
+    small = cm.DeviceBuffer.empty(MiB - 128 * KiB)
     try:
         with pytest.raises(cm.CudaInvalidValueError):
             staged_copy(small.ptr, data(3 * MiB))

@@ -54,7 +54,7 @@ def _every_kind(stream: cm.Stream) -> tuple[list[Any], dict[str, int]]:
     grow.resize(3 * g - 5)
     host_pool = cm.MemoryPool(location=cm.Location.host())
     objs = [
-        cm.DeviceBuffer.alloc(3 * MiB + 7),
+        cm.DeviceBuffer.empty(3 * MiB + 7),
         pool.allocate(12345, stream=stream),
         host_pool.allocate(4096, stream=stream),
         cm.ManagedBuffer.empty(8192),
@@ -116,7 +116,7 @@ def test_every_kind_counts_its_exact_size(stream: cm.Stream) -> None:
 def test_peaks_are_per_account_and_reset() -> None:
     cm.reset_peak_stats()
     base = _current(cm.memory_stats(), "device", 0)
-    bufs = [cm.DeviceBuffer.alloc(MiB) for _ in range(3)]
+    bufs = [cm.DeviceBuffer.empty(MiB) for _ in range(3)]
     for b in bufs[:2]:
         b.close()
     (dev,) = cm.memory_stats(0).kind("device")
@@ -139,8 +139,8 @@ def test_sums_carry_no_peak() -> None:
 
 
 def test_device_filter_and_kind_lookup(two_devices: None) -> None:
-    a = cm.DeviceBuffer.alloc(1000, device=0)
-    b = cm.DeviceBuffer.alloc(2000, device=1)
+    a = cm.DeviceBuffer.empty(1000, device=0)
+    b = cm.DeviceBuffer.empty(2000, device=1)
     h = cm.HostBuffer.empty(64)
     try:
         s1 = cm.memory_stats(1)
@@ -182,7 +182,7 @@ def test_bad_arguments() -> None:
 
 
 def test_no_driver_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    with cm.DeviceBuffer.alloc(100):
+    with cm.DeviceBuffer.empty(100):
         def refuse(*args: object) -> None:
             raise AssertionError(f"driver called: {args[:1]}")
 
@@ -196,7 +196,7 @@ def test_no_driver_call(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_results_are_frozen_typed_and_json() -> None:
-    with cm.DeviceBuffer.alloc(4096):
+    with cm.DeviceBuffer.empty(4096):
         stats = cm.memory_stats()
         s = stats.kind("device", 0)[0]
         with pytest.raises(AttributeError):
@@ -228,7 +228,7 @@ def test_vmm_mapped_is_not_counted_twice() -> None:
 
 
 def test_cli_stats_json(capsys: pytest.CaptureFixture[str]) -> None:
-    with cm.DeviceBuffer.alloc(5000):
+    with cm.DeviceBuffer.empty(5000):
         assert _cli.main(["stats", "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["backend"] == _driver.backend_name()
@@ -272,7 +272,7 @@ def test_an_address_reused_between_free_and_ledger_exit_stays_counted(
     arr = np.zeros(4096, np.uint8)
     acct = _resource.account(kind, None if kind in ("pinned", "registered") else 0)
     base = acct.current
-    obj: Any = {"device": lambda: cm.DeviceBuffer.alloc(4096),
+    obj: Any = {"device": lambda: cm.DeviceBuffer.empty(4096),
                 "managed": lambda: cm.ManagedBuffer.empty(4096),
                 "pinned": lambda: cm.HostBuffer.empty(4096),
                 "registered": lambda: cm.register_host(arr)}[kind]()

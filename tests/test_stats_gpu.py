@@ -53,7 +53,7 @@ def _default_pinned() -> None:
 @pytest.fixture(autouse=True)
 def _warm() -> Iterator[None]:
     """A context and the driver's own first allocations exist before the first reading."""
-    cm.DeviceBuffer.alloc(1).close()
+    cm.DeviceBuffer.empty(1).close()
     yield
     gc.collect()
 
@@ -61,7 +61,7 @@ def _warm() -> Iterator[None]:
 @pytest.mark.parametrize("nbytes", [64 * MiB, 64 * MiB + 1, 3 * PAGE])
 def test_device_buffer_matches_cumemgetinfo(nbytes: int) -> None:
     f0, s0 = _free(), _ledger("device")
-    buf = cm.DeviceBuffer.alloc(nbytes)
+    buf = cm.DeviceBuffer.empty(nbytes)
     lost, counted = f0 - _free(), _ledger("device") - s0
     buf.close()
     assert counted == nbytes  # the ledger: the bytes asked for

@@ -71,7 +71,7 @@ def _pinned_round(rng: random.Random, graveyard: list[Any]) -> int:
 def _copy_round(rng: random.Random, tag: int) -> int:
     n = rng.choice((1, 4096, 65536, 1 << 20))
     src = np.full(n, tag, np.uint8)
-    with cm.DeviceBuffer.alloc(n) as d:
+    with cm.DeviceBuffer.empty(n) as d:
         cm.copy(d, src)
         back = np.zeros(n, np.uint8)
         cm.copy(back, d)

@@ -58,7 +58,7 @@ def test_every_kind_is_recorded_with_its_details(stream: cm.Stream) -> None:
     pool = cm.MemoryPool.default(0)
     with cm.track() as t:
         line = _line() + 1
-        d = cm.DeviceBuffer.alloc(3 * MiB + 1)
+        d = cm.DeviceBuffer.empty(3 * MiB + 1)
         p = pool.allocate(12345, stream=stream)
         m = cm.ManagedBuffer.empty(8192)
         h = cm.HostBuffer.empty(1000)
@@ -102,7 +102,7 @@ def test_summary_finds_the_leak() -> None:
     kept = []
     with cm.track() as t:
         for i in range(20):
-            with cm.DeviceBuffer.alloc(1000 + i):
+            with cm.DeviceBuffer.empty(1000 + i):
                 pass
             if i % 5 == 0:
                 leak_line = _line() + 1
@@ -139,7 +139,7 @@ def test_timeline_follows_the_ledger() -> None:
         start = cm.memory_stats().by_kind["device"].current
         bufs = []
         for n in (1, 2, 3):
-            bufs.append(cm.DeviceBuffer.alloc(n * MiB))
+            bufs.append(cm.DeviceBuffer.empty(n * MiB))
             seen.append(cm.memory_stats().by_kind["device"].current)
         for b in bufs:
             b.close()
@@ -155,13 +155,13 @@ def test_timeline_follows_the_ledger() -> None:
 
 def test_stacks_start_at_the_caller() -> None:
     def helper() -> cm.DeviceBuffer:
-        return cm.DeviceBuffer.alloc(64)
+        return cm.DeviceBuffer.empty(64)
 
     with cm.track(stacks=True) as t:
         helper().close()
         cm.MemoryPool.default(0).allocate(64, stream=None).free()
     with cm.track() as plain:
-        cm.DeviceBuffer.alloc(64).close()
+        cm.DeviceBuffer.empty(64).close()
     a, b = [e for e in t.events() if e.action == "alloc"]
     assert a.stack is not None and b.stack is not None
     assert a.stack[-1] == a.site and a.site.function == "helper"
@@ -178,10 +178,10 @@ def test_stacks_start_at_the_caller() -> None:
 
 def test_nested_trackers_each_see_their_window() -> None:
     with cm.track() as outer:
-        cm.DeviceBuffer.alloc(100).close()
+        cm.DeviceBuffer.empty(100).close()
         with cm.track(stacks=True) as inner:
-            cm.DeviceBuffer.alloc(200).close()
-        cm.DeviceBuffer.alloc(300).close()
+            cm.DeviceBuffer.empty(200).close()
+        cm.DeviceBuffer.empty(300).close()
     assert [e.nbytes for e in outer.events() if e.action == "alloc"] == [100, 200, 300]
     assert [e.nbytes for e in inner.events() if e.action == "alloc"] == [200]
     assert all(e.stack is None for e in outer.events())  # stacks are per tracker
@@ -196,7 +196,7 @@ def test_reentering_a_tracker_is_refused() -> None:
         with pytest.raises(RuntimeError, match="already recording"), t:
             pass
         assert t.active  # the refused entry changed nothing
-        cm.DeviceBuffer.alloc(10).close()
+        cm.DeviceBuffer.empty(10).close()
     assert not t.active and "stopped" in repr(t)
     with pytest.raises(RuntimeError, match="finished recording"), t:
         pass
@@ -209,7 +209,7 @@ def test_reentering_a_tracker_is_refused() -> None:
 def test_start_and_stop_without_with() -> None:
     t = cm.track().start()
     try:
-        cm.DeviceBuffer.alloc(10).close()
+        cm.DeviceBuffer.empty(10).close()
     finally:
         t.stop()
     assert [e.action for e in t.events()] == ["alloc", "free"]
@@ -242,8 +242,8 @@ def _in_thread(fn: Any) -> None:
 def test_threads_current_and_all() -> None:
     other: list[Any] = []
     with cm.track(threads="current") as mine, cm.track() as every:
-        own = cm.DeviceBuffer.alloc(111)
-        _in_thread(lambda: other.append(cm.DeviceBuffer.alloc(222)))
+        own = cm.DeviceBuffer.empty(111)
+        _in_thread(lambda: other.append(cm.DeviceBuffer.empty(222)))
         _in_thread(own.close)  # my allocation, freed on another thread
         _in_thread(lambda: other.pop().close())
     assert [(e.action, e.nbytes) for e in mine.events()] == [("alloc", 111), ("free", 111)]
@@ -314,7 +314,7 @@ def test_garbage_collected_memory_is_a_free() -> None:
 
 def test_save_writes_the_documented_schema(tmp_path: pathlib.Path) -> None:
     with cm.track(stacks=True) as t:
-        kept = cm.DeviceBuffer.alloc(2048)
+        kept = cm.DeviceBuffer.empty(2048)
         cm.HostBuffer.pooled(64).close()
     path = tmp_path / "track.json"
     t.save(path)
@@ -354,7 +354,7 @@ def test_save_errors(tmp_path: pathlib.Path) -> None:
 def test_plot(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("matplotlib")
     with cm.track() as t:
-        with cm.DeviceBuffer.alloc(3 * MiB):
+        with cm.DeviceBuffer.empty(3 * MiB):
             cm.HostBuffer.pooled(4096).close()
     fig = t.plot(tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -393,7 +393,7 @@ def test_a_failure_inside_tracking_loses_nothing(monkeypatch: pytest.MonkeyPatch
     before = cm.memory_stats()
     with pytest.warns(cm.MemkitWarning, match=r"2 event.*stack capture broke"):
         with cm.track(stacks=True) as t, cm.track() as healthy:
-            bufs = [cm.DeviceBuffer.alloc(1000), cm.HostBuffer.pooled(500)]
+            bufs = [cm.DeviceBuffer.empty(1000), cm.HostBuffer.pooled(500)]
             mid = cm.memory_stats()
             for b in bufs:
                 b.close()
@@ -413,7 +413,7 @@ def test_a_broken_tracker_does_not_affect_others_or_allocations() -> None:
             raise ValueError("tracker bug")
 
         bad._on = explode  # type: ignore[method-assign]
-        buf = cm.DeviceBuffer.alloc(777)
+        buf = cm.DeviceBuffer.empty(777)
         assert buf.nbytes == 777 and not buf.closed
         buf.close()
         with pytest.warns(cm.MemkitWarning, match="tracker bug"):
@@ -424,13 +424,13 @@ def test_a_broken_tracker_does_not_affect_others_or_allocations() -> None:
 def test_tracking_does_not_change_allocations() -> None:
     huge = 1 << 50
     with pytest.raises(cm.CudaOutOfMemoryError) as plain:
-        cm.DeviceBuffer.alloc(huge)
+        cm.DeviceBuffer.empty(huge)
     with cm.track(stacks=True) as t:
         with pytest.raises(cm.CudaOutOfMemoryError) as tracked:
-            cm.DeviceBuffer.alloc(huge)
+            cm.DeviceBuffer.empty(huge)
         with pytest.raises(ValueError):
-            cm.DeviceBuffer.alloc(-1)
-        b = cm.DeviceBuffer.alloc(10)
+            cm.DeviceBuffer.empty(-1)
+        b = cm.DeviceBuffer.empty(10)
         assert type(b) is cm.DeviceBuffer and b.nbytes == 10
         b.close()
     assert str(plain.value) == str(tracked.value)
@@ -439,7 +439,7 @@ def test_tracking_does_not_change_allocations() -> None:
 
 def test_reprs() -> None:
     with cm.track() as t:
-        b = cm.DeviceBuffer.alloc(4096)
+        b = cm.DeviceBuffer.empty(4096)
     ev = t.events()[0]
     assert "alloc 4.00 KiB device on device 0" in repr(ev)
     (a,) = t.live()

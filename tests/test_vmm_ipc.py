@@ -224,7 +224,7 @@ def test_two_processes(g: int, backend: str) -> None:
         assert proc.returncode == 0, err.decode(errors="replace")
         assert reply == b"written"
         # Read back on the GPU: device-to-device into fresh memory, then to the host.
-        with cm.DeviceBuffer.alloc(size) as copy:
+        with cm.DeviceBuffer.empty(size) as copy:
             _driver.call("cuMemcpyDtoD", copy.ptr, m.ptr, size)
             host = np.zeros(size, np.uint8)
             cm.copy(host, copy)

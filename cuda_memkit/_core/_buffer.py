@@ -24,6 +24,7 @@ from . import _driver
 from ._device import StreamLike, ensure_any_context, stream_handle
 from ._interop import normalize_view
 from ._operands import copy_sync, operand
+from ._resource import Resource
 
 if TYPE_CHECKING:
     import numpy as np
@@ -191,8 +192,8 @@ def fill_pattern(value: object, dtype: np.dtype[Any] | None) -> tuple[int, int, 
                         f"not {type(value).__name__}")
     if dt.kind not in "biufc":
         raise ValueError(f"fill value of dtype {dt}: fill sets numbers")
-    if dt.kind in "iu" and isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"fill value {value} is not a whole number of dtype {dt}")
+    if dt.kind in "biu" and isinstance(value, (float, complex)):
+        raise TypeError(f"fill value {value!r} is not an integer; the elements are {dt}")
     try:
         raw = np.array(value, dtype=dt).tobytes()
     except (OverflowError, ValueError, TypeError):
@@ -240,8 +241,8 @@ class BufferMixin:
         Parameters
         ----------
         value : int, float or numpy scalar
-            Converted to the buffer's dtype (``uint8`` for byte buffers); a
-            numpy scalar brings its own (``np.float32(1.0)`` fills 4-byte
+            Converted to the buffer's dtype (``uint8`` for byte buffers,
+            which take ints only); a numpy scalar brings its own (``np.float32(1.0)`` fills 4-byte
             floats). Its bytes must repeat a 1-, 2- or 4-byte pattern: any
             value of a 1-, 2- or 4-byte dtype, and e.g. ``0`` of any dtype.
         stream : stream-like, optional
@@ -293,8 +294,10 @@ class BufferMixin:
         Parameters
         ----------
         src : buffer, array or array-like memory
-            Anything :func:`cuda_memkit.copy` accepts, of this buffer's size
-            in bytes (and, where both are typed, of its dtype).
+            Host data (a numpy array, any layout, or a list) must have the
+            buffer's dtype and shape exactly when the buffer has them;
+            anything else :func:`cuda_memkit.copy` accepts must have its size
+            in bytes (and, where both are typed, its dtype).
         stream : stream-like, optional
             Order the copy on this stream (pageable numpy memory is then
             refused: see :func:`cuda_memkit.copy_async`); default: synchronous.
@@ -306,7 +309,27 @@ class BufferMixin:
         ClosedError
             If either side is closed.
         """
+        self.ptr  # noqa: B018  (ClosedError first, whatever the source)
+        host = _host_data(src)
+        if host is not None:
+            self._check_like(host, "source")
+            if not host.flags.c_contiguous:
+                import numpy as np
+
+                host = np.ascontiguousarray(host)
+            src = host
         _copier()(self, src, stream=stream)
+
+    def _check_like(self, host: np.ndarray[Any, Any], role: str) -> None:
+        """Host data must have a typed buffer's dtype and shape (``ValueError``)."""
+        dt, shp = self._layout()
+        if dt is None or shp is None:
+            return  # bytes: copy() compares the sizes
+        if host.dtype != dt:
+            raise ValueError(f"dtype mismatch: the {role} is {host.dtype}, the buffer {dt}")
+        if tuple(host.shape) != shp:
+            raise ValueError(f"shape mismatch: the {role} has shape {tuple(host.shape)}, "
+                             f"the buffer {shp}")
 
     def copy_to(self, dst: Any, *, stream: StreamLike = None) -> None:
         """Copy this buffer into ``dst``, as :func:`cuda_memkit.copy` ``(dst, self)``.
@@ -314,8 +337,8 @@ class BufferMixin:
         Parameters
         ----------
         dst : buffer, writable array or array-like memory
-            Anything :func:`cuda_memkit.copy` accepts, of this buffer's size
-            in bytes (and, where both are typed, of its dtype).
+            As ``src`` of :meth:`copy_from`; a strided numpy array is filled
+            through a C-ordered copy (without ``stream`` only).
         stream : stream-like, optional
             As for :meth:`copy_from`.
 
@@ -327,6 +350,19 @@ class BufferMixin:
         ClosedError
             If either side is closed.
         """
+        self.ptr  # noqa: B018  (ClosedError first, whatever the destination)
+        host = _host_data(dst)
+        if host is not None:
+            if not host.flags.writeable:
+                raise ValueError("the copy destination is a read-only array")
+            self._check_like(host, "destination")
+            if not host.flags.c_contiguous and stream is None:
+                import numpy as np
+
+                tmp = np.empty(host.shape, host.dtype)  # strided: copied in through C order
+                _copier()(tmp, self)
+                np.copyto(host, tmp, casting="no")
+                return
         _copier()(dst, self, stream=stream)
 
     def to_numpy(self, dtype: npt.DTypeLike | None = None,
@@ -369,6 +405,23 @@ class BufferMixin:
             else:
                 copy_sync(operand(out, True), operand(self, False), n)
         return out
+
+
+def _host_data(obj: Any) -> np.ndarray[Any, Any] | None:
+    """``obj`` as a numpy array if it is host data (an array, a list), else ``None``."""
+    if isinstance(obj, (int, Resource)) or hasattr(obj, "__cuda_array_interface__"):
+        return None
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif isinstance(obj, (list, tuple)) or hasattr(obj, "__array_interface__"):
+        arr = np.asarray(obj)
+    else:
+        return None  # buffer-protocol objects, pointers and the rest: copy() decides
+    if arr.dtype.hasobject:
+        raise TypeError("object arrays cannot be copied to or from a buffer")
+    return arr
 
 
 def _cpu_fill(ptr: int, pattern: int, width: int, nbytes: int) -> None:

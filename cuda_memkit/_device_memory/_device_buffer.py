@@ -76,7 +76,8 @@ class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
         Parameters
         ----------
         shape : int or tuple of int
-            Without ``dtype``: the size in bytes. With it: the array shape.
+            Without ``dtype``: the size in bytes (an int). With it: the
+            array shape.
             0 (or any zero dimension) allocates nothing.
         dtype : dtype-like, optional
             Element type; default: plain bytes (see the class docstring).
@@ -87,8 +88,8 @@ class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
         Raises
         ------
         TypeError
-            For a shape that is not an int or a tuple of ints, or an object or
-            zero-size dtype.
+            For a shape that is not an int (without ``dtype``) or a tuple of
+            ints, or an object or zero-size dtype.
         ValueError
             For a negative or impossibly large size (before any driver call).
         CudaOutOfMemoryError
@@ -99,13 +100,8 @@ class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
             shp = check_shape(shape)
             dt = check_dtype(dtype, "device memory")
             n = shape_nbytes(shp, dt)
-        elif isinstance(shape, (tuple, list)):
-            shp = check_shape(shape)
-            if len(shp) != 1:
-                raise ValueError(f"shape {shape!r} without a dtype must be a byte count")
-            n = shp[0]
         else:
-            n = byte_count(shape, "shape (a byte count without dtype)")
+            n = byte_count(shape, "shape (without a dtype, a byte count)")
             shp = (n,)
         ordinal = check_ordinal(device) if device is not None else None
         self = cls.__new__(cls)

@@ -301,7 +301,7 @@ def memory_stats(device: int | Device | None = None) -> MemoryStats:
 
     Examples
     --------
-    >>> buf = cm.DeviceBuffer.alloc(1 << 20)
+    >>> buf = cm.DeviceBuffer.empty(1 << 20)
     >>> cm.memory_stats().by_kind["device"].current
     1048576
     >>> cm.memory_stats(0).kind("device")[0].peak

@@ -439,7 +439,7 @@ def track(stacks: bool = False, *, threads: str = "all") -> Tracker:
     Examples
     --------
     >>> with cm.track(stacks=True) as t:
-    ...     kept = [cm.DeviceBuffer.alloc(1 << 20) for _ in range(3)]
+    ...     kept = [cm.DeviceBuffer.empty(1 << 20) for _ in range(3)]
     ...     cm.HostBuffer.pooled(4096).close()
     >>> len(t.live())
     3

@@ -226,7 +226,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
 
     @property
     def device(self) -> int | None:
-        """The pool's device; ``None`` for a host pool."""
+        """The pool's device; ``None`` for host and managed pools (no one device's memory)."""
         return self._pool.device
 
     @property

@@ -693,7 +693,7 @@ def copy_batch(
     Examples
     --------
     >>> host = cm.HostBuffer.empty(64 << 20)
-    >>> dev = cm.DeviceBuffer.alloc(64 << 20)
+    >>> dev = cm.DeviceBuffer.empty(64 << 20)
     >>> slots = np.array([7, 2, 9]) * (1 << 20)
     >>> cm.copy_batch(dev, host, dst_offsets=slots, src_offsets=[0, 1 << 20, 2 << 20],
     ...               sizes=1 << 20)

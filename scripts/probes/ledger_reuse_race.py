@@ -35,7 +35,7 @@ FREES = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost
 
 def make(kind: str) -> object:
     if kind == "device":
-        return cm.DeviceBuffer.alloc(4096)
+        return cm.DeviceBuffer.empty(4096)
     if kind == "managed":
         return cm.ManagedBuffer.empty(4096)
     return cm.HostBuffer.empty(4096)

@@ -170,7 +170,7 @@ class DeviceBufferKind(Kind):
 
     def cycle(self, i: int) -> None:
         n = self.sizes[(i // 4) % 4]
-        _with_or_release(self, i, lambda: cm.DeviceBuffer.alloc(n), lambda d: None)
+        _with_or_release(self, i, lambda: cm.DeviceBuffer.empty(n), lambda d: None)
 
 
 class ManagedBufferKind(Kind):
