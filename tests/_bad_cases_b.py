@@ -236,9 +236,9 @@ case("granularity(handle_type=3)", lambda o: cm.granularity(0, handle_type=3), V
 case("granularity(handle_type=1.5)", lambda o: cm.granularity(0, handle_type=1.5), TypeError,
      "handle_type")
 
-for bad, exc, rx in [(0, ValueError, "size"), (-1, ValueError, "size"),
-                     ("1", TypeError, "size"), (None, TypeError, "size"),
-                     (True, TypeError, "size")]:
+for bad, exc, rx in [(0, ValueError, "nbytes"), (-1, ValueError, "nbytes"),
+                     ("1", TypeError, "nbytes"), (None, TypeError, "nbytes"),
+                     (True, TypeError, "nbytes")]:
     case(f"AddressRange.reserve({bad!r})", lambda o, b=bad: cm.AddressRange.reserve(b), exc, rx)
 case("AddressRange.reserve(g+1)", lambda o: cm.AddressRange.reserve(o.g + 1), ValueError,
      "granularity")
@@ -263,8 +263,8 @@ case("AddressRange.map(offset=size)", lambda o: o.range.map(o.pm2, offset=4 * o.
      "does not fit")
 case("AddressRange.map(over a mapping)", lambda o: o.range.map(o.pm2, offset=0), cm.CudaError,
      "cuMemMap", driver=True)
-for bad, exc, rx in [(0, ValueError, "size"), (-1, ValueError, "size"),
-                     ("1", TypeError, "size")]:
+for bad, exc, rx in [(0, ValueError, "nbytes"), (-1, ValueError, "nbytes"),
+                     ("1", TypeError, "nbytes")]:
     case(f"PhysicalMemory.create({bad!r})", lambda o, b=bad: cm.PhysicalMemory.create(b), exc,
          rx)
 case("PhysicalMemory.create(g+1)", lambda o: cm.PhysicalMemory.create(o.g + 1), ValueError,
@@ -285,7 +285,7 @@ case("PhysicalMemory.import_('3', g)", lambda o: cm.PhysicalMemory.import_("3", 
 case("PhysicalMemory.import_(closed fd, g)",
      lambda o: cm.PhysicalMemory.import_(o.closed_fd, o.g), ValueError, "not open")
 case("PhysicalMemory.import_(fd, 0)", lambda o: cm.PhysicalMemory.import_(0, 0), ValueError,
-     "size")
+     "nbytes")
 case("PhysicalMemory.import_(handle_type=NONE)",
      lambda o: cm.PhysicalMemory.import_(0, o.g, handle_type=cm.HandleType.NONE), ValueError,
      "POSIX_FD")

@@ -420,7 +420,7 @@ def _c_stream(o: Any) -> Callable[[], None]:
 
 @_inject("AddressRange", "cuMemAddressFree")
 def _c_range(o: Any) -> Callable[[], None]:
-    p, n = o.ptr, o.size
+    p, n = o.ptr, o.nbytes
     return lambda: _quiet("cuMemAddressFree", p, n)
 
 
@@ -433,7 +433,7 @@ def _c_phys(o: Any) -> Callable[[], None]:
 @_inject("Mapping+PhysicalMemory+AddressRange", "cuMemUnmap")
 def _c_trio(o: Any) -> Callable[[], None]:
     m, pm, vr = o
-    p, n, h, rp, rn = m.ptr, m.size, pm.handle, vr.ptr, vr.size
+    p, n, h, rp, rn = m.ptr, m.nbytes, pm.handle, vr.ptr, vr.nbytes
 
     def undo() -> None:
         _quiet("cuMemUnmap", p, n)

@@ -213,7 +213,7 @@ def test_mappings_land_where_the_offset_says(k: int, ops: list[tuple[int, int, b
                     assert pm.mappings == []
                 else:
                     m = vr.map(pm, offset=offset)
-                    assert (m.ptr, m.size, m.offset) == (vr.ptr + offset, size * g, offset)
+                    assert (m.ptr, m.nbytes, m.offset) == (vr.ptr + offset, size * g, offset)
                     for c in range(start, start + size):
                         model[c] = start
                     mappings.append((m, start, size))
@@ -222,7 +222,7 @@ def test_mappings_land_where_the_offset_says(k: int, ops: list[tuple[int, int, b
         assert [mp.ptr for mp in vr.mappings] == sorted(vr.ptr + s * g for _, s, _ in mappings)
         for i, (m, _start, _size) in enumerate(mappings):
             m.set_access(0, cm.Access.READWRITE)
-            cm.copy(m, np.full(m.size, i + 1, np.uint8))
+            cm.copy(m, np.full(m.nbytes, i + 1, np.uint8))
         for i, (_m, start, size) in enumerate(mappings):
             out = np.zeros(size * g, np.uint8)
             _driver.call("cuMemcpy", int(out.ctypes.data), vr.ptr + start * g, size * g)

@@ -63,7 +63,7 @@ def test_export_import_in_process(g: int) -> None:
         finally:
             os.close(fd)
         with q:
-            assert q.size == g and q.device == 0
+            assert q.nbytes == g and q.device == 0
             # the H100 reports no handle types for an imported handle: no re-export
             assert q.handle_type is cm.HandleType.NONE
             with pytest.raises(ValueError):

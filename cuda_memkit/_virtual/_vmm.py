@@ -207,15 +207,15 @@ class AddressRange(Resource):
     _alignment: int
 
     def __init__(self) -> None:
-        raise TypeError("use AddressRange.reserve(size) to create an AddressRange")
+        raise TypeError("use AddressRange.reserve(nbytes) to create an AddressRange")
 
     @classmethod
-    def reserve(cls, size: int, *, alignment: int = 0, fixed_address: int = 0) -> AddressRange:
-        """Reserve ``size`` bytes of device virtual address space.
+    def reserve(cls, nbytes: int, *, alignment: int = 0, fixed_address: int = 0) -> AddressRange:
+        """Reserve ``nbytes`` bytes of device virtual address space.
 
         Parameters
         ----------
-        size : int
+        nbytes : int
             Bytes; a positive multiple of :func:`granularity` of the current
             device.
         alignment : int, default 0
@@ -236,14 +236,14 @@ class AddressRange(Resource):
             If the driver refuses (e.g. ``CudaOutOfMemoryError`` when the
             address space is exhausted).
         """
-        size = positive("size", size)
+        size = positive("nbytes", nbytes)
         alignment = nonneg("alignment", alignment)
         if alignment & (alignment - 1):
             raise ValueError(f"alignment must be 0 or a power of two, got {alignment}")
         fixed = nonneg("fixed_address", fixed_address)
         ordinal = ensure_context(None)
         gran = granularity(ordinal)
-        check_multiple("size", size, gran)
+        check_multiple("nbytes", size, gran)
         if fixed:
             check_multiple("fixed_address", fixed, gran)
             if alignment and fixed % alignment:
@@ -367,22 +367,22 @@ class PhysicalMemory(Resource):
     _granularity: int
 
     def __init__(self) -> None:
-        raise TypeError("use PhysicalMemory.create(size) or PhysicalMemory.import_(fd, size)")
+        raise TypeError("use PhysicalMemory.create(nbytes) or PhysicalMemory.import_(fd, nbytes)")
 
     @classmethod
     def create(
         cls,
-        size: int,
+        nbytes: int,
         *,
         device: TargetLike = 0,
         handle_type: object = None,
         location: TargetLike | None = None,
     ) -> PhysicalMemory:
-        """Create ``size`` bytes of physical memory.
+        """Create ``nbytes`` bytes of physical memory.
 
         Parameters
         ----------
-        size : int
+        nbytes : int
             A positive multiple of :func:`granularity` for that location.
         device : int or Device, default 0
             The device whose memory it is.
@@ -401,11 +401,11 @@ class PhysicalMemory(Resource):
             From ``cuMemCreate`` (e.g. ``CudaOutOfMemoryError``,
             ``CudaNotSupportedError`` for an unsupported location).
         """
-        size = positive("size", size)
+        size = positive("nbytes", nbytes)
         ht = as_handle_type(handle_type)
         loc = as_location(location if location is not None else device)
         gran = granularity(loc, handle_type=ht)
-        check_multiple("size", size, gran)
+        check_multiple("nbytes", size, gran)
         need_ctx()
         handle = int(_driver.call("cuMemCreate", size, alloc_prop(loc, ht), 0))
         with Transaction() as undo:
@@ -413,7 +413,7 @@ class PhysicalMemory(Resource):
             return cls._wrap(handle, size, loc, ht, gran)
 
     @classmethod
-    def import_(cls, fd: int, size: int, *, handle_type: object = HandleType.POSIX_FD
+    def import_(cls, fd: int, nbytes: int, *, handle_type: object = HandleType.POSIX_FD
                 ) -> PhysicalMemory:
         """Import physical memory another process exported (``cuMemImportFromShareableHandle``).
 
@@ -423,20 +423,20 @@ class PhysicalMemory(Resource):
             An open POSIX file descriptor from :meth:`export` (received, e.g.,
             over a Unix socket with ``socket.recv_fds``). It stays yours: close
             it when you no longer need it.
-        size : int
-            The exported allocation's size (the descriptor does not carry it).
+        nbytes : int
+            The exported allocation's size in bytes (the descriptor does not carry it).
         handle_type : HandleType, default POSIX_FD
             Only ``POSIX_FD`` is supported.
 
         Raises
         ------
         TypeError, ValueError
-            For a bad or closed descriptor or a bad size (before the import).
+            For a bad or closed descriptor or a bad ``nbytes`` (before the import).
         CudaError
             From the driver (e.g. a descriptor that names no CUDA memory).
         """
         fd = nonneg("fd", fd)
-        size = positive("size", size)
+        size = positive("nbytes", nbytes)
         ht = as_handle_type(handle_type)
         if ht is not HandleType.POSIX_FD:
             raise ValueError("only HandleType.POSIX_FD can be imported")
@@ -457,7 +457,7 @@ class PhysicalMemory(Resource):
             # The H100 reports no handle types for an imported handle.
             own = as_handle_type(int(prop.requestedHandleTypes))
             gran = granularity(loc, handle_type=own)
-            check_multiple("size", size, gran)
+            check_multiple("nbytes", size, gran)
             return cls._wrap(handle, size, loc, own, gran)
 
     @classmethod
