@@ -132,6 +132,12 @@ def test_is_a_buffer(made: Made) -> None:
         assert np.asarray(b).ctypes.data == b.ptr
 
 
+def test_memory_kinds_are_the_ledger_kinds() -> None:
+    assert [k.value for k in cm.MemoryKind] == list(cm.MEMORY_KINDS)
+    assert cm.MemoryKind("pinned") is cm.MemoryKind.PINNED and str(cm.MemoryKind.POOL) == "pool"
+    assert set(KIND_OF.values()) == set(cm.MEMORY_KINDS) - {"vmm_physical"}
+
+
 @pytest.mark.parametrize("name", KINDS)
 def test_kind_is_the_ledger_kind(name: str) -> None:
     stream = cm.Stream()
