@@ -1,7 +1,7 @@
 """Copy operands: what any memory object is, as an address and a size.
 
 Shared by the transfer functions (:mod:`cuda_memkit._transfer._transfers`) and the
-buffers' own copy methods (``HostBuffer.copy_from``, ``DeviceBuffer.to_numpy``):
+buffers' own copy methods (``to_numpy`` of :mod:`cuda_memkit._core._buffer`):
 
 * :func:`operand` resolves any object a copy accepts (cuda_memkit buffers,
   numpy arrays and buffer-protocol objects, ``__cuda_array_interface__``
