@@ -52,7 +52,8 @@ class DeviceMemoryMixin:
 
     Subclasses provide ``ptr`` and ``nbytes`` properties (raising
     ``ClosedError`` once closed) and ``_dl_device() -> (device_type, id)``.
-    The default view is a 1-D ``uint8`` array of ``nbytes`` bytes.
+    The default view is a 1-D ``uint8`` array of ``nbytes`` bytes, or the
+    dtype and shape of ``_layout()`` for a buffer made with them.
     """
 
     __slots__ = ()
@@ -67,6 +68,14 @@ class DeviceMemoryMixin:
 
     def _dl_device(self) -> tuple[int, int]:
         return (DL_CUDA, 0)
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        """The dtype and shape the buffer was made with (``None``: bytes), for the exports."""
+        return None, None
+
+    def _export(self) -> DeviceArrayView:
+        dt, shp = self._layout()
+        return self.as_array() if dt is None or shp is None else self.as_array(dt, shp)
 
     def as_array(self, dtype: npt.DTypeLike = "u1",
                  shape: int | tuple[int, ...] | None = None) -> DeviceArrayView:
@@ -91,6 +100,8 @@ class DeviceMemoryMixin:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self._layout()[0] is not None:  # typed: its own dtype and shape
+            return self._export().__cuda_array_interface__
         return {
             "shape": (self.nbytes,),
             "typestr": "|u1",
@@ -105,7 +116,7 @@ class DeviceMemoryMixin:
 
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
-        return self.as_array().__dlpack__(stream=stream, max_version=max_version,
+        return self._export().__dlpack__(stream=stream, max_version=max_version,
                                           dl_device=dl_device, copy=copy)
 
 
