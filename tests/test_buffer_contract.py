@@ -126,7 +126,9 @@ def test_is_a_buffer(made: Made) -> None:
     assert b.device is None or b.device == 0
     assert not b.closed
     if made.device_visible:
-        assert b.__cuda_array_interface__["data"][0] == b.ptr
+        cai = b.__cuda_array_interface__
+        assert cai["data"][0] == b.ptr
+        assert tuple(cai["shape"]) == made.shape and np.dtype(cai["typestr"]) == made.dtype
         assert b.__dlpack_device__()[1] == 0
     if made.host_visible:
         assert np.asarray(b).ctypes.data == b.ptr
