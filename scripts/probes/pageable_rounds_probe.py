@@ -63,7 +63,7 @@ def main() -> None:
     dst[:] = 1
     scratch = np.empty(SIZE, np.uint8)
     scratch[:] = 3
-    dev = cm.DeviceBuffer.alloc(SIZE)
+    dev = cm.DeviceBuffer.empty(SIZE)
     dptr = dev.ptr
     base = _staging.staging_settings()
     print("default staging settings:", base)
