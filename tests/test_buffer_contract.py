@@ -134,6 +134,14 @@ def test_is_a_buffer(made: Made) -> None:
         assert np.asarray(b).ctypes.data == b.ptr
 
 
+def test_what_is_not_a_buffer() -> None:
+    g = cm.granularity(0)
+    with cm.PhysicalMemory.create(g) as pm, cm.AddressRange.reserve(g) as vr:
+        assert not isinstance(pm, cm.Buffer) and not isinstance(vr, cm.Buffer)
+        assert pm.nbytes == vr.nbytes == g and pm.kind == cm.MemoryKind.VMM_PHYSICAL
+    assert not isinstance(np.zeros(3), cm.Buffer) and not isinstance(cm.Stream, cm.Buffer)
+
+
 def test_memory_kinds_are_the_ledger_kinds() -> None:
     assert [k.value for k in cm.MemoryKind] == list(cm.MEMORY_KINDS)
     assert cm.MemoryKind("pinned") is cm.MemoryKind.PINNED and str(cm.MemoryKind.POOL) == "pool"

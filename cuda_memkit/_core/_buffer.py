@@ -242,9 +242,10 @@ class BufferMixin:
         ----------
         value : int, float or numpy scalar
             Converted to the buffer's dtype (``uint8`` for byte buffers,
-            which take ints only); a numpy scalar brings its own (``np.float32(1.0)`` fills 4-byte
-            floats). Its bytes must repeat a 1-, 2- or 4-byte pattern: any
-            value of a 1-, 2- or 4-byte dtype, and e.g. ``0`` of any dtype.
+            which take ints only); a numpy scalar brings its own
+            (``np.float32(1.0)`` fills 4-byte floats). Its bytes must repeat
+            a 1-, 2- or 4-byte pattern: any value of a 1-, 2- or 4-byte
+            dtype, and ``0`` of any dtype.
         stream : stream-like, optional
             Order the fill on this stream instead of completing it now.
 
@@ -254,8 +255,9 @@ class BufferMixin:
             For a value that is not a number, or a bad stream.
         ValueError
             If the value does not fit the dtype, its bytes do not repeat a
-            1-, 2- or 4-byte pattern, or the buffer is not a whole number of such elements
-            (all before any driver call); for a ``READ_ONLY`` registration.
+            1-, 2- or 4-byte pattern, or the buffer is not a whole number of
+            such elements (all before any driver call); for a ``READ_ONLY``
+            registration.
         ClosedError
             If the buffer is closed.
         """

@@ -487,6 +487,11 @@ class PhysicalMemory(Resource):
         return self._ps.size
 
     @property
+    def kind(self) -> MemoryKind:
+        """:attr:`MemoryKind.VMM_PHYSICAL` (memory without an address: not a buffer)."""
+        return MemoryKind.VMM_PHYSICAL
+
+    @property
     def location(self) -> Location:
         """Where the memory lives."""
         return self._location
