@@ -177,3 +177,20 @@ def test_second_device(two_devices: None) -> None:
         d0.fill(9)
         cm.copy(d1, d0)
         assert (d1.to_numpy() == 9).all()
+
+
+def test_shape_and_dtype_are_kept() -> None:
+    with cm.DeviceBuffer.empty(64) as b:
+        assert b.dtype is None and b.shape == (64,) and b.to_numpy().dtype == np.uint8
+        b.copy_from(np.zeros(16, np.float32))  # bytes take any dtype of their size
+    with cm.DeviceBuffer.zeros((3, 4), np.int16) as t:
+        assert t.dtype == np.int16 and t.shape == (3, 4) and t.nbytes == 24
+        assert t.__cuda_array_interface__["shape"] == (3, 4)
+        assert not t.to_numpy().any() and t.to_numpy().shape == (3, 4)
+        with pytest.raises(ValueError, match="dtype mismatch"):
+            t.copy_from(np.zeros((3, 4), np.float16))
+        assert "shape=(3, 4) dtype=int16" in repr(t)
+    src = np.arange(6, dtype=np.float64).reshape(2, 3)
+    with cm.HostBuffer.from_array(src) as h, cm.DeviceBuffer.from_array(h) as d:
+        assert d.dtype == np.float64 and d.shape == (2, 3)
+        np.testing.assert_array_equal(d.to_numpy(), src)
