@@ -181,7 +181,7 @@ def test_simulated_figures_are_labelled(capsys: pytest.CaptureFixture[str]) -> N
     assert len(steps) >= 10
     assert all(line.endswith("  [simulated]") for line in steps), steps
     assert all(line.endswith("  [simulated]") for line in _figure_lines(out)[1:])
-    with cm.DeviceBuffer.alloc(4096):
+    with cm.DeviceBuffer.empty(4096):
         assert _cli.main(["stats"]) == 0
         table = capsys.readouterr().out.splitlines()
     rows = [line for line in table if line.startswith("device ")]
@@ -199,7 +199,7 @@ def test_real_figures_are_not_labelled(capsys: pytest.CaptureFixture[str]) -> No
 _FIRST_CALL = """
 import cuda_memkit as cm
 {patch}
-cm.DeviceBuffer.alloc(16)
+cm.DeviceBuffer.empty(16)
 """
 
 # On a machine with a driver, the loader is made to fail as it does where there is none.
@@ -230,8 +230,8 @@ def test_no_driver_is_one_clean_error_saying_how_to_use_the_simulator() -> None:
 @pytest.mark.slow_subprocess
 def test_no_driver_does_not_switch_to_the_simulator() -> None:
     code = _FIRST_CALL.format(patch=_NO_LIBCUDA if HAVE_DRIVER else "").replace(
-        "cm.DeviceBuffer.alloc(16)",
-        "try:\n    cm.DeviceBuffer.alloc(16)\nexcept cm.CudaDriverNotFoundError:\n"
+        "cm.DeviceBuffer.empty(16)",
+        "try:\n    cm.DeviceBuffer.empty(16)\nexcept cm.CudaDriverNotFoundError:\n"
         "    print(cm.backend_name(), cm._core._driver.is_loaded())")
     proc = _run([], None, code=code)
     assert proc.returncode == 0, proc.stderr

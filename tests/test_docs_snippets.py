@@ -184,7 +184,7 @@ def test_runner_reports_failures_and_leftovers(tmp_path: Path) -> None:
     proc = run_chain(bad, tmp_path)
     assert proc.returncode == 1 and 'File "docs/x.md:7", line 2' in proc.stderr
     held = Block(page, 9, "import cuda_memkit as cm\nimport builtins\n"
-                          "builtins.keep = cm.DeviceBuffer.alloc(64)\n")
+                          "builtins.keep = cm.DeviceBuffer.empty(64)\n")
     proc = run_chain(held, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.rsplit("__memkit_left__ ", 1)[1]) == {"device": 1}

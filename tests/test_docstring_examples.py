@@ -24,16 +24,12 @@ import cuda_memkit as cm
 KNOWN_FAILING = {
     "CopyBatch": "host_cache, dev_cache and s are never defined",
     "copy_batch": "cm.copy_batch returns the destination, whose repr the example does not show",
-    "DeviceBuffer": "cm.copy returns the destination, whose repr the example does not show",
     "GrowableBuffer": "the capacity shown (629145600) is not the one computed (637534208)",
-    "HostBuffer": "cm.copy returns the destination, whose repr the example does not show",
     "ManagedBuffer": "Location is used unqualified (cm.Location) and never imported",
     "ManagedMemoryHints": "buf is never defined",
     "MemoryPool": "stream is never defined",
     "PrefetchPlan": "buf and stream are never defined",
     "register_host": "dev is never defined",
-    "memory_stats": "the peak shown depends on what the process allocated before (peaks are "
-                    "process-wide)",
     "track": "the summary's columns differ from the text shown; the example leaves three "
              "buffers live, which the leak check fails",
     "cupy_allocator": "cupy is never imported (and CuPy needs a GPU)",

@@ -220,7 +220,7 @@ class HostBuffer(BufferMixin, Resource):
     >>> with cm.HostBuffer.empty((1024, 1024), np.float32) as h:
     ...     h.array[:] = 1.0                     # fill in place (zero-copy)
     ...     d = cm.DeviceBuffer.empty(h.nbytes)
-    ...     cm.copy(d, h)                        # fast: pinned source
+    ...     h.copy_to(d)                         # fast: pinned source
     ...     d.close()
     """
 

@@ -301,11 +301,13 @@ def memory_stats(device: int | Device | None = None) -> MemoryStats:
 
     Examples
     --------
+    >>> cm.reset_peak_stats()  # peaks are process-wide: start from what is live now
     >>> buf = cm.DeviceBuffer.empty(1 << 20)
     >>> cm.memory_stats().by_kind["device"].current
     1048576
     >>> cm.memory_stats(0).kind("device")[0].peak
     1048576
+    >>> buf.close()
     """
     return MemoryStats(None if device is None else check_ordinal(device),
                        tuple(KindStats.of(a) for a in _accounts(device)))
