@@ -100,9 +100,9 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
     data = ((np.arange(total, dtype=np.uint64) * 2654435761) % 251).astype(np.uint8)
     host_src = cm.HostBuffer.from_array(data)
     host_dst = cm.HostBuffer.zeros(total)
-    dev_src = cm.DeviceBuffer.alloc(total)
-    dev_dst = cm.DeviceBuffer.alloc(total)
-    stage = cm.DeviceBuffer.alloc(total)
+    dev_src = cm.DeviceBuffer.empty(total)
+    dev_dst = cm.DeviceBuffer.empty(total)
+    stage = cm.DeviceBuffer.empty(total)
     cm.copy(dev_src, host_src)
     rng = np.random.default_rng(23)
     try:
@@ -159,7 +159,7 @@ def _verify(cm: Any, dst: Any, src: Any, d_off: np.ndarray, s_off: np.ndarray, b
     if isinstance(dst, cm.HostBuffer):
         dst.array[:] = 0
     else:
-        dst.memset(0)
+        dst.fill(0)
     cm.copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off, sizes=b, method="kernel")
     got = dst.array if isinstance(dst, cm.HostBuffer) else dst.to_numpy()
     n = len(d_off)

@@ -63,7 +63,7 @@ def host_out() -> Iterator[cm.HostBuffer]:
 
 @pytest.fixture
 def dev() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(N * B)
+    d = cm.DeviceBuffer.empty(N * B)
     cm.copy(d, pattern(N * B, 5))
     yield d
     d.close()
@@ -71,8 +71,8 @@ def dev() -> Iterator[cm.DeviceBuffer]:
 
 @pytest.fixture
 def dev_out() -> Iterator[cm.DeviceBuffer]:
-    d = cm.DeviceBuffer.alloc(N * B)
-    d.memset(0xEE)
+    d = cm.DeviceBuffer.empty(N * B)
+    d.fill(0xEE)
     yield d
     d.close()
 
@@ -263,7 +263,7 @@ def test_kernel_refuses_another_devices_memory(host: cm.HostBuffer) -> None:
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
     with cm.Device(0):  # the caller's context comes back at the end
-        other = cm.DeviceBuffer.alloc(N * B, device=1)
+        other = cm.DeviceBuffer.empty(N * B, device=1)
         try:
             with cm.Device(0):
                 with pytest.raises(ValueError, match="device 1"):
@@ -284,7 +284,7 @@ def test_a_stream_of_another_device(host: cm.HostBuffer,
     with cm.Device(0):  # the caller's context comes back at the end
         s1 = cm.Stream(1)  # makes device 1 current
         with cm.Device(0):
-            dev = cm.DeviceBuffer.alloc(N * B)
+            dev = cm.DeviceBuffer.empty(N * B)
             try:
                 with pytest.raises(ValueError, match="stream is on device 1"):
                     copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B,
@@ -351,7 +351,7 @@ def test_a_failing_call_raises_its_typed_error(api: str, code: cu.CUresult, host
     from cuda_memkit.sim import machine
 
     copy_batch(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
-    dev_out.memset(0xEE)
+    dev_out.fill(0xEE)
     machine().fail_next(api, code)
     with pytest.raises(cm.CudaError) as info:
         copy_batch(dev_out, host, dst_offsets=[B], src_offsets=[0], sizes=B, method="kernel")
@@ -362,9 +362,9 @@ def test_a_failing_call_raises_its_typed_error(api: str, code: cu.CUresult, host
 @pytest.mark.sim_only
 def test_a_kernel_fault_is_illegal_address(host: cm.HostBuffer) -> None:
     """A raw address the kernel cannot use: CUDA_ERROR_ILLEGAL_ADDRESS (the GPU: at the sync)."""
-    gone = cm.DeviceBuffer.alloc(N * B)
+    gone = cm.DeviceBuffer.empty(N * B)
     ptr = gone.ptr
-    target = cm.DeviceBuffer.alloc(N * B)
+    target = cm.DeviceBuffer.empty(N * B)
     gone.close()
     try:
         # a raw int inside a live allocation passes the kernel path's checks, but runs past it

@@ -71,17 +71,17 @@ def module() -> Iterator[Any]:
 
 def _descriptors(values: list[int]) -> cm.DeviceBuffer:
     arr = np.array(values, np.uint64)
-    d = cm.DeviceBuffer.alloc(max(arr.nbytes, 8))
+    d = cm.DeviceBuffer.empty(max(arr.nbytes, 8))
     cm.copy(d, arr, nbytes=arr.nbytes)
     return d
 
 
 def test_a_raw_launch_copies_blocks(module: Any) -> None:
     fn = _driver.call("cuModuleGetFunction", module, b"memkit_copy_blocks")
-    src = cm.DeviceBuffer.alloc(4096)
-    dst = cm.DeviceBuffer.alloc(4096)
+    src = cm.DeviceBuffer.empty(4096)
+    dst = cm.DeviceBuffer.empty(4096)
     cm.copy(src, np.arange(4096, dtype=np.uint32).astype(np.uint8))
-    dst.memset(0)
+    dst.fill(0)
     d_off = _descriptors([0, 2048])
     s_off = _descriptors([1024, 0])
     try:
@@ -166,7 +166,7 @@ def test_the_bindings_argument_checks(module: Any) -> None:
 def test_pageable_memory_faults_in_the_simulated_kernel(module: Any) -> None:
     fn = _driver.call("cuModuleGetFunction", module, b"memkit_copy_blocks")
     page = np.zeros(4096, np.uint8)
-    dst = cm.DeviceBuffer.alloc(4096)
+    dst = cm.DeviceBuffer.empty(4096)
     offs = _descriptors([0])
     try:
         params = ((dst.ptr, page.ctypes.data, offs.ptr, offs.ptr, 0, 64, 1, 32), _TYPES)
