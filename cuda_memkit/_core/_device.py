@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -476,8 +476,7 @@ class Stream(Resource):
         self._custream = _cu.CUstream(handle)
         self._device = ordinal
         self._owned = True
-        self._open(make_finalizer(self, f"stream 0x{handle:x}", driver_release,
-                                  "cuStreamDestroy", handle))
+        self._open(make_finalizer(self, f"stream 0x{handle:x}", _destroy_stream, handle))
 
     @classmethod
     def from_handle(cls, handle: int) -> Stream:
@@ -522,7 +521,11 @@ class Stream(Resource):
         return (0, self.handle)
 
     def close(self) -> None:
-        """Destroy the stream (if owned) and close the object; calling it again does nothing."""
+        """Destroy the stream (if owned) and close the object; calling it again does nothing.
+
+        Memory that block caches hold for the stream goes back to its pool
+        first (:data:`stream_close_hooks`).
+        """
         self._custream = None
         super().close()
 
@@ -543,6 +546,22 @@ class Stream(Resource):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._handle:x}"
         return f"<Stream {state}{'' if self._owned else ' (borrowed)'}>"
+
+
+#: Called with an owned stream's int handle just before it is destroyed (``close()`` or
+#: collection): the block caches of ``cuda_memkit._pools._cache`` register here, so that
+#: memory freed on the stream goes back to its pool while the stream still exists
+#: (a plug-in point, so that this layer imports nothing above it).
+stream_close_hooks: list[Callable[[int], None]] = []
+
+
+def _destroy_stream(handle: int) -> None:
+    """Release function of an owned Stream: the close hooks, then ``cuStreamDestroy``."""
+    try:
+        for hook in list(stream_close_hooks):
+            hook(handle)
+    finally:
+        driver_release("cuStreamDestroy", handle)
 
 
 def stream_handle(stream: StreamLike) -> int:

@@ -291,9 +291,13 @@ class Account:
         Highest ``current`` since the account was made or :meth:`reset_peak`.
     total : int
         Allocations made since the account was made.
+    caches : list
+        Block caches in front of this memory (``cuda_memkit._pools._cache``):
+        what they hold is not in use (not in ``live``), see :attr:`cached`.
     """
 
-    __slots__ = ("__weakref__", "current", "device", "kind", "live", "peak", "pool", "total")
+    __slots__ = ("__weakref__", "caches", "current", "device", "kind", "live", "peak", "pool",
+                 "total")
 
     def __init__(self, kind: str, device: int | None, pool: int | None = None) -> None:
         self.kind = kind
@@ -303,6 +307,17 @@ class Account:
         self.current = 0
         self.peak = 0
         self.total = 0
+        self.caches: list[Any] = []
+
+    @property
+    def cached(self) -> int:
+        """Bytes freed by their users and held by the block caches of this memory."""
+        return sum(c.cached for c in list(self.caches))
+
+    @property
+    def cached_peak(self) -> int:
+        """The most bytes those caches held at once (exact for the usual single cache)."""
+        return sum(c.peak for c in list(self.caches))
 
     def add(self, key: object, nbytes: int, stream: int | None = None) -> None:
         """Register allocation ``key`` of ``nbytes`` bytes (ordered on ``stream``, if any)."""
@@ -338,8 +353,10 @@ class Account:
                 notify(self, key, old - nbytes, False)
 
     def reset_peak(self) -> None:
-        """Set :attr:`peak` to :attr:`current`."""
+        """Set :attr:`peak` to :attr:`current` (and the caches' peaks to what they hold)."""
         self.peak = self.current
+        for c in list(self.caches):
+            c.peak = c.cached
 
     def __repr__(self) -> str:
         where = "host" if self.device is None else f"device {self.device}"

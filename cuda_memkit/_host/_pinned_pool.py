@@ -1,26 +1,29 @@
-"""The pinned block cache: small pinned buffers from a host memory pool.
+"""Small pinned buffers from a host memory pool, through the block cache.
 
 :meth:`HostBuffer.pooled` and ``HostBuffer.empty(pool=...)`` take their
 memory from a pinned host :class:`~cuda_memkit.MemoryPool` (by default
 :meth:`MemoryPool.default_pinned`). A driver host-pool allocation + free
-costs a few microseconds, several times a cached block's, so a
-:class:`HostCache` in front of each such pool keeps freed
-blocks per power-of-two size class (up to :data:`HOST_CACHE_MAX_BLOCK` per
-block and :data:`HOST_CACHE_LIMIT` per pool) and lends them again without a
-driver call.
+costs a few microseconds, several times a cached block's, so the blocks go
+through the pool's
+:class:`~cuda_memkit._pools._cache.BlockCache` (the same one
+``MemoryPool(cache=True)`` uses, made here with the pinned limits if the pool
+has none): freed blocks wait in free lists by rounded size (512 B
+granularity) up to :data:`HOST_CACHE_MAX_BLOCK` per block and
+:data:`HOST_CACHE_LIMIT` per pool, and are lent again without a driver call.
 
 This module depends on :mod:`cuda_memkit._host._pinned` and :mod:`cuda_memkit._pools._pool`,
 never the reverse: it plugs into ``HostBuffer`` through
 ``_pinned.pool_source`` when it loads, and into the pool through
-``_pool.attach_cache`` (the pool clears the cache when it is trimmed and
+``_pool.attach_cache`` (the pool empties the cache when it is trimmed and
 closes it before it is destroyed). The package loads this module with those
 two.
 
-Blocks are ordered on a private, idle stream of the cache: nothing else is
-queued on it, so a block allocated on it is usable by the CPU when the call
-returns, and a block freed on it is immediately free. As with any pinned
-pool (CuPy's, torch's), synchronize the GPU work that uses a buffer before
-closing it.
+Blocks are ordered on a private, idle stream of the cache (the cache's free
+lists are per stream; this stream is the only one they use here): nothing
+else is queued on it, so a block allocated on it is usable by the CPU when
+the call returns, and a block freed on it is immediately free. As with any
+pinned pool (CuPy's, torch's), synchronize the GPU work that uses a buffer
+before closing it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import sys
 import threading
 from typing import Any
 
-from .._core import _driver
 from .._core._buffer import MemoryKind
 from .._core._checks import MAX_NBYTES
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
@@ -38,8 +40,9 @@ from .._core._device import Stream, custream, stream_destroyed
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import CLOSED, OPEN, account, notify, watchers
 from .._pools import _pool
+from .._pools._cache import BlockCache, round_size
 from .._pools._pool import MemoryPool
-from .._pools._pool_buffer import destroy_unused, free_failed, pending_pools
+from .._pools._pool_buffer import destroy_unused, pending_pools
 from . import _pinned
 from ._pinned import HostBuffer
 
@@ -61,100 +64,101 @@ _LEGACY = custream(STREAM_LEGACY)
 
 
 class HostCache:
-    """Freed pinned blocks of one host pool, per power-of-two size class.
+    """The pinned side of one host pool's block cache: its private stream and free lists.
 
     Holds no reference to the pool, so the pool's finalizer can close it
     before destroying the pool. The cached objects are the :class:`HostBlock`
-    objects themselves (reused, not re-made). ``bins`` has a list for every
-    size class from the start and keeps it for good: a block holds its
-    class's list (``bin``) and goes back without a lookup.
+    objects themselves (reused, not re-made); a block holds its size's list
+    (``bin``) and goes back without a lookup.
+
+    Attributes
+    ----------
+    blocks : BlockCache
+        The pool's block cache (limits, counters, the release paths).
+    bins : dict
+        Rounded size -> free :class:`HostBlock` objects, the private stream's
+        lists in ``blocks``.
     """
 
-    __slots__ = ("bins", "cached", "cupool", "open", "stream")
+    __slots__ = ("bins", "blocks", "cus", "owns", "stream")
 
-    def __init__(self, cupool: Any) -> None:
-        self.bins: dict[int, list[HostBlock]] = {
-            1 << i: [] for i in range(HOST_CACHE_MAX_BLOCK.bit_length())}
-        self.cached = 0
-        self.cupool = cupool  # the CUmemoryPool blocks come from
-        self.open = True
-        self.stream: Stream | None = None  # the private stream, made on the first miss
+    def __init__(self, blocks: BlockCache, owns: bool) -> None:
+        self.blocks = blocks
+        self.owns = owns  # made here (closed here), or the pool's own cache=True cache
+        self.stream: Stream | None = Stream()
+        self.cus = self.stream._custream
+        self.bins = blocks.bins(self.stream._handle, self.cus)
+
+    @property
+    def cached(self) -> int:
+        """Bytes the pool's block cache holds."""
+        return self.blocks.cached
+
+    @property
+    def open(self) -> bool:
+        """Whether blocks go back to the cache (false once closed)."""
+        return self.blocks.open and self.stream is not None
 
     def custream(self) -> Any:
         """The ``CUstream`` blocks are allocated and freed on."""
         s = self.stream
-        if s is None:
-            with _lock:
-                s = self.stream
-                if s is None:
-                    s = self.stream = Stream()
-        cus = s._custream
-        if cus is None or stream_destroyed(s):  # closed with the cache, or collected with it
-            return _LEGACY  # (in one cycle): the blocks were released, their work is done
+        cus = None if s is None else s._custream
+        if cus is None or stream_destroyed(s):  # type: ignore[arg-type]  # closed with the
+            return _LEGACY  # cache, or collected with it (in one cycle): the blocks are done
         return cus
 
     def put(self, block: HostBlock) -> None:
         """Take back a released block: cache it, or free it past the limit."""
-        size = block.size
         blocks = block.bin
-        if blocks is not None and self.open and self.cached + size <= HOST_CACHE_LIMIT:
-            blocks.append(block)
-            self.cached += size
-            return
-        self._free(block)
+        if blocks is not None and self.stream is not None:
+            self.blocks.put(block, block.size, blocks, self.cus)
+        else:
+            self._free(block)
 
     def _free(self, block: HostBlock) -> None:
-        d, block.dptr = block.dptr, None
-        cus = self.custream()
-        res = _pool.resolve()[1](d, cus)
-        if res[0]:  # any current context (or none) will do: see free_failed
-            free_failed(res, d, cus, None)
+        self.blocks.free_block(block, self.custream())
+        block.dptr = None
         if pending_pools and not self.open:  # the pool was collected before this block
             destroy_unused()
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""
-        for blocks in self.bins.values():
-            while blocks:
-                try:
-                    block = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    break
-                self.cached -= block.size
-                self._free(block)
+        self.blocks.clear()
 
     def close(self) -> None:
         """Empty the cache for good (the pool is about to be destroyed)."""
-        self.open = False
-        self.clear()
-        if self.stream is not None:
-            self.stream.close()
+        if self.owns:
+            self.blocks.close()
+        s, self.stream = self.stream, None
+        if s is not None:
+            s.close()  # the close hook gives the stream's blocks back first
 
 
 class HostBlock:
     """A pinned pool block lent to a :class:`HostBuffer`; :meth:`release` gives it back.
 
     While lent (``busy``) the buffer holds it; a released block waits in its
-    cache for the next buffer of its size class. A block collected while lent
-    (its buffer was collected without ``close()``) gives its memory back
-    through a new block object, never by resurrecting itself.
+    cache for the next buffer of its size. A block collected while lent (its
+    buffer was collected without ``close()``) gives its memory back through
+    a new block object, never by resurrecting itself.
     """
 
-    __slots__ = ("bin", "busy", "cache", "dptr", "ptr", "size")
+    __slots__ = ("bin", "busy", "cache", "dptr", "host", "ptr", "size")
 
-    bin: list[HostBlock] | None  # its size class's list in the cache; None: never cached
+    bin: list[HostBlock] | None  # its size's list in the cache; None: never cached
     busy: bool
-    cache: HostCache
+    cache: BlockCache
+    host: HostCache
     dptr: Any  # the CUdeviceptr
     ptr: int  # the block's address
-    size: int  # bytes, a power of two up to HOST_CACHE_MAX_BLOCK
+    size: int  # bytes, rounded (round_size) up to HOST_CACHE_MAX_BLOCK
 
     def release(self) -> None:
         """Give the block back (the buffer on it was closed or collected)."""
         if self.busy:
             self.busy = False
             _ACCOUNT.remove(self.ptr)  # first: once cached, the block may be lent again
-            self.cache.put(self)
+            self.host.put(self)
 
     def __del__(self) -> None:
         try:
@@ -163,8 +167,8 @@ class HostBlock:
         except AttributeError:  # never fully made
             return
         heir = _new_object(HostBlock)
-        heir.bin, heir.cache, heir.dptr, heir.ptr, heir.size = (self.bin, self.cache, self.dptr,
-                                                                self.ptr, self.size)
+        heir.bin, heir.cache, heir.host, heir.dptr, heir.ptr, heir.size = (
+            self.bin, self.cache, self.host, self.dptr, self.ptr, self.size)
         heir.busy = True
         self.busy = False
         try:
@@ -191,21 +195,26 @@ def _cache_of(pool: object, flags: int) -> HostCache:
                 cupool = _pool.allocation_handle(pool)
                 if cupool is None:
                     raise TypeError(f"{pool!r} cannot give pinned blocks")
-                cache = HostCache(cupool)
+                own = pool.cache  # MemoryPool(cache=True): the same cache
+                blocks = own if own is not None else BlockCache(
+                    cupool, None, _ACCOUNT, HOST_CACHE_LIMIT, HOST_CACHE_MAX_BLOCK)
+                cache = HostCache(blocks, own is None)
                 _pool.attach_cache(pool, cache)
     return cache
 
 
-# The default pinned pool's cache, and (on the simulator) the simulated machine
-# it was made on, which sim.reset() replaces: HostBuffer.pooled(n) without a
-# pool finds its cache with a load and a test.
+# The default pinned pool's cache, its free lists and block cache, and (on the
+# simulator) the simulated machine it was made on, which sim.reset() replaces:
+# HostBuffer.pooled(n) without a pool finds its lists with a load and a test.
 _default_cache: HostCache | None = None
+_default_bins: dict[int, list[HostBlock]] | None = None
+_default_blocks: BlockCache | None = None
 _default_sim: Any = None  # cuda_memkit.sim._state, when the default pool is simulated
 _default_machine: object = None
 
 
 def _refresh_default() -> HostCache:
-    global _default_cache, _default_sim, _default_machine
+    global _default_cache, _default_bins, _default_blocks, _default_sim, _default_machine
     pool = _pool.default_pinned()
     cache = _cache_of(pool, 0)
     _default_sim = sys.modules.get("cuda_memkit.sim._state")
@@ -213,6 +222,8 @@ def _refresh_default() -> HostCache:
     if _default_machine is None:
         _default_sim = None
     _default_cache = cache
+    _default_bins = cache.bins
+    _default_blocks = cache.blocks
     return cache
 
 
@@ -221,9 +232,9 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
 
     ``flags`` are ``HostAllocFlags``: a pool gives ``DEFAULT`` / ``PORTABLE``
     memory. With ``nbytes == 0`` only the arguments are checked (and ``None``
-    returned). Blocks up to :data:`HOST_CACHE_MAX_BLOCK` are rounded up to a
-    power of two and recycled through the pool's cache; the driver is called
-    only on a miss.
+    returned). Blocks up to :data:`HOST_CACHE_MAX_BLOCK` are rounded up
+    (:func:`~cuda_memkit._pools._cache.round_size`) and recycled through the
+    pool's cache; the driver is called only on a miss.
     """
     if pool is not None:
         cache = _cache_of(pool, flags)
@@ -234,9 +245,13 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
             cache = _refresh_default()
     if nbytes <= 0:
         return None
-    if nbytes <= HOST_CACHE_MAX_BLOCK:
-        size = nbytes if not nbytes & (nbytes - 1) else 1 << nbytes.bit_length()
-        blocks = cache.bins[size]
+    bc = cache.blocks
+    blocks: list[HostBlock] | None
+    if nbytes <= HOST_CACHE_MAX_BLOCK and nbytes <= bc.max_block:
+        size = round_size(nbytes)
+        blocks = cache.bins.get(size)
+        if blocks is None:
+            blocks = cache.bins.setdefault(size, [])
     else:
         size = nbytes
         blocks = None
@@ -247,19 +262,18 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
         except IndexError:  # another thread took the last one
             pass
         else:
-            cache.cached -= size
+            bc.cached -= size
     if block is None:
         if not cache.open:
             raise ClosedError("MemoryPool is closed; it cannot be used any more")
-        res = _pool.resolve()[0](size, cache.cupool, cache.custream())
-        if res[0]:
-            _driver.check("cuMemAllocFromPoolAsync", res)
+        d = bc.miss(size, cache.cus)  # the context and out-of-memory retries
         block = _new_object(HostBlock)
         block.bin = blocks
-        block.cache = cache
-        block.dptr = res[1]
+        block.cache = bc
+        block.host = cache
+        block.dptr = d
         block.size = size
-        block.ptr = int(res[1])
+        block.ptr = int(d)
     block.busy = True
     _ACCOUNT.add(block.ptr, nbytes)
     return block
@@ -299,16 +313,20 @@ class PooledHostBuffer(_pinned.HostBuffer):
         acct.current -= n
         if watchers:
             notify(acct, ptr, n, False)
-        cache = block.cache  # HostCache.put, written out
+        cache = block.cache  # BlockCache.put, written out
         blocks = block.bin
-        if blocks is not None and cache.open and cache.cached + block.size <= HOST_CACHE_LIMIT:
-            blocks.append(block)
-            cache.cached += block.size
-        else:
-            try:
-                cache.put(block)
-            except CudaError as exc:  # close() never raises driver errors
-                _pinned.warn_free_failed("pinned pool block", ptr, exc)
+        if blocks is not None:
+            c = cache.cached + block.size
+            if c <= cache.limit:
+                blocks.append(block)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                return
+        try:
+            block.host.put(block)
+        except CudaError as exc:  # close() never raises driver errors
+            _pinned.warn_free_failed("pinned pool block", ptr, exc)
 
 
 _u8: Any = None  # numpy's uint8 dtype, kept here once made (numpy loads on first use)
@@ -329,10 +347,9 @@ def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostB
     if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
             or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
         return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
-    cache = _default_cache if pool is None else None
-    blocks = (cache.bins[shape if not shape & (shape - 1) else 1 << shape.bit_length()]
-              if cache is not None and shape <= HOST_CACHE_MAX_BLOCK and _default_sim is None
-              else None)
+    bins = _default_bins if pool is None and _default_sim is None else None
+    blocks = (bins.get((shape + 511) & -512)
+              if bins is not None and shape <= HOST_CACHE_MAX_BLOCK else None)
     block: HostBlock | None = None
     if blocks:  # a hit of the default pool: take()'s hit path, written out (a call is ~7 %
         try:    # of the pooled pair; see PooledHostBuffer)
@@ -340,7 +357,7 @@ def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostB
         except IndexError:  # another thread took the last one
             pass
         else:
-            cache.cached -= block.size  # type: ignore[union-attr]
+            block.cache.cached -= block.size
             block.busy = True
             ptr = block.ptr
             acct = _ACCOUNT  # Account.add written out, as in PooledHostBuffer.close

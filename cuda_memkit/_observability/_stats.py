@@ -62,7 +62,13 @@ class KindStats:
     live : int
         Allocations alive now.
     total : int
-        Allocations made so far.
+        Allocations made so far (cache hits included).
+    cached : int
+        Bytes freed by their users and held by block caches in front of this
+        memory (``MemoryPool(cache=True)``, ``HostBuffer.pooled``, the
+        adaptors), in rounded block sizes; not in ``current``.
+    cached_peak : int
+        The most bytes those caches held at once.
     """
 
     kind: str
@@ -72,23 +78,26 @@ class KindStats:
     peak: int
     live: int
     total: int
+    cached: int = 0
+    cached_peak: int = 0
 
     @classmethod
     def of(cls, acct: Account) -> KindStats:
         """A snapshot of ledger account ``acct``."""
         return cls(acct.kind, acct.device, acct.pool, acct.current, acct.peak,
-                   len(acct.live), acct.total)
+                   len(acct.live), acct.total, acct.cached, acct.cached_peak)
 
     def to_dict(self) -> dict[str, Any]:
         """The statistics as a JSON-ready dict."""
         return {"kind": self.kind, "device": self.device, "pool": self.pool,
                 "current": self.current, "peak": self.peak, "live": self.live,
-                "total": self.total}
+                "total": self.total, "cached": self.cached, "cached_peak": self.cached_peak}
 
     def __repr__(self) -> str:
+        cached = f", {format_bytes(self.cached)} cached" if self.cached else ""
         return (f"<KindStats {where(self.kind, self.device, self.pool)}: "
                 f"{format_bytes(self.current)} in {self.live} live, peak "
-                f"{format_bytes(self.peak)}, {self.total} made>")
+                f"{format_bytes(self.peak)}, {self.total} made{cached}>")
 
 
 @dataclass(frozen=True, repr=False)
@@ -175,6 +184,11 @@ class MemoryStats:
         return sum(s.current for s in self.accounts if s.kind not in ALIAS_KINDS)
 
     @property
+    def cached(self) -> int:
+        """Bytes held by block caches, all kinds (not in :attr:`current`)."""
+        return sum(s.cached for s in self.accounts)
+
+    @property
     def live(self) -> int:
         """Allocations alive now, all kinds (mapped ranges left out)."""
         return sum(s.live for s in self.accounts if s.kind not in ALIAS_KINDS)
@@ -228,7 +242,8 @@ class MemoryStats:
             "by_device": {("host" if d is None else str(d)): u.to_dict()
                           for d, u in sorted(self.by_device.items(),
                                              key=lambda kv: -1 if kv[0] is None else kv[0])},
-            "all": {"current": self.current, "live": self.live, "total": self.total},
+            "all": {"current": self.current, "live": self.live, "total": self.total,
+                    "cached": self.cached},
         }
 
     def table(self) -> str:
@@ -236,12 +251,13 @@ class MemoryStats:
         scope = "all devices and host" if self.device is None else f"device {self.device}"
         lines = [f"cuda_memkit memory ({scope}; peaks are per account)",
                  f"{'kind':<14}{'device':>7}  {'pool':<16}{'current':>12}{'peak':>12}"
-                 f"{'live':>8}{'made':>9}"]
+                 f"{'live':>8}{'made':>9}{'cached':>12}"]
         for s in self.accounts:
             lines.append(
                 f"{s.kind:<14}{'host' if s.device is None else s.device:>7}  "
                 f"{'-' if s.pool is None else hex(s.pool):<16}{format_bytes(s.current):>12}"
-                f"{format_bytes(s.peak):>12}{s.live:>8}{s.total:>9}")
+                f"{format_bytes(s.peak):>12}{s.live:>8}{s.total:>9}"
+                f"{format_bytes(s.cached):>12}")
         if not self.accounts:
             lines.append("(nothing allocated)")
         for dev, u in sorted(self.by_device.items(), key=lambda kv: -1 if kv[0] is None

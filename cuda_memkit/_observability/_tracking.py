@@ -158,6 +158,7 @@ class Tracker:
         self._live: dict[tuple[Account, object], list[Any]] = {}
         self._pre: set[tuple[Account, object]] = set()  # growables alive at the start
         self._base: dict[str, int] = {}
+        self._cached_base: dict[str, int] = {}
         self._t0 = 0
         self._t1: int | None = None
         self._wall0 = 0.0
@@ -231,10 +232,13 @@ class Tracker:
                                    "cuda_memkit.track() for a new one")
             self._thread = _ident() if self.threads == "current" else None
             base = dict.fromkeys(KINDS, 0)
+            cached = dict.fromkeys(KINDS, 0)
             accounts = list(LEDGER.values())
             for acct in accounts:
                 base[acct.kind] += acct.current
+                cached[acct.kind] += acct.cached
             self._base = base
+            self._cached_base = cached
             self._pre = {(a, k) for a in accounts if a.kind == "growable" for k in list(a.live)}
             self._wall0 = time.time()
             self._t0 = _now()
@@ -305,6 +309,24 @@ class Tracker:
     def baseline(self) -> dict[str, int]:
         """Bytes of each kind held (by the whole process) when it started."""
         return dict(self._base)
+
+    @property
+    def cached_baseline(self) -> dict[str, int]:
+        """Bytes of each kind block caches held when it started (not in :attr:`baseline`)."""
+        return dict(self._cached_base)
+
+    @staticmethod
+    def cached() -> dict[str, int]:
+        """Bytes of each kind block caches hold now (``MemoryPool(cache=True)``, pooled pinned).
+
+        A cache hit is recorded as an allocation and a free into a cache as a
+        free; what the caches hold meanwhile is here (and in
+        :func:`cuda_memkit.memory_stats`).
+        """
+        out = dict.fromkeys(KINDS, 0)
+        for acct in list(LEDGER.values()):
+            out[acct.kind] += acct.cached
+        return out
 
     # -- results ------------------------------------------------------------------------
     def events(self) -> list[MemoryEvent]:

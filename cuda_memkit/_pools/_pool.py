@@ -54,7 +54,6 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._device import (
     Device,
     Location,
@@ -73,6 +72,7 @@ from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._resource import (
     CLOSED,
     LEDGER,
+    Account,
     Resource,
     account,
     forget_account,
@@ -81,7 +81,8 @@ from .._core._resource import (
     watchers,
 )
 from .._virtual._vmm_base import Access
-from . import _pool_ipc
+from . import _cache, _pool_ipc
+from ._cache import DEFAULT_CACHE_LIMIT, BlockCache, alloc_block, check_cache_limit
 from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
 from ._pool_buffer import (
     PoolBufferBase,
@@ -95,6 +96,7 @@ from ._pool_buffer import (
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
+_new_object = object.__new__
 #: Granularity in which the H100 maps memory into a pool.
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.
@@ -110,7 +112,7 @@ def resolve() -> tuple[Any, Any]:
     """Resolve (once) and return ``(cuMemAllocFromPoolAsync, cuMemFreeAsync)``."""
     global _ALLOC
     if _ALLOC is None:
-        _ALLOC = _driver.function("cuMemAllocFromPoolAsync")
+        _ALLOC = _cache.driver_pair()[0]
     return _ALLOC, resolve_free()
 
 
@@ -207,6 +209,15 @@ class MemoryPool(PoolAttributes, Resource):
     release_threshold : int, optional
         Unused bytes the pool keeps at synchronization points instead of
         returning them to the system (driver default 0).
+    cache : bool, default False
+        Put a block cache in front of the pool: a freed buffer's block waits
+        in a per-stream free list and is lent again to the next allocation of
+        its rounded size on the same stream, without a driver call (see
+        "Caching" on the pools page). :meth:`trim` and :meth:`empty_cache`
+        give cached blocks back.
+    cache_limit : int, optional
+        Most bytes the cache holds (default ``DEFAULT_CACHE_LIMIT``, 1 GiB);
+        a free beyond it goes to the driver. Only with ``cache=True``.
 
     Raises
     ------
@@ -223,6 +234,8 @@ class MemoryPool(PoolAttributes, Resource):
     """
 
     _gen: object = None  # default_pinned(): the simulated machine it was made on
+    _cache: BlockCache | None  # the cache allocate() lends from (cache=True)
+    _acct: Account  # the ledger account of its buffers
 
     def __init__(
         self,
@@ -233,11 +246,18 @@ class MemoryPool(PoolAttributes, Resource):
         max_size: int = 0,
         ipc: bool = False,
         release_threshold: int | None = None,
+        cache: bool = False,
+        cache_limit: int | None = None,
     ) -> None:
         ordinal = check_ordinal(device)
         loc = None if location is None else as_location(location)
         if not isinstance(managed, bool) or not isinstance(ipc, bool):
             raise TypeError("managed and ipc must be bools")
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+        limit = DEFAULT_CACHE_LIMIT if cache_limit is None else check_cache_limit(cache_limit)
+        if cache_limit is not None and not cache:
+            raise ValueError("cache_limit needs cache=True")
         max_size = size_arg(max_size, "max_size")
         if not 0 <= max_size < 1 << 64:
             raise ValueError(f"max_size must be in [0, 2**64), got {max_size}")
@@ -272,6 +292,9 @@ class MemoryPool(PoolAttributes, Resource):
                              and loc.type is LocationType.DEVICE else None)
         self._setup(cupool, loc, managed, ipc, owned=True, imported=False)
         self._caches = caches
+        if cache:
+            own = self._cache = BlockCache(cupool, self._device, self._acct, limit)
+            caches.append(own)
         self._open(fin)
         self._max_size = -(-max_size // POOL_CHUNK) * POOL_CHUNK
         if threshold is not None:
@@ -312,27 +335,39 @@ class MemoryPool(PoolAttributes, Resource):
         self._max_size = 0
         self._imports: weakref.WeakSet[PoolBuffer] = weakref.WeakSet()
         self._caches: list[Any] = []  # block caches in front of the pool (attach_cache)
+        self._cache = None
         self._acct = account("pool", self._device, self._handle)
 
     # -- other constructors --------------------------------------------------------
     @classmethod
-    def default(cls, device: Device | int = 0) -> MemoryPool:
+    def default(cls, device: Device | int = 0, *, cache: bool = False) -> MemoryPool:
         """The device's default pool (``cuDeviceGetDefaultMemPool``), not owned.
 
-        Closing the returned object never destroys the pool.
+        Closing the returned object never destroys the pool. Its
+        :meth:`trim` and :meth:`empty_cache` also empty the process's cache in
+        front of it (:func:`default_cache`, used by the CuPy and numba
+        adaptors).
 
         Parameters
         ----------
         device : int or Device, default 0
             The device whose default pool to wrap.
+        cache : bool, default False
+            Allocate through the process's block cache in front of that
+            pool (the one the CuPy adaptor and the numba plugin use).
         """
         ordinal = check_ordinal(device)
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
         ensure_context(None)
         cupool = _driver.call("cuDeviceGetDefaultMemPool", _driver.call("cuDeviceGet", ordinal))
         resolve()
         self = cls.__new__(cls)
         self._setup(cupool, Location.device(ordinal), False, False, owned=False, imported=False)
+        self._caches = _default_caches(ordinal, cupool)
         self._open(None)
+        if cache:
+            self._cache = cache_for(self)
         return self
 
     @staticmethod
@@ -465,11 +500,44 @@ class MemoryPool(PoolAttributes, Resource):
         else:
             sref = buffer_stream(stream)
             cus = sref._custream
-        err, dptr = _ALLOC(nbytes, cupool, cus)
-        if err:
-            dptr = self._alloc_failed((err, dptr), nbytes, cupool, cus)[1]
-        acct = self._acct
-        buf: PoolBuffer = new_buffer(PoolBuffer, dptr, nbytes, sref, self, acct)
+        cache = self._cache
+        buf: PoolBuffer
+        if cache is None or nbytes > cache.max_block:
+            err, dptr = _ALLOC(nbytes, cupool, cus)
+            if err:
+                dptr = alloc_block(nbytes, cupool, cus, self._device, cache)  # the retries
+            buf = _new_object(PoolBuffer)  # new_buffer() written out (a call is ~5 %)
+            buf._cache = None
+        else:  # BlockCache.take written out: a hit is a dict lookup and a list.pop
+            r = (nbytes + 511) & -512 if nbytes <= 1048576 else _cache.round_size(nbytes)
+            h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
+            bins = cache.streams.get(h)
+            if bins is None:
+                bins = cache.bins(h, cus, getattr(sref, "obj", None))
+            dptr = None
+            blocks = bins.get(r)
+            if blocks is None:  # the first block of this size on this stream
+                blocks = cache.blocks(bins, r)
+            if blocks:
+                try:
+                    dptr = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    cache.cached -= r
+            if dptr is None:
+                dptr = cache.miss(r, cus)
+            buf = _new_object(PoolBuffer)
+            buf._cache = cache
+            buf._blocks = blocks
+            buf._size = r
+        buf._dptr = dptr
+        buf._nbytes = nbytes
+        buf._sref = sref
+        buf._pool = self
+        acct = buf._acct = self._acct
+        buf._views = None
+        buf._deferred = None
         # Account.add written out: the call costs about 5 % of a pair.
         acct.live[dptr] = nbytes
         c = acct.current = acct.current + nbytes
@@ -480,16 +548,30 @@ class MemoryPool(PoolAttributes, Resource):
             notify(acct, dptr, nbytes, True, int(cus))
         return buf
 
-    def _alloc_failed(self, res: Any, nbytes: int, cupool: Any, cus: Any) -> Any:
-        if not res[0]:
-            return res
-        if int(res[0]) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
-            ensure_context(self._device)  # a default stream on a thread with no context
-            res = _ALLOC(nbytes, cupool, cus)
-            if not res[0]:
-                return res
-        _driver.check("cuMemAllocFromPoolAsync", res)
-        raise AssertionError("unreachable")  # pragma: no cover
+    # -- the cache ---------------------------------------------------------------------
+    @property
+    def cache(self) -> BlockCache | None:
+        """The block cache ``allocate()`` lends from (``cache=True``), else ``None``."""
+        return self._cache
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes freed by their users and held by the caches in front of the pool."""
+        return sum(c.cached for c in self._caches)
+
+    def empty_cache(self) -> int:
+        """Give every block the caches in front of the pool hold back to it (``cuMemFreeAsync``).
+
+        Each block is freed on the stream it was freed on by its user. The
+        memory stays in the driver pool (see :meth:`trim` to give it back to
+        the system).
+
+        Returns
+        -------
+        int
+            The bytes released.
+        """
+        return sum(cache.clear() for cache in list(self._caches))
 
     # -- IPC ---------------------------------------------------------------------------
     def export(self) -> int:
@@ -597,6 +679,57 @@ class MemoryPool(PoolAttributes, Resource):
                               "closed as close(force=True) would (destroyed once they are "
                               "freed)", MemkitWarning, stacklevel=4)
         self.close(force=True)
+
+
+# -- the caches in front of the devices' default pools (the adaptors') -----------------------
+
+_default_lock = threading.Lock()
+#: device -> (the caches list of the default pool, the pool handle, the simulated machine)
+_defaults: dict[int, tuple[list[Any], int, object]] = {}
+
+
+def _default_caches(ordinal: int, cupool: Any) -> list[Any]:
+    """The caches list shared by every :meth:`MemoryPool.default` object of a device."""
+    entry = _defaults.get(ordinal)
+    if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
+        with _default_lock:
+            entry = _defaults.get(ordinal)
+            if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
+                entry = _defaults[ordinal] = ([], int(cupool), _generation())
+    return entry[0]
+
+
+def cache_for(pool: MemoryPool) -> BlockCache:
+    """The block cache in front of ``pool``: its own (``cache=True``), or one made and attached.
+
+    For :meth:`MemoryPool.default` pools this is the process's cache of the
+    device's default pool, shared by the CuPy adaptor, the numba plugin and
+    ``MemoryPool.default(device, cache=True)``; ``trim()`` / ``empty_cache()``
+    on any wrapper of the pool empty it. Its limit is
+    :data:`DEFAULT_CACHE_LIMIT`.
+    """
+    cache = pool._cache
+    if cache is not None:
+        return cache
+    caches = pool._caches
+    for c in caches:
+        if type(c) is BlockCache:
+            return c
+    with _default_lock:
+        for c in caches:
+            if type(c) is BlockCache:
+                return c
+        if pool._acu is None:
+            pool._check_open()
+            raise ValueError("an imported pool cannot allocate")
+        cache = BlockCache(pool._acu, pool._device, pool._acct, DEFAULT_CACHE_LIMIT)
+        caches.append(cache)
+        return cache
+
+
+def default_cache(device: int = 0) -> BlockCache:
+    """The process's block cache in front of device ``device``'s default pool (made on use)."""
+    return cache_for(MemoryPool.default(device))
 
 
 # -- caches in front of a pool (the pinned block cache of cuda_memkit._host._pinned_pool) --------

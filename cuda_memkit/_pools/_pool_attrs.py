@@ -142,7 +142,14 @@ class PoolAttributes:
             return self._max_size
 
     def stats(self) -> PoolStats:
-        """Return reserved and used memory and their high watermarks."""
+        """Return reserved and used memory and their high watermarks, as the driver counts them.
+
+        The driver counts a block a cache in front of the pool holds
+        (``cache=True``, ``HostBuffer.pooled``, the adaptors) as used: it was
+        never freed to the pool. What users hold and what the caches hold are
+        in :func:`cuda_memkit.memory_stats` (``current`` and ``cached``) and
+        :attr:`MemoryPool.cached_bytes`.
+        """
         return PoolStats(
             self._get(_A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
             self._get(_A.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
@@ -158,6 +165,8 @@ class PoolAttributes:
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Return unused memory to the system, keeping at least ``keep_bytes`` reserved.
+
+        The caches in front of the pool are emptied first (``empty_cache()``).
 
         Only whole unused 32 MiB chunks go; memory of frees the host has not
         seen complete may still count as used, so synchronize first.

@@ -23,11 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .._core import _driver
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
-from .._core._constants import LEGACY_STREAMS as _LEGACY
 from .._core._constants import STREAM_LEGACY
 from .._core._device import (
-    CONTEXT_ERRORS,
     Stream,
     StreamLike,
     StreamRef,
@@ -38,15 +35,15 @@ from .._core._device import (
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
 from .._core._resource import Account, Resource, host_array, notify, watchers
-from . import _pool_ipc
+from . import _cache, _pool_ipc
+from ._cache import BlockCache, free_failed
 
 if TYPE_CHECKING:
     import numpy as np
     from typing_extensions import Self
 
 __all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
-           "new_buffer", "pending_pools", "resolve_free"]
-
+           "free_failed", "new_buffer", "pending_pools", "resolve_free"]
 
 #: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
 FREE: Any = None
@@ -56,7 +53,7 @@ def resolve_free() -> Any:
     """Resolve (once) and return ``cuMemFreeAsync``."""
     global FREE
     if FREE is None:
-        FREE = _driver.function("cuMemFreeAsync")
+        FREE = _cache.driver_pair()[1]
     return FREE
 
 
@@ -117,9 +114,22 @@ def destroy_unused() -> None:
 # -- release ---------------------------------------------------------------------------
 
 
-def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
-    """Free one pool allocation, stream-ordered: the path of close() and the finalizer."""
+def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account,
+             cache: BlockCache | None, blocks: Any, size: int) -> None:
+    """Free one pool allocation, stream-ordered: the path of close() and the finalizer.
+
+    A cached buffer's block goes back to its cache while its stream is open;
+    the ledger entry leaves first (once cached, the block may be lent again).
+    """
     cus = sref._custream
+    if cache is not None and cus is not None and not stream_destroyed(sref):
+        n = acct.live.pop(dptr, None)
+        if n is not None:
+            acct.current -= n
+            if watchers:
+                notify(acct, dptr, n, False, int(cus))
+        cache.put(dptr, size, blocks, cus)
+        return
     if cus is None or stream_destroyed(sref):
         # The allocation stream is closed (or was collected together with the
         # buffer, in one garbage cycle) and work queued on it may still use
@@ -139,47 +149,13 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
         destroy_unused()
 
 
-def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
-    """Recover a ``cuMemFreeAsync`` the driver refused; return the stream it was freed on.
-
-    * No usable current context (:data:`CONTEXT_ERRORS`: none on this thread, or
-      one destroyed behind its back): retried with the device's primary context
-      pushed (device 0 for host and managed pools), the thread's own restored.
-    * Still ``CUDA_ERROR_INVALID_CONTEXT`` with a context current: the stream
-      itself is gone (a handle destroyed while the buffer lived, as the H100
-      answers, invalid_context_probe "destroyed_stream"). Work queued on it may
-      have used the memory, so the device is synchronized and the memory freed
-      on the legacy stream, with a :class:`MemkitWarning` about the stream.
-    * Anything else raises the driver's error.
-    """
-    code = int(res[0])
-    if code in CONTEXT_ERRORS:
-        with primary_pushed(device or 0):
-            res = FREE(dptr, cus)
-            if not res[0]:
-                return cus
-            if int(res[0]) == _INVALID_CONTEXT and int(cus) not in _LEGACY:
-                _driver.call("cuCtxSynchronize")
-                legacy = custream(STREAM_LEGACY)
-                res = FREE(dptr, legacy)
-                if not res[0]:
-                    warnings.warn(
-                        f"cuda_memkit: pool buffer 0x{int(dptr):x} outlived its stream "
-                        f"0x{int(cus):x} (destroyed while the buffer was alive): freed on the "
-                        "legacy stream after synchronizing the device. Keep a stream alive "
-                        "while buffers allocated on it are (pass the Stream object, not its "
-                        "handle)", MemkitWarning, stacklevel=4)
-                    return legacy
-    _driver.check("cuMemFreeAsync", res)
-    return cus  # pragma: no cover - check() raised
-
-
-def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) -> None:
+def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account,
+              cache: BlockCache | None, blocks: Any, size: int) -> None:
     """The release a buffer's ``__del__`` runs: warnings instead of exceptions."""
     if sys.is_finalizing():
         return
     try:
-        _release(d, sref, pool, acct)
+        _release(d, sref, pool, acct, cache, blocks, size)
     except CudaError as exc:
         acct.remove(d)  # no object owns it any more; the warning reports the failure
         warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
@@ -192,9 +168,13 @@ def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account) 
 class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
     """Everything of :class:`~cuda_memkit.PoolBuffer` but its ``pool`` property."""
 
-    __slots__ = ("_acct", "_deferred", "_dptr", "_nbytes", "_pool", "_sref", "_views")
+    __slots__ = ("_acct", "_blocks", "_cache", "_deferred", "_dptr", "_nbytes", "_pool", "_size",
+                 "_sref", "_views")
 
     _acct: Account  # the ledger account of its pool
+    _cache: BlockCache | None  # the cache its block came from and goes back to; None: uncached
+    _blocks: list[Any]  # with a cache: the free list its block goes back to (stream, size)
+    _size: int  # with a cache: the block's rounded size
     _deferred: Any  # the CUdeviceptr to free once numpy views are gone (close() with views)
     _dptr: Any  # the CUdeviceptr; None once freed
     _nbytes: int
@@ -274,6 +254,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         if self._views:
             raise BufferError("numpy views of this buffer are alive; drop them first, "
                               "or close() it, which frees once they are gone")
+        cache = self._cache
         if stream is None:
             cus = self._sref._custream
             if cus is None:
@@ -281,17 +262,33 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                                   "free it with stream=another stream, or close() it")
         else:
             cus = custream(stream)
-        self._dptr = None  # claimed before the driver call, so that nothing frees it twice
-        res = FREE(d, cus)
-        if res[0]:
-            self._dptr = d
-            cus = free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
-            self._dptr = None
+            cache = None  # a block freed on another stream goes to the driver, on that stream
         acct = self._acct  # Account.remove written out, as in allocate()
-        n = acct.live.pop(d, 0)
+        n = acct.live.pop(d, None)  # the claim: one atomic pop, so nothing frees it twice
+        if n is None:  # another thread's free() or close() claimed it: a second free
+            self._dptr = None
+            return
+        self._dptr = None
         acct.current -= n
         if watchers:
             notify(acct, d, n, False, int(cus))
+        if cache is not None:  # BlockCache.put written out
+            c = cache.cached + self._size
+            if c <= cache.limit:
+                self._blocks.append(d)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                return
+        res = FREE(d, cus)
+        if res[0]:
+            try:
+                free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
+            except BaseException:
+                self._dptr = d  # still allocated: back in the ledger
+                acct.live[d] = n
+                acct.current += n
+                raise
 
     def close(self) -> None:
         """Free the buffer on its allocation stream; calling it again does nothing.
@@ -307,7 +304,11 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
             self._deferred = d  # freed by __del__, once the views (which hold us) are gone
             return
         try:
-            _release(d, self._sref, self._pool, self._acct)
+            cache = self._cache
+            if cache is None:
+                _release(d, self._sref, self._pool, self._acct, None, None, 0)
+            else:
+                _release(d, self._sref, self._pool, self._acct, cache, self._blocks, self._size)
         except BaseException:
             self._dptr = d
             raise
@@ -323,7 +324,11 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 return
             self._deferred = None
         self._dptr = None
-        _finalize(d, self._sref, self._pool, self._acct)
+        cache = self._cache
+        if cache is None:
+            _finalize(d, self._sref, self._pool, self._acct, None, None, 0)
+        else:
+            _finalize(d, self._sref, self._pool, self._acct, cache, self._blocks, self._size)
 
     def __enter__(self) -> Self:
         self._check_open()
@@ -411,4 +416,5 @@ def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream |
     buf._acct = acct
     buf._views = None
     buf._deferred = None
+    buf._cache = None
     return buf

@@ -7,6 +7,16 @@ from a :class:`~cuda_memkit.MemoryPool` (``cuMemAllocFromPoolAsync``), ordered
 on CuPy's current stream, and goes back (``cuMemFreeAsync``, on that same
 stream) when CuPy drops the pointer.
 
+Caching
+-------
+By default (``cache=True``) the allocator lends blocks from a
+:class:`~cuda_memkit._pools._cache.BlockCache` in front of the pool (for the
+default pools, the process's cache that ``MemoryPool.default(d).trim()``
+empties): a block CuPy drops goes back to the free list of its stream and
+size, and the next allocation of that rounded size on that stream takes it
+without a driver call, as CuPy's own ``MemoryPool`` does. ``cache=False``
+calls the driver for every allocation and free.
+
 Hot path
 --------
 CuPy's own ``malloc_async`` does this in Cython; a Python allocator pays for
@@ -43,14 +53,18 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._errors import ClosedError, MemkitWarning
-from .._core._resource import account
+from .._core._resource import account, notify, watchers
+from .._pools import _pool
+from .._pools._cache import alloc_block, driver_pair, round_size
 
 if TYPE_CHECKING:
+    from .._pools._cache import BlockCache
     from .._pools._pool import MemoryPool
 
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
+_SMALL = 1 << 20  # round_size's 512-byte range, written out on the hot path
 
 #: Set at interpreter exit: frees are skipped from then on (a leak at exit is
 #: better than a driver call during teardown).
@@ -84,12 +98,12 @@ def _memory_pool_class() -> type[MemoryPool]:
 
 # -- the memory objects CuPy holds ------------------------------------------------------
 
-_MEMORY_CLASSES: dict[type, tuple[type, type]] = {}
+_MEMORY_CLASSES: dict[type, tuple[type, type, type]] = {}
 _warned_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _memory_classes(base: type) -> tuple[type, type]:
-    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (default pools, given pool).
+def _memory_classes(base: type) -> tuple[type, type, type]:
+    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (default, given pool, cached).
 
     Made with ``(ptr, size, cupy_stream, device_id)``: the stream is the
     ``UnownedMemory``'s owner, kept alive as long as the memory.
@@ -132,9 +146,50 @@ def _memory_classes(base: type) -> tuple[type, type]:
                 _freed_after_close(self._pool)
             self._a.remove(d)
 
-    Memory.__module__ = PoolMemory.__module__ = __name__
+    class CachedMemory(Memory):
+        """Memory lent by a block cache: CuPy's drop gives the block back to its free list."""
+
+        __slots__ = ("_b", "_c", "_pool", "_r")  # its free list, cache, pool, rounded size
+
+        def __del__(self) -> None:
+            if _exiting:
+                return
+            d = self._d
+            acct = self._a  # Account.remove written out; the pop is the claim
+            n = acct.live.pop(d, None)
+            if n is None:
+                return
+            acct.current -= n
+            if watchers:
+                notify(acct, d, n, False)
+            pool = self._pool
+            cache = self._c  # BlockCache.put written out
+            r = self._r
+            c = cache.cached + r
+            if c <= cache.limit and pool is None:
+                self._b.append(d)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                return
+            if pool is not None and pool.closed:  # close(force=True) with arrays alive
+                res = _FREE(d, self._s)
+                if res[0]:
+                    _free_failed(self, res)
+                else:
+                    _freed_after_close(pool)
+                return
+            if c <= cache.limit:
+                cache.put(d, r, self._b, self._s)
+                return
+            res = _FREE(d, self._s)
+            if res[0]:
+                _free_failed(self, res)
+
+    Memory.__module__ = PoolMemory.__module__ = CachedMemory.__module__ = __name__
     Memory.__qualname__, PoolMemory.__qualname__ = "CupyMemory", "CupyPoolMemory"
-    classes = _MEMORY_CLASSES[base] = (Memory, PoolMemory)
+    CachedMemory.__qualname__ = "CupyCachedMemory"
+    classes = _MEMORY_CLASSES[base] = (Memory, PoolMemory, CachedMemory)
     return classes
 
 
@@ -206,24 +261,16 @@ def _custream(cache: dict[int, Any], handle: int) -> Any:
     return cus
 
 
-def _alloc_failed(err: Any, alloc: Any, size: int, cupool: Any, cus: Any, device: int,
-                  pool: Any) -> Any:
-    """The driver refused an allocation: a closed pool, no context, or a real error."""
+def _alloc_failed(size: int, cupool: Any, cus: Any, device: int, pool: Any) -> Any:
+    """The driver refused an allocation: a closed pool, or the shared retries (alloc_block)."""
     if pool is not None and pool.closed:
         raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
                           "another pool (allocators.use_with_cupy(pool))")
-    if int(err) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
-        import cuda_memkit as cm
-
-        cm.Device(device).set_current()
-        err, d = alloc(size, cupool, cus)
-        if not err:
-            return d
-    _driver.check("cuMemAllocFromPoolAsync", (err, None))  # raises the typed CudaError
-    raise AssertionError("unreachable")  # pragma: no cover
+    return alloc_block(size, cupool, cus, device)
 
 
-def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
+def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
+                   ) -> Callable[[int], Any]:
     """A CuPy device allocator (for ``cupy.cuda.set_allocator``) over a memkit pool.
 
     Parameters
@@ -234,6 +281,11 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         each allocation, so one allocator serves every device. A given device
         pool must belong to CuPy's current device, at install time and at each
         allocation.
+    cache : bool, default True
+        Lend blocks from a block cache in front of the pool (see "Caching"
+        on the pools page): a block CuPy drops waits for the next
+        allocation of its rounded size on its stream. ``False``: every
+        allocation and free calls the driver.
 
     Returns
     -------
@@ -266,16 +318,16 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
     >>> cupy.cuda.set_allocator(allocators.cupy_allocator(pool))
     """
     cupy = _import_cupy()
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
     get_device = cupy.cuda.runtime.getDevice
     if pool is not None:
         _check_device_pool(pool, get_device)
     global _FREE
-    alloc = _driver.function("cuMemAllocFromPoolAsync")
-    if _FREE is None:
-        _FREE = _driver.function("cuMemFreeAsync")
+    alloc, _FREE = driver_pair()
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
-    Memory, PoolMemory = _memory_classes(unowned)
+    Memory, PoolMemory, CachedMemory = _memory_classes(unowned)
     get_stream = cupy.cuda.get_current_stream
     custreams: dict[int, Any] = {}
 
@@ -287,6 +339,9 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         import cuda_memkit as cm
 
         defaults = [cm.MemoryPool.default(i) for i in range(cm.device_count())]
+        if cache:
+            return _cached(CachedMemory, pointer, null, get_device, get_stream, custreams,
+                           [_pool.cache_for(p) for p in defaults], None)
         cupools = [_cu.CUmemoryPool(p.handle) for p in defaults]
         accounts = [account("pool", i, p.handle) for i, p in enumerate(defaults)]
 
@@ -304,7 +359,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             cupool = cupools[dev]
             err, d = alloc(size, cupool, cus)
             if err:
-                d = _alloc_failed(err, alloc, size, cupool, cus, dev, None)
+                d = _alloc_failed(size, cupool, cus, dev, None)
             m = Memory(int(d), size, st, dev)
             m._d = d
             m._s = cus
@@ -315,6 +370,9 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
         return allocate
 
     given = pool
+    if cache:
+        return _cached(CachedMemory, pointer, null, get_device, get_stream, custreams,
+                       None, given)
     cupool = _cu.CUmemoryPool(given.handle)
     given_acct = account("pool", given.device, given.handle)
     pool_device = -1 if given.device is None else given.device  # managed pools: any device
@@ -338,7 +396,7 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
             cus = _custream(custreams, h)
         err, d = alloc(size, cupool, cus)
         if err:
-            d = _alloc_failed(err, alloc, size, cupool, cus, dev, given)
+            d = _alloc_failed(size, cupool, cus, dev, given)
         m = PoolMemory(int(d), size, st, dev)
         m._d = d
         m._s = cus
@@ -350,9 +408,96 @@ def cupy_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
     return allocate_from_pool
 
 
+def _cached(CachedMemory: type, pointer: Any, null: Callable[[int], Any],
+            get_device: Callable[[], int], get_stream: Callable[[int], Any],
+            custreams: dict[int, Any], caches: list[BlockCache] | None,
+            given: MemoryPool | None) -> Callable[[int], Any]:
+    """The caching allocator: each device's default cache (``caches``), or ``given``'s."""
+    one: BlockCache | None = None
+    pool_device = -1
+    if given is not None:
+        one = _pool.cache_for(given)
+        pool_device = -1 if given.device is None else given.device
+
+    def allocate(size: int) -> Any:
+        dev = get_device()
+        if caches is None:
+            if dev != pool_device and pool_device >= 0:
+                raise ValueError(f"CuPy's current device is {dev}, but this allocator's pool "
+                                 f"holds memory of device {pool_device}")
+            if given.closed:  # type: ignore[union-attr]  # a destroyed pool must never be used
+                raise ClosedError("the MemoryPool behind this CuPy allocator was closed; "
+                                  "install another pool (allocators.use_with_cupy(pool))")
+            cache: BlockCache = one  # type: ignore[assignment]
+        else:
+            cache = caches[dev]
+        if type(size) is not int or size <= 0:
+            size = _size_arg(size)
+            if not size:
+                return null(dev)
+        st = get_stream(dev)
+        h = st.ptr
+        cus = custreams.get(h)
+        if cus is None:
+            cus = _custream(custreams, h)
+        if size > cache.max_block:  # not cached: r past any limit sends it to the driver
+            d = alloc_block(size, cache.cupool, cus, dev)
+            m = CachedMemory(int(d), size, st, dev)
+            m._r = 1 << 62
+            m._b = None
+        else:  # BlockCache.take written out: a hit is a dict lookup and a list.pop
+            r = (size + 511) & -512 if size <= _SMALL else round_size(size)
+            bins = cache.streams.get(h)
+            if bins is None:
+                bins = cache.bins(h, cus, st)
+            d = None
+            blocks = bins.get(r)
+            if blocks is None:  # the first block of this size on this stream
+                blocks = cache.blocks(bins, r)
+            if blocks:
+                try:
+                    d = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    cache.cached -= r
+            if d is None:
+                d = cache.miss(r, cus)
+            m = CachedMemory(int(d), size, st, dev)
+            m._r = r
+            m._b = blocks
+        m._d = d
+        m._s = cus
+        m._c = cache
+        m._pool = given
+        acct = m._a = cache.account  # Account.add written out
+        acct.live[d] = size
+        c = acct.current = acct.current + size
+        if c > acct.peak:
+            acct.peak = c
+        acct.total += 1
+        if watchers:
+            notify(acct, d, size, True, h)
+        return pointer(m, 0)
+
+    return allocate
+
+
 # -- the pinned allocator -------------------------------------------------------------------
 
-def cupy_pinned_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any]:
+class _UncachedPinned:
+    """CuPy pinned memory straight from a pinned pool (``cache=False``): freed when dropped."""
+
+    __slots__ = ("buf", "ptr", "size")
+
+    def __init__(self, buf: Any, size: int) -> None:
+        self.buf = buf  # a host PoolBuffer: its collection frees it on the legacy stream
+        self.ptr = buf.ptr if size else 0
+        self.size = size
+
+
+def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
+                          ) -> Callable[[int], Any]:
     """A CuPy pinned-memory allocator (``cupy.cuda.set_pinned_memory_allocator``).
 
     Parameters
@@ -361,6 +506,10 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any
         A pinned host pool (``MemoryPool(location=Location.host())``). Default:
         :meth:`MemoryPool.default_pinned`, the pool behind
         :meth:`HostBuffer.pooled`.
+    cache : bool, default True
+        Blocks through the pool's block cache (:meth:`HostBuffer.pooled`).
+        ``False``: every allocation is ``MemoryPool.allocate`` on the
+        legacy stream, and every free ``cuMemFreeAsync``.
 
     Returns
     -------
@@ -378,6 +527,8 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any
         For a closed pool.
     """
     cupy = _import_cupy()
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
     MemoryPool = _memory_pool_class()
     if pool is not None:
         if not isinstance(pool, MemoryPool) or not pool.is_host:
@@ -389,6 +540,14 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None) -> Callable[[int], Any
 
     pinned_pointer = cupy.cuda.pinned_memory.PinnedMemoryPointer
     pooled = cm.HostBuffer.pooled
+    if not cache:
+        host_allocate = (pool if pool is not None else MemoryPool.default_pinned()).allocate
+
+        def allocate_uncached(size: int) -> Any:
+            buf = host_allocate(size, stream=None) if size else None
+            return pinned_pointer(_UncachedPinned(buf, size), 0)
+
+        return allocate_uncached
     if pool is None:
         MemoryPool.default_pinned()  # made now, not inside the first allocation
 
@@ -414,7 +573,8 @@ _pinned_installed: list[Callable[[int], Any]] = []
 
 @contextlib.contextmanager
 def use_with_cupy(pool: MemoryPool | None = None, *, pinned: bool = False,
-                  pinned_pool: MemoryPool | None = None) -> Iterator[Callable[[int], Any]]:
+                  pinned_pool: MemoryPool | None = None, cache: bool = True
+                  ) -> Iterator[Callable[[int], Any]]:
     """Route CuPy's allocations through memkit pools inside a ``with`` block.
 
     Parameters
@@ -426,6 +586,9 @@ def use_with_cupy(pool: MemoryPool | None = None, *, pinned: bool = False,
         Also route CuPy's pinned host memory (see :func:`cupy_pinned_allocator`).
     pinned_pool : MemoryPool, optional
         The pinned host pool for that (implies ``pinned=True``).
+    cache : bool, default True
+        Allocate through block caches (see :func:`cupy_allocator`); ``False``
+        calls the driver for every allocation and free.
 
     Yields
     ------
@@ -447,8 +610,8 @@ def use_with_cupy(pool: MemoryPool | None = None, *, pinned: bool = False,
     cupy = _import_cupy()
     if not isinstance(pinned, bool):
         raise TypeError("pinned must be a bool")
-    device_alloc = cupy_allocator(pool)
-    pinned_alloc = (cupy_pinned_allocator(pinned_pool)
+    device_alloc = cupy_allocator(pool, cache=cache)
+    pinned_alloc = (cupy_pinned_allocator(pinned_pool, cache=cache)
                     if pinned or pinned_pool is not None else None)
     previous = cupy.cuda.get_allocator()
     cupy.cuda.set_allocator(device_alloc)

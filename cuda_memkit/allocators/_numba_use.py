@@ -14,7 +14,7 @@ __all__ = ["use_with_numba"]
 
 
 @contextlib.contextmanager
-def use_with_numba(pool: MemoryPool | None = None) -> Iterator[Any]:
+def use_with_numba(pool: MemoryPool | None = None, *, cache: bool = True) -> Iterator[Any]:
     """Route numba-cuda's memory through cuda_memkit inside a ``with`` block.
 
     Installs :class:`cuda_memkit.allocators.numba.MemkitNumbaManager` as the
@@ -28,6 +28,11 @@ def use_with_numba(pool: MemoryPool | None = None) -> Iterator[Any]:
         pool :func:`cuda_memkit.allocators.numba.get_pool` gives (the device's
         default pool unless ``set_pool`` chose another). It must belong to
         numba's current device.
+    cache : bool, default True
+        Device memory from the default pools goes through the process's
+        block cache in front of them (see
+        :func:`cuda_memkit.allocators.numba.set_caching`); ``False``: every
+        allocation and free calls the driver.
 
     Yields
     ------
@@ -48,6 +53,8 @@ def use_with_numba(pool: MemoryPool | None = None) -> Iterator[Any]:
     numba drops it. For the whole process, set
     ``NUMBA_CUDA_MEMORY_MANAGER=cuda_memkit.allocators.numba`` instead.
     """
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
     if pool is not None:
         import cuda_memkit as cm
 
@@ -61,5 +68,5 @@ def use_with_numba(pool: MemoryPool | None = None) -> Iterator[Any]:
             raise ModuleNotFoundError("cuda_memkit.allocators needs numba-cuda for this "
                                       "(pip install numba-cuda)") from exc
         raise
-    with plugin.use(pool) as manager:
+    with plugin.use(pool, cache) as manager:
         yield manager

@@ -14,7 +14,9 @@ What each plugin method uses:
 ``memalloc``         :meth:`MemoryPool.allocate` on the legacy default stream
                      (numba's allocations are not stream-ordered, and its
                      streams are blocking ones), from :func:`get_pool` (default:
-                     the device's default pool); freed in that stream's order
+                     the device's default pool, through the process's block
+                     cache in front of it; :func:`set_caching` turns that off);
+                     freed in that stream's order
 ``memhostalloc``     :meth:`HostBuffer.pooled` for plain pinned memory (the
                      shared pinned pool, accessible from every device, so also
                      *portable*); :meth:`HostBuffer.empty` with ``DEVICEMAP`` /
@@ -57,7 +59,7 @@ from .._core._errors import CudaError, MemkitWarning
 if TYPE_CHECKING:
     from .._pools._pool import MemoryPool
 
-__all__ = ["MemkitIpcHandle", "MemkitNumbaManager", "get_pool", "set_pool"]
+__all__ = ["MemkitIpcHandle", "MemkitNumbaManager", "get_pool", "set_caching", "set_pool"]
 
 #: The EMM plugin interface version this plugin implements.
 INTERFACE_VERSION = 1
@@ -85,6 +87,26 @@ def _pointer_value(pointer: Any) -> int:
 
 _pools: dict[int, MemoryPool] = {}
 _defaults: dict[int, MemoryPool] = {}
+_caching = True
+
+
+def set_caching(enabled: bool) -> None:
+    """Whether device memory from the default pools goes through their block cache.
+
+    Parameters
+    ----------
+    enabled : bool
+        ``True`` (the default): blocks numba frees wait in the process's
+        cache in front of the device's default pool (see "Caching" on the
+        pools page) for numba's next allocation of their size. ``False``:
+        every allocation and free calls the driver. A pool chosen with
+        :func:`set_pool` is used as it is (``MemoryPool(cache=True)`` caches).
+    """
+    global _caching
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    _caching = enabled
+    _defaults.clear()
 
 
 def _check_pool(pool: object, device: int) -> MemoryPool:
@@ -139,7 +161,7 @@ def get_pool(device: int = 0) -> MemoryPool:
     if pool is None:
         pool = _defaults.get(device)
         if pool is None or pool.closed:
-            pool = _defaults[device] = cm.MemoryPool.default(device)
+            pool = _defaults[device] = cm.MemoryPool.default(device, cache=_caching)
     return pool
 
 
@@ -447,9 +469,10 @@ _numba_memory_manager = MemkitNumbaManager
 # -- install for a block ------------------------------------------------------------------
 
 @contextlib.contextmanager
-def use(pool: MemoryPool | None = None) -> Iterator[MemkitNumbaManager]:
+def use(pool: MemoryPool | None = None, cache: bool = True) -> Iterator[MemkitNumbaManager]:
     """Install the plugin on numba's current context for a block (see ``use_with_numba``)."""
     ctx = _nbcuda.current_context()
+    previous_caching = _caching
     device = int(ctx.device.id)
     if pool is not None:
         _check_pool(pool, device)
@@ -457,6 +480,8 @@ def use(pool: MemoryPool | None = None) -> Iterator[MemkitNumbaManager]:
     previous_manager = ctx.memory_manager
     previous_pool = _pools.get(device)
     _nbcuda.set_memory_manager(MemkitNumbaManager)  # checks the interface version
+    if cache is not previous_caching:
+        set_caching(cache)
     try:
         manager = MemkitNumbaManager(context=ctx)
         manager.initialize()
@@ -471,3 +496,5 @@ def use(pool: MemoryPool | None = None) -> Iterator[MemkitNumbaManager]:
             _pools.pop(device, None)
         else:
             _pools[device] = previous_pool
+        if _caching is not previous_caching:
+            set_caching(previous_caching)
