@@ -346,6 +346,16 @@ for kw, bad, exc, rx in [("device", "0", TypeError, "device"), ("device", -1, Va
                          ("location", "host", TypeError, "Location"),
                          ("location", cm.Location.host_numa_current(), ValueError, "location")]:
     case(f"MemoryPool({kw}={bad!r})", lambda o, k=kw, b=bad: cm.MemoryPool(**{k: b}), exc, rx)
+for kw2, exc2, rx2 in [
+        ({"cache": 1}, TypeError, "cache"),
+        ({"cache": True, "cache_limit": -1}, ValueError, "cache_limit"),
+        ({"cache": True, "cache_limit": 1.5}, TypeError, "cache_limit"),
+        ({"cache": True, "cache_limit": True}, TypeError, "cache_limit"),
+        ({"cache": True, "cache_limit": "1"}, TypeError, "cache_limit"),
+        ({"cache_limit": 1 << 20}, ValueError, "cache_limit needs cache=True")]:
+    case(f"MemoryPool({kw2!r})", lambda o, k=kw2: cm.MemoryPool(**k), exc2, rx2)
+case("MemoryPool.default(cache=1)", lambda o: cm.MemoryPool.default(0, cache=1), TypeError,
+     "cache")
 case("MemoryPool(Location.host(), ipc=True)",
      lambda o: cm.MemoryPool(location=cm.Location.host(), ipc=True), ValueError, "ipc")
 case("MemoryPool(managed=True, max_size=1)",

@@ -19,6 +19,7 @@ import pytest
 import cuda_memkit as cm
 from cuda_memkit import allocators
 from cuda_memkit._core import _driver, _resource
+from cuda_memkit._pools import _cache, _pool
 from cuda_memkit.allocators import _cupy
 
 from . import _fake_frameworks as fake
@@ -65,6 +66,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
 
     monkeypatch.setattr(_driver, "function", function)
     monkeypatch.setattr(_cupy, "_FREE", None)  # re-resolved through the spy
+    monkeypatch.setattr(_cache, "ALLOC", None)
+    monkeypatch.setattr(_cache, "FREE", None)
     return calls
 
 
@@ -93,7 +96,7 @@ def test_a_missing_cupy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_allocations_come_from_the_pool_and_go_back(cupy: fake.FakeCupy, stream: cm.Stream
                                                     ) -> None:
     with cm.MemoryPool(0) as pool:
-        alloc = allocators.cupy_allocator(pool)
+        alloc = allocators.cupy_allocator(pool, cache=False)
         base = used(pool)
         a = alloc(4 * KiB)
         b = alloc(100)
@@ -111,14 +114,14 @@ def test_allocations_come_from_the_pool_and_go_back(cupy: fake.FakeCupy, stream:
         assert used(pool) == base and not ledger.live
         default = cm.MemoryPool.default(0)
         dflt = _resource.account("pool", 0, default.handle)
-        c = allocators.cupy_allocator()(300)
+        c = allocators.cupy_allocator(cache=False)(300)
         assert 300 in dflt.live.values()
         del c
         assert 300 not in dflt.live.values()
 
 
 def test_the_default_pool_of_cupys_current_device(cupy: fake.FakeCupy, ndevices: int) -> None:
-    alloc = allocators.cupy_allocator()
+    alloc = allocators.cupy_allocator(cache=False)
     for dev in range(ndevices):
         default = cm.MemoryPool.default(dev)
         with cupy.cuda.Device(dev):
@@ -134,7 +137,7 @@ def test_ordered_on_the_current_stream_and_freed_on_it(cupy: fake.FakeCupy, spy:
     s1, s2 = cm.Stream(), cm.Stream()
     try:
         with cm.MemoryPool(0) as pool:
-            alloc = allocators.cupy_allocator(pool)
+            alloc = allocators.cupy_allocator(pool, cache=False)
             with cupy.stream(s1.handle):
                 p = alloc(KiB)
             with cupy.stream(s2.handle):  # e.g. a stream being captured into a graph
@@ -156,7 +159,7 @@ def test_ordered_on_the_current_stream_and_freed_on_it(cupy: fake.FakeCupy, spy:
 
 
 def test_the_memory_keeps_its_stream_alive(cupy: fake.FakeCupy, stream: cm.Stream) -> None:
-    alloc = allocators.cupy_allocator()
+    alloc = allocators.cupy_allocator(cache=False)
     st = cupy.stream(stream.handle)
     gone = weakref.ref(st)
     with st:
@@ -165,6 +168,21 @@ def test_the_memory_keeps_its_stream_alive(cupy: fake.FakeCupy, stream: cm.Strea
     assert gone() is not None  # the free must not be queued on a destroyed stream
     del p
     assert gone() is None
+
+
+def test_the_cache_keeps_a_stream_alive_while_it_holds_its_blocks(cupy: fake.FakeCupy) -> None:
+    stream = cm.Stream()
+    alloc = allocators.cupy_allocator()
+    st = cupy.stream(stream.handle)
+    gone = weakref.ref(st)
+    with st:
+        p = alloc(KiB)
+    del st, p
+    gc.collect()
+    cache = _pool.default_cache(0)
+    assert gone() is not None and cache.cached >= KiB  # its block waits, on its stream
+    stream.close()  # the memkit stream under it: its blocks go back before it is destroyed
+    assert gone() is None and cache.cached == 0
 
 
 @pytest.mark.parametrize("given", [False, True])
@@ -199,7 +217,7 @@ def test_managed_pool(cupy: fake.FakeCupy, ndevices: int) -> None:
     if not all(cm.Device(i).concurrent_managed_access for i in range(ndevices)):
         pytest.skip("no managed pools without concurrent managed access")
     with cm.MemoryPool(managed=True) as pool:
-        alloc = allocators.cupy_allocator(pool)
+        alloc = allocators.cupy_allocator(pool, cache=False)
         with cupy.cuda.Device(ndevices - 1):
             p = alloc(KiB)  # a managed pool serves any device
             assert p.device_id == ndevices - 1 and used(pool) >= KiB
@@ -227,7 +245,7 @@ def test_a_thread_without_a_context(cupy: fake.FakeCupy) -> None:
 def test_statistics_follow_a_workload(cupy: fake.FakeCupy) -> None:
     with cm.MemoryPool(0) as pool:
         base = used(pool)
-        with allocators.use_with_cupy(pool):
+        with allocators.use_with_cupy(pool, cache=False):
             live = [cupy.cuda.alloc(n * KiB) for n in range(1, 40)]
             peak = used(pool)
             assert peak >= base + sum(range(1, 40)) * KiB
@@ -373,7 +391,7 @@ def test_closed_default_pool_wrapper_refuses(cupy: fake.FakeCupy) -> None:
 
 def test_a_failed_free_warns_and_never_raises(cupy: fake.FakeCupy,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    alloc = allocators.cupy_allocator()
+    alloc = allocators.cupy_allocator(cache=False)
     p = alloc(KiB)
     ptr = p.ptr
     real_free = _cupy._FREE

@@ -173,21 +173,27 @@ def test_workloads_match_numpy_with_every_allocation_from_the_pool(
     print(f"{len(rec.sizes)} CuPy allocations, {rec.sizes.count(0)} of 0 bytes")
 
 
-def test_statistics_follow_cupys_arrays() -> None:
+@pytest.mark.parametrize("cache", [True, False])
+def test_statistics_follow_cupys_arrays(cache: bool) -> None:
+    def held(pool: cm.MemoryPool) -> int:  # the driver counts cached blocks as used
+        return pool.stats().used_current - pool.cached_bytes
+
     with cm.MemoryPool(0, release_threshold=64 * MiB) as pool:
-        base = pool.stats().used_current
-        with allocators.use_with_cupy(pool):
+        base = held(pool)
+        with allocators.use_with_cupy(pool, cache=cache):
             arrays = [cupy.ones(n * 1000, dtype=cupy.float32) for n in range(1, 30)]
             cupy.cuda.Device().synchronize()
-            live = pool.stats().used_current
+            live = held(pool)
             assert live >= base + sum(a.nbytes for a in arrays)
+            assert cm.memory_stats(0).pool(pool).current == sum(a.nbytes for a in arrays)
             del arrays[::2]
             gc.collect()
-            assert base < pool.stats().used_current < live
+            assert base < held(pool) < live
             arrays.clear()
             gc.collect()
             cupy.cuda.Device().synchronize()
-            assert pool.stats().used_current == base
+            assert held(pool) == base and cm.memory_stats(0).pool(pool).current == 0
+            assert (pool.cached_bytes > 0) is cache
         assert pool.stats().used_high >= live
 
 

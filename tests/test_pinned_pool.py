@@ -53,8 +53,14 @@ def test_blocks_are_recycled_by_size_class() -> None:
     a = cm.HostBuffer.pooled(4096)
     ptr = a.ptr
     a.close()
-    b = cm.HostBuffer.pooled(3000)  # same power-of-two class
-    assert b.ptr == ptr and b.nbytes == 3000
+    b = cm.HostBuffer.pooled(3700)  # rounded to 512 B: the same 4096-byte block
+    assert b.ptr == ptr and b.nbytes == 3700
+    b.close()
+    odd = cm.HostBuffer.pooled(3000)  # rounded to 3072: another size, another block
+    assert odd.ptr != ptr
+    odd.close()
+    b = cm.HostBuffer.pooled(4096)
+    assert b.ptr == ptr
     c = cm.HostBuffer.pooled(4096)  # b holds the block: a new one
     assert c.ptr != ptr
     b.close()

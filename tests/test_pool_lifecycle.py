@@ -312,8 +312,8 @@ def test_pooled_from_a_given_pool(host_pool: cm.MemoryPool) -> None:
     ptr = h.ptr
     h.close()
     cache = _pool.find_cache(host_pool, _pinned_pool.HostCache)
-    assert cache is not None and cache.cached == 128
-    again = cm.HostBuffer.pooled(128, pool=host_pool)
+    assert cache is not None and cache.cached == 512  # rounded to 512 B
+    again = cm.HostBuffer.pooled(512, pool=host_pool)
     assert again.ptr == ptr
     again.close()
     host_pool.close()

@@ -206,7 +206,8 @@ def test_results_are_frozen_typed_and_json() -> None:
         assert {a["kind"] for a in d["accounts"]} >= {"device"}
         assert set(d["by_kind"]) == set(cm.MEMORY_KINDS)
         assert d["by_device"]["0"]["current"] == stats.by_device[0].current
-        assert d["all"] == {"current": stats.current, "live": stats.live, "total": stats.total}
+        assert d["all"] == {"current": stats.current, "live": stats.live, "total": stats.total,
+                            "cached": stats.cached}
         assert s.to_dict()["current"] == s.current
         text = repr(stats)
         assert "peaks are per account" in text and "device" in text and "total device 0" in text

@@ -289,10 +289,17 @@ class PoolBufferKind(Kind):
         self.rel.release(i, buf)
 
 
+class CachedPoolBufferKind(PoolBufferKind):
+    """PoolBuffers of a ``MemoryPool(cache=True)``: blocks through the block cache."""
+
+    name = "PoolBuffer cached"
+
+
 # The slowest kind (cuMemHostRegister pins every page) runs last: each kind gets an
 # equal share of what is left of the budget, so it inherits what the others left.
 KIND_NAMES = ("HostBuffer", "HostBuffer.pooled", "DeviceBuffer", "ManagedBuffer",
-              "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "register_host")
+              "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "PoolBuffer cached",
+              "register_host")
 
 
 def _has_context() -> bool:
@@ -410,7 +417,8 @@ def _pool_stats(pool: cm.MemoryPool | None) -> dict[str, int]:
 def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
     """Run ``cycles`` cycles of kind ``name`` (stopping at ``time_cap`` seconds)."""
     res = Result(name, cycles)
-    pool = cm.MemoryPool(0) if name == "PoolBuffer" else None
+    pool = (cm.MemoryPool(0) if name == "PoolBuffer" else
+            cm.MemoryPool(0, cache=True) if name == "PoolBuffer cached" else None)
     where = variants()
     share = [cycles // len(where) + (1 if k < cycles % len(where) else 0)
              for k in range(len(where))]
@@ -429,7 +437,8 @@ def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
         def body(enter: Callable[[], Any] = enter, n: int = n, deadline: float | None = deadline,
                  done: list[int] = done, errors: list[BaseException] = errors) -> None:
             rel = Releaser()
-            kind = PoolBufferKind(rel, pool) if pool is not None else _KINDS[name](rel)
+            kind = (_KINDS[name](rel, pool) if pool is not None  # type: ignore[call-arg]
+                    else _KINDS[name](rel))
             try:
                 with enter():
                     kind.setup()
@@ -477,7 +486,7 @@ def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
 
 _KINDS: dict[str, type[Kind]] = {k.name: k for k in (
     HostBufferKind, PooledHostBufferKind, DeviceBufferKind, ManagedBufferKind, VmmKind,
-    GrowableKind, PoolBufferKind, RegisteredHostKind)}
+    GrowableKind, PoolBufferKind, CachedPoolBufferKind, RegisteredHostKind)}
 
 
 # -- the script -----------------------------------------------------------------------------
