@@ -12,16 +12,24 @@ CuPy's current stream; pools keep their memory: release threshold UINT64_MAX):
   Cython) and its caching ``MemoryPool().malloc``;
 * through CuPy's entry point ``cupy.cuda.alloc(n)`` (what CuPy's arrays call),
   with ``set_allocator`` set to: ``malloc_async``, CuPy's ``MemoryPool``, the
-  memkit adaptor on the default pool (``use_with_cupy()``) and on a memkit
-  pool (``use_with_cupy(pool)``);
-* ``cupy.empty(256K float32)`` + drop under the same four allocators;
+  memkit adaptor on the default pool, cached (``cupy_allocator()``, the
+  default) and uncached (``cache=False``), the cached adaptor on a memkit pool
+  (``cupy_allocator(pool)``), and the pure-Python cached floor: a free list
+  keyed by (stream, size rounded to 512 B) whose memory object gives its
+  block back in ``__del__`` (no checks, no ledger; not memkit);
+* ``cupy.empty(256K float32)`` + drop under the same allocators;
 * a CuPy workload (temporaries of elementwise arithmetic and a reduction on
   64K floats), time per iteration and allocations per second under each;
-* pinned 4 KiB: CuPy's pinned pool against the memkit pinned adaptor.
+* pinned 4 KiB: CuPy's pinned pool against the memkit pinned adaptor and a
+  pure-Python pinned free list.
 
-Target (issue 13): the memkit adaptor pair through ``cupy.cuda.alloc`` within
-1.15x of ``malloc_async`` through the same entry point. On the simulator
-(no CuPy) only the memkit rows run, and the table says so.
+Targets (issue 22, point 3; ledger on; each target row prints the floor of
+its kind measured in the same run): the workload iteration under the memkit
+adaptor <= 1.0x CuPy's ``MemoryPool`` and <= 0.92x ``malloc_async``;
+``cupy.empty(1 MiB)`` + drop <= 1.05x CuPy's ``MemoryPool``; the
+``cupy.cuda.alloc`` 1 MiB pair <= 1.35x CuPy's ``MemoryPool`` and <= 0.5x
+``malloc_async``; the pinned adaptor <= 1.2x CuPy's pinned pool. On the
+simulator (no CuPy) only the memkit rows run, and the table says so.
 """
 
 from __future__ import annotations
@@ -120,6 +128,7 @@ def main() -> None:
         cupy_pool = cupy.cuda.MemoryPool()
         adaptors = {"malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
                     "memkit default": allocators.cupy_allocator(),
+                    "memkit uncached": allocators.cupy_allocator(cache=False),
                     "memkit pool": allocators.cupy_allocator(pool)}
         calloc, set_allocator = cupy.cuda.alloc, cupy.cuda.set_allocator
 
@@ -179,6 +188,44 @@ def main() -> None:
             return pointer(m, 0)
 
         cases["alloc: floor"] = through_alloc(floor_allocator)
+
+        # The pure-Python cached floor (the issue's probe): free lists keyed by stream and
+        # size rounded to 512 B, the memory object gives its block back in __del__; one
+        # fixed device, no checks, no ledger. Not memkit: the yardstick of the cached rows.
+        floor_lists: dict[int, dict[int, list[Any]]] = {}
+        get_stream = cupy.cuda.get_current_stream
+
+        class CachedFloorMemory(unowned):  # type: ignore[misc, valid-type]
+            __slots__ = ("blocks", "d")
+
+            def __del__(self) -> None:
+                self.blocks.append(self.d)
+
+        floor_custreams: dict[int, Any] = {}
+
+        def cached_floor_allocator(size: int) -> Any:
+            st = get_stream()
+            h = st.ptr
+            r = (size + 511) & -512
+            sb = floor_lists.get(h)
+            if sb is None:
+                sb = floor_lists[h] = {}
+                floor_custreams[h] = cu.CUstream(h)
+            blocks = sb.get(r)
+            if blocks is None:
+                blocks = sb[r] = []
+            if blocks:
+                d = blocks.pop()
+            else:
+                err, d = alloc_fn(r, floor_pool, floor_custreams[h])
+                if err:
+                    raise RuntimeError(err)
+            m = CachedFloorMemory(int(d), size, st, 0)
+            m.d = d
+            m.blocks = blocks
+            return pointer(m, 0)
+
+        adaptors["floor cached"] = cached_floor_allocator
         cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
         cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
         for name, fn in adaptors.items():
@@ -212,8 +259,37 @@ def main() -> None:
                     del p
             return loop
 
+        # The pure-Python pinned floor: a free list of pinned blocks per size, the
+        # pointer's memory gives its block back in __del__. Not memkit.
+        pinned_pointer = cupy.cuda.pinned_memory.PinnedMemoryPointer
+        pinned_floor_lists: dict[int, list[Any]] = {}
+        floor_hostallocs: list[int] = []
+
+        class PinnedFloor:
+            __slots__ = ("blocks", "ptr", "size")
+
+            def __del__(self) -> None:
+                self.blocks.append(self.ptr)
+
+        def pinned_floor(size: int) -> Any:
+            blocks = pinned_floor_lists.get(size)
+            if blocks is None:
+                blocks = pinned_floor_lists[size] = []
+            b = PinnedFloor()
+            b.blocks = blocks
+            b.size = size
+            if blocks:
+                b.ptr = blocks.pop()
+            else:
+                b.ptr = cupy.cuda.runtime.hostAlloc(size, 0)
+                floor_hostallocs.append(b.ptr)
+            return pinned_pointer(b, 0)
+
         pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
-                        "memkit pinned": pinned_loop(memkit_pinned)}
+                        "memkit pinned": pinned_loop(memkit_pinned),
+                        "floor pinned": pinned_loop(pinned_floor),
+                        "memkit pinned uncached": pinned_loop(
+                            allocators.cupy_pinned_allocator(cache=False))}
 
     pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync, 13)
     empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync, 13)
@@ -225,6 +301,16 @@ def main() -> None:
         cupy.cuda.Stream.null.use()
         del x
         gc.collect()
+        sync()
+        for fsb in floor_lists.values():
+            for fblocks in fsb.values():
+                while fblocks:
+                    free_fn(fblocks.pop(), cus)
+        for hp in floor_hostallocs:
+            cupy.cuda.runtime.freeHost(hp)
+    cache_mod = sys.modules.get("cuda_memkit._pools._cache")
+    if cache_mod is not None:  # the adaptors' cached blocks go back before the trim
+        cache_mod.empty_all()
     sync()
     default.release_threshold = old_threshold
     default.trim()
@@ -234,10 +320,17 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
 
     def row(case: str, value: float | None, ref: float | None, target: str,
-            ok: bool | None = None, unit: str = "us/pair") -> None:
+            ok: bool | None = None, unit: str = "us/pair", floor: float | None = None) -> None:
         rows.append({"case": case, "us": None if value is None else value * 1e6, "unit": unit,
                      "ratio": None if value is None or not ref else value / ref,
-                     "target": target, "ok": ok})
+                     "target": target, "ok": ok,
+                     "floor_us": None if floor is None else floor * 1e6})
+
+    def ratio_target(v: float | None, ref: float | None, bound: float, peer: str
+                     ) -> tuple[str, bool | None]:
+        if v is None or not ref:
+            return f"<= {bound:g}x {peer} (n/a)", None
+        return f"<= {bound:g}x {peer} ({v / ref:.2f}x)", v / ref <= bound
 
     raw_ref = pair["raw default"]
     row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
@@ -246,41 +339,49 @@ def main() -> None:
     row("1 MiB: CuPy malloc_async (direct)", pair.get("cupy malloc_async"), raw_ref, "info")
     row("1 MiB: CuPy MemoryPool().malloc (direct)", pair.get("cupy MemoryPool"), raw_ref,
         "info")
-    ma = pair.get("alloc: malloc_async")
+    ma, cp = pair.get("alloc: malloc_async"), pair.get("alloc: cupy pool")
+    fl = pair.get("alloc: floor cached")
+    mc = pair.get("alloc: memkit default")
+    row("1 MiB via cupy.cuda.alloc: memkit adaptor (cached, default)", mc, raw_ref,
+        *ratio_target(mc, cp, 1.35, "CuPy MemoryPool"), floor=fl)
+    row("   the same row", mc, raw_ref, *ratio_target(mc, ma, 0.5, "malloc_async"), floor=fl)
     for name, label in [("malloc_async", "CuPy malloc_async"),
                         ("cupy pool", "CuPy MemoryPool"),
-                        ("memkit default", "memkit adaptor, default pool"),
-                        ("memkit pool", "memkit adaptor, memkit pool")]:
-        v = pair.get(f"alloc: {name}")
-        memkit = name.startswith("memkit")
-        ok = None if not memkit or v is None or ma is None else v / ma <= 1.15
-        row(f"1 MiB via cupy.cuda.alloc: {label}", v, raw_ref,
-            "<= 1.15x malloc_async" if memkit else "info", ok)
-    row("1 MiB via cupy.cuda.alloc: pure-Python floor (not memkit)", pair.get("alloc: floor"),
-        raw_ref, "info")
-    if ma is not None:
-        for name in ("memkit default", "memkit pool", "floor"):
-            v = pair.get(f"alloc: {name}")
-            if v is not None:
-                rows.append({"case": f"   ratio {name} / malloc_async (via cupy.cuda.alloc)",
-                             "us": None, "unit": "", "ratio": v / ma,
-                             "target": "info" if name == "floor" else "<= 1.15",
-                             "ok": None if name == "floor" else v / ma <= 1.15})
-    ea = empty_t.get("malloc_async")
-    for name in ("malloc_async", "cupy pool", "memkit default", "memkit pool"):
+                        ("memkit uncached", "memkit adaptor, uncached (cache=False)"),
+                        ("memkit pool", "memkit adaptor (cached) on a memkit pool"),
+                        ("floor cached", "pure-Python cached floor (not memkit)"),
+                        ("floor", "pure-Python uncached floor (not memkit)")]:
+        row(f"1 MiB via cupy.cuda.alloc: {label}", pair.get(f"alloc: {name}"), raw_ref, "info")
+    ea, ec, ef = empty_t.get("malloc_async"), empty_t.get("cupy pool"), empty_t.get("floor cached")
+    me = empty_t.get("memkit default")
+    row("cupy.empty(1 MiB) + drop: memkit adaptor (cached)", me, ea,
+        *ratio_target(me, ec, 1.05, "CuPy MemoryPool"), floor=ef)
+    for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
+                 "floor cached"):
         row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
             "info (ratio vs malloc_async)")
-    wa = work_t.get("malloc_async")
-    for name in ("malloc_async", "cupy pool", "memkit default", "memkit pool"):
+    wa, wc, wf = work_t.get("malloc_async"), work_t.get("cupy pool"), work_t.get("floor cached")
+    mw = work_t.get("memkit default")
+    n_allocs = allocs_per_iter.get("memkit default", "?")
+    row(f"workload iteration ({n_allocs} allocs): memkit adaptor (cached)", mw, wa,
+        *ratio_target(mw, wc, 1.0, "CuPy MemoryPool"), unit="us/iter", floor=wf)
+    row("   the same row", mw, wa, *ratio_target(mw, wa, 0.92, "malloc_async"), unit="us/iter",
+        floor=wf)
+    for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
+                 "floor cached"):
         v = work_t.get(name)
         row(f"workload iteration ({allocs_per_iter.get(name, '?')} allocs): {name}", v, wa,
             "info (ratio vs malloc_async)", unit="us/iter")
         if v is not None and allocs_per_iter.get(name):
             rows[-1]["allocs_per_s"] = allocs_per_iter[name] / v
-    pa = pinned_t.get("cupy pinned pool")
+    pa, pm = pinned_t.get("cupy pinned pool"), pinned_t.get("memkit pinned")
     row("4 KiB pinned: CuPy pinned pool", pa, pa, "reference")
-    row("4 KiB pinned: memkit pinned adaptor (HostBuffer.pooled)",
-        pinned_t.get("memkit pinned"), pa, "info")
+    row("4 KiB pinned: memkit pinned adaptor (cached, default)", pm, pa,
+        *ratio_target(pm, pa, 1.2, "CuPy pinned pool"), floor=pinned_t.get("floor pinned"))
+    row("4 KiB pinned: memkit pinned adaptor, uncached (cache=False)",
+        pinned_t.get("memkit pinned uncached"), pa, "info")
+    row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),
+        pa, "info")
 
     note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
     print(f"bench_frameworks on backend {backend_name} ({cm.Device(0).name}){note}")
@@ -290,16 +391,17 @@ def main() -> None:
         print(f"CuPy {cupy.__version__}")
     print(f"median of {samples} samples; loops of {n_pair} pairs, {n_empty} cupy.empty, "
           f"{n_work} workload iterations")
-    print(f"{'case':64} {'time':>10} {'unit':>8} {'ratio':>9}  target")
+    print(f"{'case':64} {'time':>10} {'unit':>8} {'ratio':>9} {'floor':>9}  target")
     for r in rows:
         value = "" if r["us"] is None else f"{r['us']:10.3f}"
         if r["us"] is None and r["unit"]:
             value = "n/a"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
+        floor = "" if r.get("floor_us") is None else f"{r['floor_us']:9.3f}"
         verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
         extra = f"  ({r['allocs_per_s'] / 1e6:.2f} M allocs/s)" if r.get("allocs_per_s") else ""
-        print(f"{r['case']:64} {value:>10} {r['unit']:>8} {ratio:>9}  {r['target']}{verdict}"
-              f"{extra}")
+        print(f"{r['case']:64} {value:>10} {r['unit']:>8} {ratio:>9} {floor:>9}  "
+              f"{r['target']}{verdict}{extra}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,

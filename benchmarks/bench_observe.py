@@ -95,6 +95,8 @@ def main() -> None:
 
     # -- the three paths ------------------------------------------------------------------
     pool = cm.MemoryPool(0, release_threshold=U64_MAX)
+    cached_pool = cm.MemoryPool(0, release_threshold=U64_MAX, cache=True)
+    cached_allocate = cached_pool.allocate
     host_pool = cm.MemoryPool(location=cm.Location.host(), release_threshold=U64_MAX)
     allocate = pool.allocate
     pooled = cm.HostBuffer.pooled
@@ -103,6 +105,10 @@ def main() -> None:
     def pool_pairs(k: int) -> None:
         for _ in range(k):
             allocate(MiB, stream=s).free()
+
+    def cached_pairs(k: int) -> None:
+        for _ in range(k):
+            cached_allocate(MiB, stream=s).free()
 
     def pooled_pairs(k: int) -> None:
         for _ in range(k):
@@ -123,6 +129,8 @@ def main() -> None:
     paths = {
         "pool 1 MiB": (raw_pairs(MiB, cu.CUmemoryPool(pool.handle)), pool_pairs, n_pool,
                        "raw cuMemAllocFromPoolAsync+cuMemFreeAsync"),
+        "cached pool 1 MiB": (raw_pairs(MiB, cu.CUmemoryPool(pool.handle)), cached_pairs,
+                              n_pool, "raw cuMemAllocFromPoolAsync+cuMemFreeAsync"),
         "pooled pinned 4 KiB": (raw_pairs(4096, cu.CUmemoryPool(host_pool.handle)),
                                 pooled_pairs, n_pinned, "raw host-pool alloc+free"),
         "HostBuffer 4 KiB": (raw_host, host_pairs, n_hostalloc,
@@ -143,6 +151,7 @@ def main() -> None:
     sync()
     host_pool.close()
     pool.close()
+    cached_pool.close()
     s.close()
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""

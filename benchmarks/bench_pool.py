@@ -21,11 +21,18 @@ synchronizes, the cases in a shuffled order):
   ``alloc_pinned_memory``, torch ``pin_memory=True`` and cuda.core
   ``PinnedMemoryResource``.
 
-Targets (DEVELOPERS.md, relaxed from issue 6's "faster than CuPy", which the
-pure-Python floor row shows is out of reach for Python): the 1 MiB pool pair
-ahead of cuda.core and torch and within 1.15x of CuPy's ``malloc_async``; the
-pooled pinned 4 KiB pair within 1.15x of CuPy's pinned pool. All in the same
-run.
+* the block cache (issue 22): ``MemoryPool(cache=True)`` pairs against CuPy's
+  caching ``MemoryPool().malloc`` (direct), and a pure-Python cached floor (a
+  free list keyed by stream and rounded size, an object that gives its block
+  back in ``free()`` or ``__del__``; no checks, no ledger).
+
+Targets (issue 22, point 3; ledger on, all in the same run; each target row
+prints the pure-Python floor of its kind in the same run):
+
+* ``MemoryPool(cache=True).allocate(1 MiB, stream=s).free()`` <= CuPy
+  ``MemoryPool().malloc`` pair (direct), and ahead of cuda.core and torch;
+* the uncached ``MemoryPool`` pair <= 1.35x the raw pair;
+* ``HostBuffer.pooled(4096).close()`` <= 0.8x CuPy's pinned pool.
 Competitors that are not installed are reported as "n/a". On the simulator
 the run is always --quick and the numbers are the simulator's.
 """
@@ -88,6 +95,7 @@ def main() -> None:
     n_pin = 300 if quick else 20000
     n_hostalloc = 5 if quick else 20
     mods = competitors(simulated)
+    stride = 512
     cupy, core, torch = mods["cupy"], mods["cuda.core"], mods["torch"]
 
     s = cm.Stream()
@@ -123,6 +131,54 @@ def main() -> None:
     def memkit_device(k: int) -> None:
         for _ in range(k):
             allocate(nbytes, stream=s).free()
+
+    cached_pool = cm.MemoryPool(0, release_threshold=U64_MAX, cache=True)
+    cached_allocate = cached_pool.allocate
+
+    def memkit_cached(k: int) -> None:
+        for _ in range(k):
+            cached_allocate(nbytes, stream=s).free()
+
+    # The least a pure-Python cache with this API can cost: a free list per (stream,
+    # size rounded to 512 B) looked up in a dict, a slotted object holding its block and
+    # its list, free() and __del__ give the block back; no checks, no ledger, one fixed
+    # stream handle. Not memkit: the yardstick of the cached rows.
+    floor_lists: dict[int, dict[int, list[Any]]] = {}
+
+    class CachedFloor:
+        __slots__ = ("blocks", "d")
+
+        def free(self) -> None:
+            d, self.d = self.d, None
+            self.blocks.append(d)
+
+        def __del__(self) -> None:
+            if self.d is not None:
+                self.blocks.append(self.d)
+
+    floor_h = s.handle
+
+    def cached_floor_allocate(n: int, *, stream: object) -> CachedFloor:
+        r = (n + stride - 1) & -stride
+        sb = floor_lists.get(floor_h)
+        if sb is None:
+            sb = floor_lists[floor_h] = {}
+        blocks = sb.get(r)
+        if blocks is None:
+            blocks = sb[r] = []
+        b = CachedFloor()
+        b.blocks = blocks
+        if blocks:
+            b.d = blocks.pop()
+        else:
+            err, b.d = alloc(r, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+        return b
+
+    def floor_cached(k: int) -> None:
+        for _ in range(k):
+            cached_floor_allocate(nbytes, stream=s).free()
 
     default = cm.MemoryPool.default(0)
     old_threshold = default.release_threshold
@@ -192,7 +248,7 @@ def main() -> None:
         for _ in range(k):
             kept_del_allocate(nbytes, stream=s).free()
 
-    cupy_device = cupy_pool_device = core_device = torch_device = None
+    cupy_device = cupy_pool_device = core_device = torch_device = cupy_caching = None
     if cupy is not None:
         from_external = getattr(cupy.cuda.Stream, "from_external", None)
         cupy_stream = (from_external(s) if from_external is not None
@@ -203,6 +259,14 @@ def main() -> None:
             with cupy_stream:
                 for _ in range(k):
                     p = malloc_async(nbytes)
+                    del p
+
+        caching_malloc = cupy.cuda.MemoryPool().malloc  # CuPy's caching pool, direct
+
+        def cupy_caching(k: int) -> None:
+            with cupy_stream:
+                for _ in range(k):
+                    p = caching_malloc(nbytes)
                     del p
 
         try:  # CuPy on the very pool memkit and raw use
@@ -242,10 +306,16 @@ def main() -> None:
         {"raw": raw_device, "memkit": memkit_device, "cupy": cupy_device,
          "cuda.core": core_device, "torch": torch_device, "raw default": raw_default,
          "memkit default": memkit_default, "cupy pool": cupy_pool_device,
-         "floor": floor_device, "floor kept del": floor_kept_del},
+         "floor": floor_device, "floor kept del": floor_kept_del,
+         "memkit cached": memkit_cached, "cupy MemoryPool": cupy_caching,
+         "floor cached": floor_cached},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
-                       "memkit default", "cupy pool", "floor", "floor kept del"), n_dev),
+                       "memkit default", "cupy pool", "floor", "floor kept del",
+                       "memkit cached", "cupy MemoryPool", "floor cached"), n_dev),
         samples, sync, 6)
+    for blocks in (b for sb in floor_lists.values() for b in sb.values()):
+        while blocks:
+            check(free(blocks.pop(), cus))
 
     # -- 4 KiB pinned buffers ---------------------------------------------------------------
     small = 4096
@@ -340,71 +410,78 @@ def main() -> None:
     default.trim()
     host_pool.close()
     pool.close()
+    cached_pool.close()
     s.close()
 
     # -- table -------------------------------------------------------------------------------
     rows: list[dict[str, Any]] = []
 
     def row(case: str, value: float | None, ref: float | None, target: str,
-            ok: bool | None) -> None:
+            ok: bool | None = None, floor: float | None = None) -> None:
         rows.append({"case": case, "us": None if value is None else value * 1e6,
                      "ratio": None if value is None or not ref else value / ref,
-                     "target": target, "ok": ok})
+                     "target": target, "ok": ok,
+                     "floor_us": None if floor is None else floor * 1e6})
 
-    def faster(a: float | None, b: float | None) -> bool | None:
-        return None if a is None or b is None else a < b
-
-    def within(peer: str, a: float | None, b: float | None) -> tuple[str, bool | None]:
+    def at_most(a: float | None, b: float | None, bound: float, peer: str
+                ) -> tuple[str, bool | None]:
         if a is None or not b:
-            return f"<= 1.15x {peer}", None
-        return f"<= 1.15x {peer} ({a / b:.2f}x)", a / b <= 1.15
+            return f"<= {bound:g}x {peer} (n/a)", None
+        return f"<= {bound:g}x {peer} ({a / b:.2f}x)", a / b <= bound
+
+    def ahead(a: float | None, b: float | None, peer: str) -> tuple[str, bool | None]:
+        if a is None or b is None:
+            return f"ahead of {peer} (n/a)", None
+        return f"ahead of {peer} ({a / b:.2f}x)", a < b
 
     d = device
-    mk = d["memkit"]
+    mk, mc, fl = d["memkit"], d["memkit cached"], d["floor cached"]
     row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
-        "reference", None)
-    row("1 MiB: MemoryPool.allocate(stream=s).free()", mk, d["raw"],
-        *within("CuPy", mk, d["cupy"]))
-    row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "info", None)
-    row("1 MiB: cuda.core Device.allocate + Buffer.close", d["cuda.core"], d["raw"],
-        "memkit faster", faster(mk, d["cuda.core"]))
-    row("1 MiB: torch.empty(device='cuda')", d["torch"], d["raw"], "memkit faster",
-        faster(mk, d["torch"]))
-    row("1 MiB: raw pair on the device's default pool", d["raw default"], d["raw"], "info",
-        None)
+        "reference")
+    row("1 MiB: MemoryPool(cache=True).allocate(stream=s).free()", mc, d["raw"],
+        *at_most(mc, d["cupy MemoryPool"], 1.0, "CuPy MemoryPool().malloc"), floor=fl)
+    row("   the same row", mc, d["raw"], *ahead(mc, d["cuda.core"], "cuda.core"), floor=fl)
+    row("   the same row", mc, d["raw"], *ahead(mc, d["torch"], "torch"), floor=fl)
+    row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
+        *at_most(mk, d["raw"], 1.35, "raw pair"), floor=d["floor"])
+    row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", d["cupy MemoryPool"], d["raw"],
+        "info")
+    row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "info")
+    row("1 MiB: cuda.core Device.allocate + Buffer.close", d["cuda.core"], d["raw"], "info")
+    row("1 MiB: torch.empty(device='cuda')", d["torch"], d["raw"], "info")
+    row("1 MiB: raw pair on the device's default pool", d["raw default"], d["raw"], "info")
     row("1 MiB: MemoryPool.default(0).allocate(stream=s).free()", d["memkit default"],
-        d["raw"], "info", None)
+        d["raw"], "info")
     row("1 MiB: CuPy MemoryAsyncPool(pool_handles=pool).malloc", d["cupy pool"], d["raw"],
-        "info", None)
+        "info")
+    row("1 MiB: pure-Python cached floor (free list; not memkit)", fl, d["raw"], "info")
     row("1 MiB: pure-Python floor (1 slot, no checks; not memkit)", d["floor"], d["raw"],
-        "info", None)
+        "info")
     row("1 MiB: the floor keeping __del__ after free (no class swap)", d["floor kept del"],
-        d["raw"], "info", None)
+        d["raw"], "info")
     p = pinned
-    row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference",
-        None)
-    row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
-        "info", None)
+    row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
-        *within("CuPy pinned", p["memkit"], p["cupy"]))
-    row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info",
-        None)
-    row("4 KiB pinned: CuPy alloc_pinned_memory", p["cupy"], p["raw"], "info", None)
-    row("4 KiB pinned: torch.empty(pin_memory=True)", p["torch"], p["raw"], "info", None)
-    row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info", None)
-    row("4 KiB pinned: pure-Python floor (free list; not memkit)", p["floor"],
-        p["raw"], "info", None)
+        *at_most(p["memkit"], p["cupy"], 0.8, "CuPy pinned pool"), floor=p["floor"])
+    row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
+        "info")
+    row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info")
+    row("4 KiB pinned: CuPy alloc_pinned_memory", p["cupy"], p["raw"], "info")
+    row("4 KiB pinned: torch.empty(pin_memory=True)", p["torch"], p["raw"], "info")
+    row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info")
+    row("4 KiB pinned: pure-Python floor (free list; not memkit)", p["floor"], p["raw"], "info")
 
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
     print(f"bench_pool on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {samples} samples; time per alloc+free pair, loops of "
           f"{n_dev} (device) / {n_pin} (pinned) pairs, {n_hostalloc} for cuMemHostAlloc")
-    print(f"{'case':58} {'us/pair':>10} {'vs raw':>9}  target")
+    print(f"{'case':58} {'us/pair':>10} {'vs raw':>9} {'floor us':>9}  target")
     for r in rows:
         value = "n/a" if r["us"] is None else f"{r['us']:10.3f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
+        floor = "" if r["floor_us"] is None else f"{r['floor_us']:9.3f}"
         verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
-        print(f"{r['case']:58} {value:>10} {ratio:>9}  {r['target']}{verdict}")
+        print(f"{r['case']:58} {value:>10} {ratio:>9} {floor:>9}  {r['target']}{verdict}")
     print("note: the raw cuMemHostAlloc pair is cheap here because other small pinned "
           "allocations are alive (CuPy's and torch's pinned caches), so the driver does not "
           "unpin its chunk at each free; alone, a 4 KiB pair costs ~0.7 ms on the H100 "

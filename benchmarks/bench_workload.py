@@ -1,0 +1,204 @@
+"""A training-loop-like CuPy workload under four allocators (issue 22, point 4).
+
+    python benchmarks/bench_workload.py [--json PATH] [--quick]
+
+A two-layer MLP in CuPy, forward and backward by hand with an SGD update
+(``relu(x @ W1 + b1) @ W2``, squared loss; every step makes temporaries, and
+cuBLAS asks for its workspace), at three sizes, time per iteration (median
+over interleaved samples; each sample runs a loop of iterations, then
+synchronizes). CuPy's allocator is set to, in turn:
+
+* ``malloc_async`` (CuPy's stream-ordered allocator on the default pool);
+* CuPy's default caching ``MemoryPool``;
+* the memkit adaptor uncached (``cupy_allocator(cache=False)``);
+* the memkit adaptor cached (``cupy_allocator()``, the default);
+* the pure-Python cached floor (a free list per stream and rounded size;
+  not memkit).
+
+Ratios are against ``malloc_async`` of the same size in the same run. The
+targets of issue 22 for a workload are in ``bench_frameworks``; this table is
+the "real workload" the issue asks for (info rows). Needs CuPy and a GPU: on
+the simulator it prints that and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from harness import Loop, backend, measure
+
+SIZES = {"small": (64, 256, 512), "medium": (256, 1024, 2048), "large": (1024, 4096, 4096)}
+
+
+def mlp(cupy: Any, batch: int, dim: int, hidden: int) -> Callable[[], None]:
+    """One training step of a 2-layer MLP (its arrays made now, with CuPy's allocator then)."""
+    rng = cupy.random.default_rng(0)
+    x = rng.standard_normal((batch, dim), dtype=cupy.float32)
+    t = rng.standard_normal((batch, dim), dtype=cupy.float32)
+    w1 = rng.standard_normal((dim, hidden), dtype=cupy.float32) * 0.01
+    b1 = cupy.zeros(hidden, dtype=cupy.float32)
+    w2 = rng.standard_normal((hidden, dim), dtype=cupy.float32) * 0.01
+    lr = cupy.float32(1e-3)
+
+    def step() -> None:
+        pre = x @ w1 + b1
+        h = cupy.maximum(pre, 0)
+        y = h @ w2
+        diff = y - t
+        loss = (diff * diff).mean()
+        dy = diff * (2.0 / diff.size)
+        dw2 = h.T @ dy
+        dh = (dy @ w2.T) * (pre > 0)
+        dw1 = x.T @ dh
+        db1 = dh.sum(axis=0)
+        w1[...] -= lr * dw1
+        b1[...] -= lr * db1
+        w2[...] -= lr * dw2
+        del loss
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter samples")
+    args = ap.parse_args()
+
+    import cuda_memkit as cm
+    from cuda_memkit import allocators
+
+    backend_name, simulated, raw = backend()
+    if simulated:
+        print(f"bench_workload on backend {backend_name}: needs CuPy on a GPU; not measured")
+        return
+    try:
+        import cupy
+    except Exception as exc:  # absent or broken: nothing to measure
+        print(f"bench_workload: CuPy not usable: {exc!r}")
+        return
+    from cuda.bindings import driver as cu
+
+    samples = 5 if args.quick else 11
+    iters = {"small": 20 if args.quick else 300, "medium": 10 if args.quick else 100,
+             "large": 5 if args.quick else 20}
+
+    def sync() -> None:
+        (err,) = raw.cuCtxSynchronize()
+        if err:
+            raise RuntimeError(err)
+
+    s = cm.Stream()
+    stream = cupy.cuda.ExternalStream(s.handle)
+    stream.use()
+    default = cm.MemoryPool.default(0)
+    old_threshold = default.release_threshold
+    default.release_threshold = (1 << 64) - 1
+    previous = cupy.cuda.get_allocator()
+    cupy_pool = cupy.cuda.MemoryPool()
+
+    # The pure-Python cached floor (not memkit): as in bench_frameworks.
+    unowned, pointer = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer
+    alloc_fn, free_fn = raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync
+    floor_pool = cu.CUmemoryPool(default.handle)
+    floor_lists: dict[int, dict[int, list[Any]]] = {}
+    floor_custreams: dict[int, Any] = {}
+    get_stream = cupy.cuda.get_current_stream
+
+    class FloorMemory(unowned):  # type: ignore[misc, valid-type]
+        __slots__ = ("blocks", "d")
+
+        def __del__(self) -> None:
+            self.blocks.append(self.d)
+
+    def floor_allocator(size: int) -> Any:
+        st = get_stream()
+        h = st.ptr
+        r = (size + 511) & -512
+        sb = floor_lists.get(h)
+        if sb is None:
+            sb = floor_lists[h] = {}
+            floor_custreams[h] = cu.CUstream(h)
+        blocks = sb.get(r)
+        if blocks is None:
+            blocks = sb[r] = []
+        if blocks:
+            d = blocks.pop()
+        else:
+            err, d = alloc_fn(r, floor_pool, floor_custreams[h])
+            if err:
+                raise RuntimeError(err)
+        m = FloorMemory(int(d), size, st, 0)
+        m.d = d
+        m.blocks = blocks
+        return pointer(m, 0)
+
+    allocs: dict[str, Callable[[int], Any]] = {
+        "malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
+        "memkit uncached": allocators.cupy_allocator(cache=False),
+        "memkit cached": allocators.cupy_allocator(),
+        "floor cached": floor_allocator}
+
+    results: dict[str, dict[str, float | None]] = {}
+    for size, (batch, dim, hidden) in SIZES.items():
+        step = mlp(cupy, batch, dim, hidden)
+
+        def under(fn: Callable[[int], Any], step: Callable[[], None] = step) -> Loop:
+            def loop(k: int) -> None:
+                cupy.cuda.set_allocator(fn)
+                for _ in range(k):
+                    step()
+            return loop
+
+        try:
+            cases: dict[str, Loop | None] = {name: under(fn) for name, fn in allocs.items()}
+            results[size] = measure(cases, dict.fromkeys(cases, iters[size]), samples, sync, 22)
+        finally:
+            cupy.cuda.set_allocator(previous)
+        del step
+
+    cupy.cuda.set_allocator(previous)
+    cupy.cuda.Stream.null.use()
+    sync()
+    for fsb in floor_lists.values():
+        for fblocks in fsb.values():
+            while fblocks:
+                free_fn(fblocks.pop(), floor_custreams[next(iter(floor_custreams))])
+    cache_mod = sys.modules.get("cuda_memkit._pools._cache")
+    if cache_mod is not None:
+        cache_mod.empty_all()
+    cupy_pool.free_all_blocks()
+    sync()
+    default.release_threshold = old_threshold
+    default.trim()
+    s.close()
+
+    rows: list[dict[str, Any]] = []
+    print(f"bench_workload on backend {backend_name} ({cm.Device(0).name}), CuPy "
+          f"{cupy.__version__}")
+    print(f"median of {samples} samples; a 2-layer MLP forward+backward+SGD step per iteration")
+    print(f"{'case':56} {'us/iter':>10} {'vs malloc_async':>16}")
+    for size, res in results.items():
+        batch, dim, hidden = SIZES[size]
+        ref = res["malloc_async"]
+        for name in allocs:
+            v = res[name]
+            ratio = None if v is None or not ref else v / ref
+            rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): {name}",
+                         "us": None if v is None else v * 1e6, "ratio": ratio})
+            r = rows[-1]
+            value = "n/a" if r["us"] is None else f"{r['us']:10.1f}"
+            rt = "" if ratio is None else f"{ratio:15.3f}x"
+            print(f"{r['case']:56} {value:>10} {rt:>16}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": backend_name, "cupy": cupy.__version__, "samples": samples,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
