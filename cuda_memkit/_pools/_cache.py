@@ -203,7 +203,9 @@ def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
 
 #: Every open cache, for the stream close hook and empty_all().
 _caches: weakref.WeakSet[BlockCache] = weakref.WeakSet()
-_caches_lock = threading.Lock()
+# Re-entrant: a garbage collection inside a locked block may collect a Stream, whose
+# close hook takes the same locks on the same thread.
+_caches_lock = threading.RLock()
 
 
 class BlockCache:
@@ -256,7 +258,7 @@ class BlockCache:
         self.peak = 0
         self.misses = 0
         self.released = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entrant: see _caches_lock
         account.caches.append(self)
         with _caches_lock:
             _caches.add(self)
