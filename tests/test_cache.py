@@ -324,3 +324,20 @@ def _root() -> Any:
     import pathlib
 
     return pathlib.Path(cm.__file__).resolve().parent.parent
+
+
+def test_a_host_pool_with_a_cache_shares_it_with_pooled_buffers(stream: cm.Stream) -> None:
+    with cm.MemoryPool(location=cm.Location.host(), cache=True, cache_limit=MiB) as hp:
+        h = cm.HostBuffer.pooled(4096, pool=hp)
+        ptr = h.ptr
+        h.close()
+        assert hp.cached_bytes == 4096  # in the pool's own cache (its limit applies)
+        b = hp.allocate(4096, stream=stream)  # another stream's lists: not that block
+        assert b.ptr != ptr
+        b.free()
+        assert hp.cached_bytes == 8192
+        again = cm.HostBuffer.pooled(4000, pool=hp)
+        assert again.ptr == ptr
+        again.close()
+        stream.synchronize()
+    assert hp.cached_bytes == 0

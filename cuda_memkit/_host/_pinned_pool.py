@@ -95,6 +95,11 @@ class HostCache:
         return self.blocks.cached
 
     @property
+    def block_cache(self) -> BlockCache:
+        """The pool's block cache (what the pool counts and empties)."""
+        return self.blocks
+
+    @property
     def open(self) -> bool:
         """Whether blocks go back to the cache (false once closed)."""
         return self.blocks.open and self.stream is not None

@@ -268,6 +268,11 @@ class BlockCache:
         """Whether the cache takes blocks back (false once closed)."""
         return self.limit >= 0
 
+    @property
+    def block_cache(self) -> BlockCache:
+        """Itself (what a pool asks every cache in front of it for; see MemoryPool.cached_bytes)."""
+        return self
+
     def bins(self, handle: int, cus: Any, owner: object = None) -> dict[int, list[Any]]:
         """The free lists of stream ``handle`` (made on first use).
 

@@ -554,10 +554,15 @@ class MemoryPool(PoolAttributes, Resource):
         """The block cache ``allocate()`` lends from (``cache=True``), else ``None``."""
         return self._cache
 
+    def _block_caches(self) -> list[BlockCache]:
+        """The block caches in front of the pool, each once (a pinned cache shares the pool's)."""
+        unique = {id(c.block_cache): c.block_cache for c in list(self._caches)}
+        return list(unique.values())
+
     @property
     def cached_bytes(self) -> int:
         """Bytes freed by their users and held by the caches in front of the pool."""
-        return sum(c.cached for c in self._caches)
+        return sum(c.cached for c in self._block_caches())
 
     def empty_cache(self) -> int:
         """Give every block the caches in front of the pool hold back to it (``cuMemFreeAsync``).
@@ -571,7 +576,7 @@ class MemoryPool(PoolAttributes, Resource):
         int
             The bytes released.
         """
-        return sum(cache.clear() for cache in list(self._caches))
+        return sum(cache.clear() for cache in self._block_caches())
 
     # -- IPC ---------------------------------------------------------------------------
     def export(self) -> int:
@@ -736,7 +741,7 @@ def default_cache(device: int = 0) -> BlockCache:
 
 
 def attach_cache(pool: MemoryPool, cache: Any) -> None:
-    """Put ``cache`` (with ``clear()`` and ``close()``) in front of ``pool``.
+    """Put ``cache`` (with ``clear()``, ``close()`` and ``block_cache``) in front of ``pool``.
 
     The pool clears it in :meth:`~MemoryPool.trim` and before it decides
     whether memory is still in use (``close()``), and closes it before the
