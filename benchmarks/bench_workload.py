@@ -164,10 +164,10 @@ def main() -> None:
     cupy.cuda.set_allocator(previous)
     cupy.cuda.Stream.null.use()
     sync()
-    for fsb in floor_lists.values():
+    for h, fsb in floor_lists.items():
         for fblocks in fsb.values():
             while fblocks:
-                free_fn(fblocks.pop(), floor_custreams[next(iter(floor_custreams))])
+                free_fn(fblocks.pop(), floor_custreams[h])
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
     if cache_mod is not None:
         cache_mod.empty_all()
