@@ -292,13 +292,13 @@ class PoolBufferKind(Kind):
 class CachedPoolBufferKind(PoolBufferKind):
     """PoolBuffers of a ``MemoryPool(cache=True)``: blocks through the block cache."""
 
-    name = "PoolBuffer cached"
+    name = "PoolBuffer.cached"
 
 
 # The slowest kind (cuMemHostRegister pins every page) runs last: each kind gets an
 # equal share of what is left of the budget, so it inherits what the others left.
 KIND_NAMES = ("HostBuffer", "HostBuffer.pooled", "DeviceBuffer", "ManagedBuffer",
-              "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "PoolBuffer cached",
+              "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "PoolBuffer.cached",
               "register_host")
 
 
@@ -418,7 +418,7 @@ def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
     """Run ``cycles`` cycles of kind ``name`` (stopping at ``time_cap`` seconds)."""
     res = Result(name, cycles)
     pool = (cm.MemoryPool(0) if name == "PoolBuffer" else
-            cm.MemoryPool(0, cache=True) if name == "PoolBuffer cached" else None)
+            cm.MemoryPool(0, cache=True) if name == "PoolBuffer.cached" else None)
     where = variants()
     share = [cycles // len(where) + (1 if k < cycles % len(where) else 0)
              for k in range(len(where))]
