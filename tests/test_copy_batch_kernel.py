@@ -440,3 +440,153 @@ def test_unsorted_blocks_in_one_buffer_still_refuse_aliasing(dev: cm.DeviceBuffe
     got = dev.to_numpy().reshape(N, B)
     for d, s in zip(d_off // B, (s_off + B) // B, strict=True):
         assert (got[d] == before.reshape(N, B)[s]).all()
+
+
+# -- CopyBatch: descriptors kept on the device ------------------------------------------------
+
+
+def _device_bytes() -> int:
+    from cuda_memkit._core._resource import LEDGER
+
+    return sum(a.current for (kind, _d, _p), a in LEDGER.items() if kind == "device")
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+@pytest.mark.parametrize("use_stream", [False, True])
+def test_copy_batch_keeps_its_descriptors_on_the_device(
+        direction: str, use_stream: bool, host: cm.HostBuffer, host_out: cm.HostBuffer,
+        dev: cm.DeviceBuffer, dev_out: cm.DeviceBuffer, perm: np.ndarray, stream: cm.Stream,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    dst, src = _pair(direction, host, host_out, dev, dev_out)
+    s = stream if use_stream else None
+    before = _device_bytes()
+    with CopyBatch() as b:
+        b.add(dst, src, dst_offsets=perm * B, src_offsets=np.arange(N) * B, sizes=B)
+        assert b.device_nbytes == 0
+        with record_calls(monkeypatch) as first:
+            b.execute(stream=s, method="kernel")
+        assert launches(first) == 1 and b.device_nbytes == 2 * N * 8
+        assert _device_bytes() == before + b.device_nbytes  # in the ledger
+        if isinstance(dst, cm.HostBuffer):
+            dst.array[:] = 0
+        else:
+            dst.memset(0)
+        with record_calls(monkeypatch) as again:
+            b.execute(stream=s, method="kernel")
+        names = [api for api, _ in again]
+        assert names.count("cuLaunchKernel") == 1
+        # one launch: no descriptor allocation, upload or free
+        assert not {"cuMemAllocAsync", "cuMemFreeAsync", "cuMemAlloc", "cuMemcpyHtoDAsync",
+                    "cuMemcpyHtoD"} & set(names)
+        if s is not None:
+            s.synchronize()
+        got = read(dst)
+        want = read(src)
+        for i, slot in enumerate(perm):
+            assert (got[slot * B: (slot + 1) * B] == want[i * B: (i + 1) * B]).all()
+    assert b.closed and b.device_nbytes == 0
+    if s is not None:
+        s.synchronize()
+        from cuda_memkit._core._operands import reap_pending
+
+        reap_pending()
+    assert _device_bytes() == before
+    with pytest.raises(cm.ClosedError):
+        b.execute()
+    with pytest.raises(cm.ClosedError):
+        b.add(dst, src, dst_offsets=[0], src_offsets=[0], sizes=B)
+    b.close()  # again: nothing
+
+
+def test_copy_batch_closed_in_flight_frees_its_descriptors_after_the_stream(
+        host: cm.HostBuffer, dev_out: cm.DeviceBuffer, stream: cm.Stream) -> None:
+    import weakref
+
+    from cuda_memkit._core._operands import reap_pending
+
+    b = CopyBatch().add(dev_out, host, dst_offsets=[B, 0], src_offsets=[0, B], sizes=B)
+    b.execute(stream=stream, method="kernel")
+    buf = weakref.ref(b._memo.resident.buf)
+    b.close()
+    stream.synchronize()
+    reap_pending()
+    assert buf() is None
+    got = dev_out.to_numpy()
+    assert (got[B: 2 * B] == host.array[:B]).all() and (got[:B] == host.array[B: 2 * B]).all()
+
+
+def test_copy_batch_collected_frees_its_descriptors(host: cm.HostBuffer,
+                                                    dev_out: cm.DeviceBuffer) -> None:
+    before = _device_bytes()
+    b = CopyBatch().add(dev_out, host, dst_offsets=[B], src_offsets=[0], sizes=B)
+    b.execute(method="kernel")
+    assert _device_bytes() > before
+    del b
+    assert _device_bytes() == before
+
+
+def test_copy_batch_owns_its_blocks(host: cm.HostBuffer, dev_out: cm.DeviceBuffer) -> None:
+    """Arrays the caller changes after add() change nothing: what was checked is what runs."""
+    d_off = np.array([0, B], np.int64)
+    s_off = np.array([B, 0], np.int64)
+    with CopyBatch() as b:
+        b.add(dev_out, host, dst_offsets=d_off, src_offsets=s_off, sizes=B)
+        d_off[:] = 10 * N * B  # far out of range, had the batch kept the caller's array
+        s_off[:] = 0
+        b.execute(method="kernel")
+        b.execute(method="driver")
+    got = dev_out.to_numpy()
+    assert (got[:B] == host.array[B: 2 * B]).all() and (got[B: 2 * B] == host.array[:B]).all()
+
+
+def test_copy_batch_checks_new_pairs_across_the_old_ones(host: cm.HostBuffer,
+                                                         dev_out: cm.DeviceBuffer) -> None:
+    with CopyBatch() as b:
+        b.add(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B)
+        b.execute(method="kernel")
+        b.add(dev_out, host, dst_offsets=[B // 2], src_offsets=[B], sizes=B)
+        with pytest.raises(ValueError, match="overlap"):
+            b.execute(method="kernel")
+
+
+def test_copy_batch_rebuilds_descriptors_when_the_kernel_pairs_change(
+        host: cm.HostBuffer, dev: cm.DeviceBuffer, dev_out: cm.DeviceBuffer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with CopyBatch() as b:
+        b.add(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B)
+        b.execute(method="kernel")
+        one = b.device_nbytes
+        b.add(dev_out, dev, dst_offsets=[2 * B, 3 * B], src_offsets=[0, 5 * B],
+              sizes=[B, 100])
+        with record_calls(monkeypatch) as calls:
+            b.execute(method="kernel")
+        assert launches(calls) == 1 and b.device_nbytes == 3 * 3 * 8 > one
+        got = dev_out.to_numpy()
+        assert (got[:B] == host.array[:B]).all()
+        d = dev.to_numpy()
+        assert (got[2 * B: 3 * B] == d[:B]).all()
+        assert (got[3 * B: 3 * B + 100] == d[5 * B: 5 * B + 100]).all()
+
+
+# -- "auto" thresholds by direction -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("direction", "kernel"), [("h2d", False), ("d2h", False),
+                                                   ("d2d", True)])
+def test_auto_threshold_is_per_direction(direction: str, kernel: bool, host: cm.HostBuffer,
+                                         host_out: cm.HostBuffer, dev: cm.DeviceBuffer,
+                                         dev_out: cm.DeviceBuffer,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks between the two thresholds: the kernel device to device only."""
+    monkeypatch.setattr(_kernels, "KERNEL_THRESHOLD", 4 * KiB)
+    monkeypatch.setattr(_kernels, "KERNEL_THRESHOLD_D2D", 16 * KiB)
+    dst, src = _pair(direction, host, host_out, dev, dev_out)
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dst, src, dst_offsets=[0, 16 * B], src_offsets=[8 * B, 0], sizes=2 * B)
+    assert launches(calls) == (1 if kernel else 0)
+    got, want = read(dst), read(src)
+    assert (got[:2 * B] == want[8 * B: 10 * B]).all()
+    assert (got[16 * B: 18 * B] == want[:2 * B]).all()
+    with record_calls(monkeypatch) as calls:
+        copy_batch(dst, src, dst_offsets=[0, 16 * B], src_offsets=[8 * B, 0], sizes=4 * B)
+    assert launches(calls) == 0  # at the D2D threshold too: the driver

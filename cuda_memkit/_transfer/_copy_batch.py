@@ -67,6 +67,7 @@ from .._core._operands import (
     pending_operands,
     reap_pending,
 )
+from .._core._resource import Resource, State
 from . import _kernels
 
 if TYPE_CHECKING:
@@ -303,9 +304,17 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
     import numpy as np
 
     b = int(z[0])
-    if not (z == b).all() or (d % b).any():
+    if b <= 0 or not (z == b).all():
         return False
-    slot = d // b
+    if b & (b - 1) == 0:  # a power of two: a mask and a shift instead of int64 division
+        shift = b.bit_length() - 1
+        if (d & (b - 1)).any():
+            return False
+        slot = d >> shift
+    else:
+        if (d % b).any():
+            return False
+        slot = d // b
     top = int(slot.max())
     if top > 4 * len(d) + 1024:
         return False
@@ -530,9 +539,25 @@ def _issue_loop(groups: list[_Group], stream: int) -> None:
                 check("cuMemcpyAsync", res)
 
 
+class _Memo:
+    """What a :class:`CopyBatch` keeps between executions (its blocks never change)."""
+
+    __slots__ = ("checked", "resident")
+
+    def __init__(self) -> None:
+        #: The operand addresses at which the pairs passed :func:`_check_hazards`.
+        self.checked: tuple[int, ...] | None = None
+        self.resident = _kernels.Resident()
+
+
 def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: bool,
-         method: str) -> None:
-    """Check across groups, then issue the kernel and the batch (or the loop) on the stream."""
+         method: str, memo: _Memo | None = None) -> None:
+    """Check across groups, then issue the kernel and the batch (or the loop) on the stream.
+
+    With ``memo`` (a :class:`CopyBatch`), the cross-pair check is skipped while
+    the operands are where they were when it passed, and the kernel's
+    descriptors stay on the device.
+    """
     h = 0 if sync else stream_handle(stream)
     if not sync and not allow_pageable:
         for g in groups:
@@ -543,7 +568,14 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
                     "from or to it is staged by the driver and serialises with the host. "
                     "Use a HostBuffer, page-lock it with register_host(), copy without "
                     "stream= (synchronous), or pass allow_pageable=True")
-    _check_hazards(groups)
+    if memo is None:
+        _check_hazards(groups)
+    else:
+        where = tuple(x for g in groups for x in (g.dst_op[0], g.src_op[0]))
+        if memo.checked != where:
+            memo.checked = None
+            _check_hazards(groups)
+            memo.checked = where
     if not any(g.nbytes for g in groups):
         return
     if pending_operands:
@@ -560,8 +592,12 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
         rest = [g for g in groups if id(g) not in taken]
     main, side = _duplex(rest)
     done = False
+    hold: tuple[Any, ...] = ()
     try:
-        _kernels.launch(picked, issue_on)
+        if memo is not None and picked:
+            hold = (memo.resident.launch(picked, issue_on, sync),)
+        else:
+            _kernels.launch(picked, issue_on)
         try:
             if side:
                 _issue_forked(main, side, issue_on)
@@ -575,17 +611,18 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     finally:
         # Also when the driver refused a later call (int addresses): the calls
         # before it are in flight and read or write the operands.
-        _settle(groups, issue_on, sync, done)
+        _settle(groups, issue_on, sync, done, hold)
 
 
-def _settle(groups: list[_Group], stream: int, sync: bool, done: bool) -> None:
+def _settle(groups: list[_Group], stream: int, sync: bool, done: bool,
+            hold: tuple[Any, ...] = ()) -> None:
     """Wait for the batch (synchronous) or hold its operands until the stream is done.
 
     After a refused call (``done`` False) the driver's refusal is the error to
     report: a failure here is then dropped.
     """
     refs = tuple(x for g in groups for x, op in ((g.dst, g.dst_op), (g.src, g.src_op))
-                 if op[3] != RAW)
+                 if op[3] != RAW) + hold
     try:
         if sync:
             _driver.call("cuStreamSynchronize", stream)
@@ -704,7 +741,14 @@ def copy_batch(
     return dst
 
 
-class CopyBatch:
+def _frozen(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A read-only copy of ``a``."""
+    out: np.ndarray[Any, Any] = a.copy()
+    out.flags.writeable = False
+    return out
+
+
+class CopyBatch(Resource):
     """Several (destination, source) block lists issued as one batch.
 
     Each :meth:`add` is checked like :func:`copy_batch`; :meth:`execute` also
@@ -729,6 +773,25 @@ class CopyBatch:
 
     def __init__(self) -> None:
         self._groups: list[_Group] = []
+        self._memo = _Memo()
+        self._open(None)  # the device memory it may hold is a DeviceBuffer's, with its finalizer
+
+    def close(self) -> None:
+        """Free the kernel descriptors kept on the device; the batch cannot run any more.
+
+        Descriptors a stream may still read (an :meth:`execute` with
+        ``stream=`` not waited for) are freed once that stream has run them.
+        Calling it again does nothing; ``with CopyBatch() as b:`` closes on exit.
+        """
+        if self._state is State.OPEN:
+            self._memo.resident.release()
+            self._groups = []
+        super().close()
+
+    @property
+    def device_nbytes(self) -> int:
+        """Device bytes this batch holds: the kernel's descriptors (0 until the kernel ran)."""
+        return self._memo.resident.nbytes
 
     def add(self, dst: Any, src: Any, *, dst_offsets: Any = None, src_offsets: Any = None,
             sizes: Any = None, blocks: Any = None, src_location: LocationLike | None = None,
@@ -740,8 +803,13 @@ class CopyBatch:
         CopyBatch
             This batch (chainable).
         """
-        self._groups.append(_Group(dst, src, dst_offsets, src_offsets, sizes, blocks,
-                                   src_location, dst_location))
+        self._check_open()
+        g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location)
+        # The blocks are the batch's own, read-only copies: the caller may reuse
+        # its arrays, and what was checked here is what every execute() runs.
+        g.d, g.s, g.z = (_frozen(a) for a in (g.d, g.s, g.z))
+        self._groups.append(g)
+        self._memo.checked = None
         return self
 
     def __len__(self) -> int:
@@ -782,10 +850,11 @@ class CopyBatch:
         ClosedError
             If an operand was closed since :meth:`add`.
         """
+        self._check_open()
         _kernels.check_method(method)
         for g in self._groups:
             g.refresh()
-        _run(self._groups, stream, stream is None, allow_pageable, method)
+        _run(self._groups, stream, stream is None, allow_pageable, method, self._memo)
 
     def __repr__(self) -> str:
         return (f"<CopyBatch {len(self._groups)} pairs, {self.blocks} blocks, "

@@ -42,6 +42,7 @@ from .._core._errors import CudaError
 from .._core._operands import (
     HOST,
     MEMORYTYPE_HOST,
+    PINNED,
     RAW,
     is_pinned_host,
     memory_type,
@@ -50,15 +51,19 @@ from .._core._operands import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["KERNEL_THRESHOLD", "METHODS", "copy_function", "kernel_groups", "launch"]
+__all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "copy_function",
+           "kernel_groups", "launch"]
 
-KiB = 1 << 10
+KiB, MiB = 1 << 10, 1 << 20
 
-#: ``method="auto"`` copies a pair with the kernel when its blocks (after merging
-#: contiguous ones) average fewer bytes than this, else with the driver batch,
-#: whose fixed cost per copy dominates small blocks only. A placeholder until
-#: the H100 run of ``scripts/probes/kernel_threshold_probe.py`` decides it.
+#: ``method="auto"`` copies a pair between host and device with the kernel when
+#: its blocks (after merging contiguous ones) average fewer bytes than this, else
+#: with the driver batch, whose fixed cost per copy dominates small blocks only
+#: (the H100 threshold probe: see docs/decisions.md).
 KERNEL_THRESHOLD = 64 * KiB
+#: The same for pairs within device memory, where the driver batch is slower still
+#: (its copies are device-to-device copy-engine work): the kernel leads far longer.
+KERNEL_THRESHOLD_D2D = 2 * MiB
 #: Values of ``copy_batch(method=...)``.
 METHODS = ("auto", "kernel", "driver")
 #: Threads per CTA; groups of 32..256 lanes of a CTA copy one block each.
@@ -165,6 +170,12 @@ def check_method(method: Any) -> str:
     return method
 
 
+def threshold(group: Any) -> int:
+    """The ``"auto"`` block-size threshold of a pair: by whether a side is host memory."""
+    host = any(op[3] in (HOST, PINNED) for op in (group.dst_op, group.src_op))
+    return KERNEL_THRESHOLD if host else KERNEL_THRESHOLD_D2D
+
+
 def kernel_groups(groups: Sequence[Any], method: str, stream: int
                   ) -> list[tuple[Any, int, int]]:
     """``(group, destination address, source address)`` of the pairs the kernel copies.
@@ -187,7 +198,7 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
         return []
     if method == "auto":
         live = [g for g in live if g.dst_op[3] != RAW and g.src_op[3] != RAW
-                and g.nbytes < KERNEL_THRESHOLD * len(g.z)]
+                and g.nbytes < threshold(g) * len(g.z)]
         if not live:
             return []
     ensure_any_context()
@@ -226,6 +237,67 @@ def lanes_for(max_block: int) -> int:
     return min(THREADS, max(32, 1 << (want - 1).bit_length()))
 
 
+class Prepared:
+    """One launch's descriptors, built on the host: see :func:`prepare`."""
+
+    __slots__ = ("bases", "desc", "grid", "lanes", "n", "size")
+
+    def __init__(self, desc: Any, n: int, size: int, lanes: int, grid: int,
+                 bases: tuple[int, int]) -> None:
+        #: ``[dst offsets | src offsets | sizes unless uniform]`` (uint64).
+        self.desc = desc
+        self.n, self.size, self.lanes, self.grid, self.bases = n, size, lanes, grid, bases
+
+    def params(self, base: int) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        """``cuLaunchKernel``'s parameters with the descriptors at device address ``base``."""
+        n = self.n
+        sizes = 0 if self.size else base + 16 * n
+        return ((self.bases[0], self.bases[1], base, base + 8 * n, sizes, self.size, n,
+                 self.lanes), _PARAM_TYPES)
+
+
+def prepare(picked: Sequence[tuple[Any, int, int]], sms: int) -> Prepared:
+    """The descriptors of ``picked`` (from :func:`kernel_groups`) and the launch geometry.
+
+    One pair (the common case) uploads its offsets as they are, with the two
+    operand addresses as the kernel's bases; several pairs upload absolute
+    addresses (bases 0). Equal sizes are one kernel parameter, not an array.
+    """
+    import numpy as np
+
+    u = np.uint64
+    z = picked[0][0].z if len(picked) == 1 else np.concatenate([g.z for g, _, _ in picked])
+    n = len(z)
+    first = int(z[0])
+    uniform = bool((z == first).all())
+    desc = np.empty((2 if uniform else 3) * n, u)
+    if len(picked) == 1:
+        g, d, s = picked[0]
+        desc[:n] = g.d.view(u)  # offsets are >= 0: the view is exact
+        desc[n:2 * n] = g.s.view(u)
+        bases = (d, s)
+    else:
+        at = 0
+        for g, d, s in picked:
+            k = len(g.z)
+            np.add(g.d.view(u), u(d), out=desc[at:at + k])
+            np.add(g.s.view(u), u(s), out=desc[n + at:n + at + k])
+            at += k
+        bases = (0, 0)
+    if not uniform:
+        desc[2 * n:] = z
+    lanes = lanes_for(first if uniform else int(z.max()))
+    grid = max(1, min(-(-n // (THREADS // lanes)), sms * CTAS_PER_SM))
+    return Prepared(desc, n, first if uniform else 0, lanes, grid, bases)
+
+
+def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
+    """Launch the kernel on ``stream`` over descriptors already at device address ``base``."""
+    fn, _sms = copy_function()
+    _driver.call("cuLaunchKernel", fn, prep.grid, 1, 1, THREADS, 1, 1, 0, stream,
+                 prep.params(base), 0)
+
+
 def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
 
@@ -236,38 +308,18 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
         allocation or upload, or ``cuLaunchKernel``. A fault inside the kernel
         surfaces at the next synchronisation instead.
     """
-    import numpy as np
-
     if not picked:
         return
-    fn, sms = copy_function()
-    u = np.uint64
-    z = picked[0][0].z if len(picked) == 1 else np.concatenate([g.z for g, _, _ in picked])
-    n = len(z)
-    first = int(z[0])
-    uniform = bool((z == first).all())
-    # One array [dst addresses | src addresses | sizes if they differ], written in place.
-    desc = np.empty((2 if uniform else 3) * n, u)
-    at = 0
-    for g, d, s in picked:
-        k = len(g.z)
-        np.add(g.d.view(u), u(d), out=desc[at:at + k])  # offsets are >= 0: the view is exact
-        np.add(g.s.view(u), u(s), out=desc[n + at:n + at + k])
-        at += k
-    if not uniform:
-        desc[2 * n:] = z
-    lanes = lanes_for(int(z.max()))
-    grid = max(1, min(-(-n // (THREADS // lanes)), sms * CTAS_PER_SM))
+    _fn, sms = copy_function()
+    prep = prepare(picked, sms)
+    desc = prep.desc
     call = _driver.call
     base = int(call("cuMemAllocAsync", desc.nbytes, stream))
     done = False
     try:
         # From pageable memory: the driver has taken the bytes when the call returns.
         call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-        sizes = 0 if uniform else base + 16 * n
-        params = ((0, 0, base, base + 8 * n, sizes, first if uniform else 0, n, lanes),
-                  _PARAM_TYPES)
-        call("cuLaunchKernel", fn, grid, 1, 1, THREADS, 1, 1, 0, stream, params, 0)
+        launch_prepared(prep, base, stream)
         done = True
     finally:
         try:
@@ -275,3 +327,66 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
         except CudaError:
             if done:
                 raise
+
+
+class Resident:
+    """A :class:`~cuda_memkit.CopyBatch`'s descriptors kept on the device between executions.
+
+    Built at the first kernel execution (one synchronous upload into a
+    :class:`~cuda_memkit.DeviceBuffer`, which carries the ledger entry and the
+    finalizer), reused while the same pairs go to the kernel at the same
+    addresses in the same context, rebuilt when that changes. The descriptors
+    are never rewritten in place: a rebuild uploads into a new buffer, and a
+    buffer a stream may still read is held by that stream's pending operands.
+    """
+
+    __slots__ = ("buf", "held", "key", "prep")
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.prep: Prepared | None = None
+        self.buf: Any = None
+        #: Whether a stream may still read ``buf`` (an execution not waited for).
+        self.held = False
+
+    def launch(self, picked: Sequence[tuple[Any, int, int]], stream: int, sync: bool) -> Any:
+        """Launch over the resident descriptors (built or rebuilt first); returns their buffer.
+
+        Unless ``sync`` (the caller waits for the stream), the caller holds
+        the returned buffer until the stream has run the launch
+        (:func:`~cuda_memkit._core._operands.keep_alive`).
+        """
+        from .._device_memory._device_buffer import DeviceBuffer
+
+        ctx = int(_driver.call("cuCtxGetCurrent"))
+        single = len(picked) == 1  # one pair's descriptors are offsets: any address will do
+        key = (ctx, tuple((id(g), 0 if single else d, 0 if single else s)
+                          for g, d, s in picked))
+        if key != self.key or self.buf is None or self.prep is None:
+            self.release()
+            _fn, sms = copy_function()
+            prep = prepare(picked, sms)
+            self.buf = DeviceBuffer.from_array(prep.desc.view("uint8"))
+            self.prep, self.key = prep, key
+        prep = self.prep
+        if single:  # the bases may have moved (a remapped buffer): they are parameters
+            prep.bases = (picked[0][1], picked[0][2])
+        launch_prepared(prep, self.buf.ptr, stream)
+        self.held = self.held or not sync
+        return self.buf
+
+    def release(self) -> None:
+        """Give the descriptors up: freed now, or once no stream may read them.
+
+        After an execution not waited for, the stream's pending operands hold
+        the buffer; its finalizer frees it when they are dropped.
+        """
+        buf, held = self.buf, self.held
+        self.buf, self.prep, self.key, self.held = None, None, None, False
+        if buf is not None and not held:
+            buf.close()
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the descriptors hold (0 before the first kernel execution)."""
+        return 0 if self.buf is None else int(self.buf.nbytes)
