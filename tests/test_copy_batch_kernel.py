@@ -590,3 +590,120 @@ def test_auto_threshold_is_per_direction(direction: str, kernel: bool, host: cm.
     with record_calls(monkeypatch) as calls:
         copy_batch(dst, src, dst_offsets=[0, 16 * B], src_offsets=[8 * B, 0], sizes=4 * B)
     assert launches(calls) == 0  # at the D2D threshold too: the driver
+
+
+# -- a dense host span: one DMA plus the kernel device to device --------------------------------
+
+
+def _dma(calls: list[tuple[str, Any]]) -> list[tuple[Any, ...]]:
+    return [a for api, a in calls if api == "cuMemcpyAsync"]
+
+
+@pytest.mark.parametrize("prebuilt", [False, True])
+@pytest.mark.parametrize("use_stream", [False, True])
+def test_dense_host_source_is_one_dma_then_the_kernel(
+        prebuilt: bool, use_stream: bool, host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+        stream: cm.Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", 0)
+    rng = np.random.default_rng(3)
+    # 3 blocks in 4 of the source span (75 %): staged; the 4th slot is read and dropped
+    src_slots = rng.permutation(N)[: 3 * N // 4]
+    src_slots[0], src_slots[1] = 0, N - 1  # the span is the whole buffer
+    dst_slots = rng.permutation(N)[: len(src_slots)]
+    s = stream if use_stream else None
+    b = CopyBatch().add(dev_out, host, dst_offsets=dst_slots * B, src_offsets=src_slots * B,
+                        sizes=B)
+    with record_calls(monkeypatch) as calls:
+        if prebuilt:
+            b.execute(stream=s, method="auto")
+        else:
+            copy_batch(dev_out, host, dst_offsets=dst_slots * B, src_offsets=src_slots * B,
+                       sizes=B, stream=s)
+    b.close()
+    (dma,) = _dma(calls)
+    assert dma[1] == host.ptr and dma[2] == N * B  # one DMA of the span from the host
+    names = [api for api, _ in calls]
+    assert names.index("cuMemcpyAsync") < names.index("cuLaunchKernel")
+    assert names.count("cuMemAllocAsync") == names.count("cuMemFreeAsync")
+    if s is not None:
+        s.synchronize()
+    got = dev_out.to_numpy()
+    for d, sl in zip(dst_slots, src_slots, strict=True):
+        assert (got[d * B: (d + 1) * B] == host.array[sl * B: (sl + 1) * B]).all()
+    untouched = np.setdiff1d(np.arange(N), dst_slots)
+    assert all((got[d * B: (d + 1) * B] == 0xEE).all() for d in untouched)
+
+
+def test_sparse_or_small_host_source_reads_through_the_mapping(
+        host: cm.HostBuffer, dev_out: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", 0)
+    with record_calls(monkeypatch) as calls:  # 2 blocks of 4 KiB in a 3-block span: 67 %
+        copy_batch(dev_out, host, dst_offsets=[0, B], src_offsets=[0, 2 * B], sizes=B)
+    assert launches(calls) == 1 and not _dma(calls)
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", N * B + 1)
+    with record_calls(monkeypatch) as calls:  # dense but below the minimum span
+        copy_batch(dev_out, host, dst_offsets=np.arange(N) * B,
+                   src_offsets=np.random.default_rng(1).permutation(N) * B, sizes=B)
+    assert launches(calls) == 1 and not _dma(calls)
+
+
+@pytest.mark.parametrize("prebuilt", [False, True])
+def test_tiled_host_destination_is_the_kernel_then_one_dma(
+        prebuilt: bool, host_out: cm.HostBuffer, dev: cm.DeviceBuffer, stream: cm.Stream,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", 0)
+    perm = np.random.default_rng(4).permutation(N)
+    d_off = (np.arange(N - 2) + 1) * B  # slots 1 .. N-2: the span [B, (N-1) B), no gap
+    s_off = perm[: N - 2] * B
+    with record_calls(monkeypatch) as calls:
+        if prebuilt:
+            with CopyBatch() as b:
+                b.add(host_out, dev, dst_offsets=d_off, src_offsets=s_off, sizes=B)
+                b.execute(stream=stream)
+        else:
+            copy_batch(host_out, dev, dst_offsets=d_off, src_offsets=s_off, sizes=B,
+                       stream=stream)
+    stream.synchronize()
+    (dma,) = _dma(calls)
+    assert dma[0] == host_out.ptr + B and dma[2] == (N - 2) * B
+    names = [api for api, _ in calls]
+    assert names.index("cuLaunchKernel") < names.index("cuMemcpyAsync")
+    src = dev.to_numpy()
+    got = host_out.array
+    for d, sl in zip(d_off, s_off, strict=True):
+        assert (got[d: d + B] == src[sl: sl + B]).all()
+    assert (got[:B] == 0xEE).all() and (got[(N - 1) * B:] == 0xEE).all()
+
+
+def test_a_gap_in_the_host_destination_is_never_written(
+        host_out: cm.HostBuffer, dev: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", 0)
+    d_off = np.array([s for s in range(N) if s != 7]) * B  # one slot missing: not tiled
+    s_off = np.random.default_rng(2).permutation(N)[: N - 1] * B
+    with record_calls(monkeypatch) as calls:
+        copy_batch(host_out, dev, dst_offsets=d_off, src_offsets=s_off, sizes=B)
+    assert launches(calls) == 1 and not _dma(calls)
+    assert (host_out.array[7 * B: 8 * B] == 0xEE).all()
+    src = dev.to_numpy()
+    for d, sl in zip(d_off, s_off, strict=True):
+        assert (host_out.array[d: d + B] == src[sl: sl + B]).all()
+
+
+@pytest.mark.sim_only
+def test_no_room_for_the_staging_area_reads_through_the_mapping(
+        host: cm.HostBuffer, dev_out: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda_memkit.sim import machine
+
+    monkeypatch.setattr(_kernels, "DENSE_SPAN_MIN_BYTES", 0)
+    perm = np.random.default_rng(6).permutation(N)
+    with CopyBatch() as b:
+        b.add(dev_out, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B, sizes=B)
+        b.execute(method="kernel")  # the descriptors go to the device
+        dev_out.memset(0)
+        machine().fail_next("cuMemAllocAsync", cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
+        with record_calls(monkeypatch) as calls:
+            b.execute(method="kernel")
+    assert launches(calls) == 1 and not _dma(calls)
+    got = dev_out.to_numpy()
+    for i, d in enumerate(perm):
+        assert (got[d * B: (d + 1) * B] == host.array[i * B: (i + 1) * B]).all()

@@ -182,7 +182,7 @@ class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
     __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s",
-                 "sorted", "src", "src_hint", "src_need", "src_op", "z")
+                 "sorted", "span", "src", "src_hint", "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any) -> None:
@@ -232,15 +232,23 @@ class _Group:
                 z = np.add.reduceat(z, starts)
                 d, s = d[starts], s[starts]
         self.d, self.s, self.z = d, s, z
+        self.span: tuple[int, int, int, int] | None = None  # offsets_span(), once
         self.nbytes = int(z.sum()) if len(z) else 0
         self._check_null()
 
+    def offsets_span(self) -> tuple[int, int, int, int]:
+        """``(dst start, dst end, src start, src end)`` as offsets into the operands (cached)."""
+        span = self.span
+        if span is None:
+            span = self.span = (int(self.d.min()), int((self.d + self.z).max()),
+                                int(self.s.min()), int((self.s + self.z).max()))
+        return span
+
     def extents(self) -> tuple[int, int, int, int]:
         """``(dst start, dst end, src start, src end)``: the addresses the blocks span."""
-        ends_d, ends_s = self.d + self.z, self.s + self.z
+        d0, d1, s0, s1 = self.offsets_span()
         dp, sp = self.dst_op[0], self.src_op[0]
-        return (dp + int(self.d.min()), dp + int(ends_d.max()), sp + int(self.s.min()),
-                sp + int(ends_s.max()))
+        return dp + d0, dp + d1, sp + s0, sp + s1
 
     def _check_null(self) -> None:
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):

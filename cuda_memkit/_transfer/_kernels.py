@@ -66,6 +66,15 @@ KERNEL_THRESHOLD = 64 * KiB
 KERNEL_THRESHOLD_D2D = 2 * MiB
 #: Values of ``copy_batch(method=...)``.
 METHODS = ("auto", "kernel", "driver")
+#: A host-to-device pair whose source blocks cover at least this fraction of the
+#: bytes of their span in pinned memory is staged: one DMA of the whole span into
+#: stream-ordered device memory, then the kernel copies device to device (reading
+#: host memory block by block through the mapping is slower than one DMA).
+DENSE_SPAN = 0.75
+#: Spans smaller than this are not staged: the extra allocation and copy would
+#: cost more than the kernel's PCIe reads.
+DENSE_SPAN_MIN_BYTES = 1 << 20
+_U64 = (1 << 64) - 1
 #: Threads per CTA; groups of 32..256 lanes of a CTA copy one block each.
 THREADS = 256
 #: CTAs per SM in the grid: enough resident warps to keep PCIe reads in flight;
@@ -298,6 +307,74 @@ def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
                  prep.params(base), 0)
 
 
+def dense_span(picked: Sequence[tuple[Any, int, int]]) -> tuple[str, int, int] | None:
+    """``(direction, start offset, bytes)`` of the host span to move in one DMA, or None.
+
+    Only for one pair between pinned host and device memory. Host to device:
+    the source blocks cover at least :data:`DENSE_SPAN` of their span (the
+    gaps are read and dropped). Device to host: the destination blocks tile
+    their span exactly (no gap: the DMA writes every byte of the span, and
+    must write only the given blocks). Spans below
+    :data:`DENSE_SPAN_MIN_BYTES` are left to the kernel.
+    """
+    if len(picked) != 1:
+        return None
+    g = picked[0][0]
+    host_src, host_dst = g.src_op[3] in (HOST, PINNED), g.dst_op[3] in (HOST, PINNED)
+    if host_src == host_dst or g.nbytes < DENSE_SPAN_MIN_BYTES:
+        return None
+    d0, d1, s0, s1 = g.offsets_span()
+    if host_src and g.nbytes >= DENSE_SPAN * (s1 - s0):
+        return "h2d", s0, s1 - s0
+    if host_dst and g.nbytes == d1 - d0:  # destinations never overlap: equal means tiled
+        return "d2h", d0, d1 - d0
+    return None
+
+
+def run_prepared(prep: Prepared, base: int, picked: Sequence[tuple[Any, int, int]],
+                 stream: int) -> None:
+    """Launch over descriptors at ``base``, staging a dense host span (:func:`dense_span`).
+
+    The staging area is stream-ordered (``cuMemAllocAsync`` ... ``cuMemFreeAsync``
+    on ``stream``); if the device has no room for it, the kernel reads the host
+    blocks directly instead.
+    """
+    from .._core._errors import CudaOutOfMemoryError
+
+    span = dense_span(picked)
+    if span is None:
+        launch_prepared(prep, base, stream)
+        return
+    direction, lo, nbytes = span
+    g = picked[0][0]
+    call = _driver.call
+    try:
+        stage = int(call("cuMemAllocAsync", nbytes, stream))
+    except CudaOutOfMemoryError:
+        launch_prepared(prep, base, stream)
+        return
+    bases = prep.bases
+    done = False
+    try:
+        shifted = (stage - lo) & _U64  # stage + offset - lo, in the kernel's 64-bit arithmetic
+        if direction == "h2d":
+            call("cuMemcpyAsync", stage, g.src_op[0] + lo, nbytes, stream)
+            prep.bases = (bases[0], shifted)
+            launch_prepared(prep, base, stream)
+        else:
+            prep.bases = (shifted, bases[1])
+            launch_prepared(prep, base, stream)
+            call("cuMemcpyAsync", g.dst_op[0] + lo, stage, nbytes, stream)
+        done = True
+    finally:
+        prep.bases = bases
+        try:
+            call("cuMemFreeAsync", stage, stream)
+        except CudaError:
+            if done:
+                raise
+
+
 def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
 
@@ -319,7 +396,7 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     try:
         # From pageable memory: the driver has taken the bytes when the call returns.
         call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-        launch_prepared(prep, base, stream)
+        run_prepared(prep, base, picked, stream)
         done = True
     finally:
         try:
@@ -371,7 +448,7 @@ class Resident:
         prep = self.prep
         if single:  # the bases may have moved (a remapped buffer): they are parameters
             prep.bases = (picked[0][1], picked[0][2])
-        launch_prepared(prep, self.buf.ptr, stream)
+        run_prepared(prep, self.buf.ptr, picked, stream)
         self.held = self.held or not sync
         return self.buf
 
