@@ -707,3 +707,46 @@ def test_no_room_for_the_staging_area_reads_through_the_mapping(
     got = dev_out.to_numpy()
     for i, d in enumerate(perm):
         assert (got[d * B: (d + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+
+
+# -- few large blocks: cut into pieces for the whole grid ----------------------------------------
+
+
+@pytest.mark.parametrize("shift", [0, 3])
+def test_few_large_blocks_are_cut_into_pieces(shift: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    size = 2 << 20
+    src_data = pattern(size, 9)
+    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.alloc(size) as dst:
+        dst.memset(0xEE)
+        d_off = [shift, 700_000 + shift, 1_500_000]
+        s_off = [1_000_000, 5, 300_000 + shift]
+        sizes = [300_000, 500_001, 200_000]
+        with record_calls(monkeypatch) as calls:
+            copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off, sizes=sizes,
+                       method="kernel")
+        (args,) = [a for api, a in calls if api == "cuLaunchKernel"]
+        values = args[9][0]
+        pieces = values[6]
+        assert pieces > 3 and values[4] != 0  # cut, sizes as an array
+        got = dst.to_numpy()
+        want = np.full(size, 0xEE, np.uint8)
+        for d, s, z in zip(d_off, s_off, sizes, strict=True):
+            want[d: d + z] = src_data[s: s + z]
+        assert (got == want).all()  # every byte of the blocks, nothing outside them
+
+
+def test_equal_large_blocks_cut_into_equal_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    size = 4 << 20
+    src_data = pattern(size, 2)
+    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.alloc(size) as dst:
+        with record_calls(monkeypatch) as calls:
+            copy_batch(dst, src, dst_offsets=[3 << 20, 0, 2 << 20, 1 << 20],
+                       src_offsets=[0, 1 << 20, 2 << 20, 3 << 20], sizes=1 << 20)
+        (args,) = [a for api, a in calls if api == "cuLaunchKernel"]
+        values = args[9][0]
+        assert values[6] > 4 and values[4] == 0 and values[5] * values[6] == size
+        got = dst.to_numpy().reshape(4, -1)
+        want = src_data.reshape(4, -1)
+        assert (got[3] == want[0]).all() and (got[0] == want[1]).all()
+        assert (got[2] == want[2]).all() and (got[1] == want[3]).all()

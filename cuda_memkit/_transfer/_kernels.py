@@ -75,6 +75,9 @@ DENSE_SPAN = 0.75
 #: cost more than the kernel's PCIe reads.
 DENSE_SPAN_MIN_BYTES = 1 << 20
 _U64 = (1 << 64) - 1
+#: Fewer blocks than the grid has CTAs, some larger than this: the blocks are cut
+#: into pieces of at least this size, so that the copy uses every SM.
+SPLIT_MIN = 64 * KiB
 #: Threads per CTA; groups of 32..256 lanes of a CTA copy one block each.
 THREADS = 256
 #: CTAs per SM in the grid: enough resident warps to keep PCIe reads in flight;
@@ -295,9 +298,44 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int) -> Prepared:
         bases = (0, 0)
     if not uniform:
         desc[2 * n:] = z
+    if n < sms * CTAS_PER_SM and int(z.max()) > SPLIT_MIN:
+        desc, z = _split(desc, z, n, uniform, sms)
+        n = len(z)
+        first = int(z[0])
+        uniform = bool((z == first).all())
     lanes = lanes_for(first if uniform else int(z.max()))
     grid = max(1, min(-(-n // (THREADS // lanes)), sms * CTAS_PER_SM))
     return Prepared(desc, n, first if uniform else 0, lanes, grid, bases)
+
+
+def _split(desc: Any, z: Any, n: int, uniform: bool, sms: int) -> tuple[Any, Any]:
+    """Few large blocks cut into pieces, so that every CTA of the grid has work.
+
+    Pieces are a multiple of 16 bytes (each keeps its block's alignment
+    modulo 16, so the kernel still moves 16-byte vectors) and at least
+    :data:`SPLIT_MIN`; about two per CTA. Returns the new descriptors (sizes
+    always as an array) and sizes.
+    """
+    import numpy as np
+
+    u = np.uint64
+    z = z.astype(u)
+    want = 2 * sms * CTAS_PER_SM
+    piece = max(SPLIT_MIN, -(-int(z.sum()) // want))
+    piece = -(-piece // 16) * 16
+    k = (z + u(piece - 1)) // u(piece)  # pieces per block
+    idx = np.repeat(np.arange(n), k.astype(np.int64))
+    first = np.concatenate(([0], np.cumsum(k)[:-1])).astype(np.int64)
+    off = (np.arange(len(idx)) - np.repeat(first, k.astype(np.int64))).astype(u) * u(piece)
+    m = len(idx)
+    zz = np.minimum(u(piece), z[idx] - off)
+    out = np.empty(3 * m, u)
+    out[:m] = desc[:n][idx] + off
+    out[m:2 * m] = desc[n:2 * n][idx] + off
+    out[2 * m:] = zz
+    if bool((zz == zz[0]).all()):
+        out = out[:2 * m].copy()
+    return out, zz
 
 
 def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
