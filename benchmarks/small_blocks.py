@@ -11,8 +11,10 @@ Shapes and targets (issue 23, contiguous copy of the same bytes = 1.0):
 Rows per shape: one raw contiguous ``cuMemcpyAsync`` of the same bytes (the
 reference), a raw loop of ``cuMemcpyAsync``, ``copy_batch(method="driver")``,
 ``copy_batch(method="kernel")``, ``copy_batch`` as users call it (``"auto"``,
-the verdict row), ``cuda.core``'s ``copy_batch`` (prebuilt Buffer lists) and
-CuPy: one contiguous copy plus a scatter/gather kernel (``dst[perm_d] =
+a verdict row: one call per copy, every check and the descriptor upload
+included), ``CopyBatch.execute`` of a batch built once (``"auto"``, its own
+verdict row: the paged-cache swap pattern, descriptors resident on the
+device), ``cuda.core``'s ``copy_batch`` (prebuilt Buffer lists) and CuPy: one contiguous copy plus a scatter/gather kernel (``dst[perm_d] =
 stage[perm_s]``; device to device, the scatter kernel alone).
 """
 
@@ -105,6 +107,7 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
     stage = cm.DeviceBuffer.empty(total)
     cm.copy(dev_src, host_src)
     rng = np.random.default_rng(23)
+    batches: list[Any] = []
     try:
         for n_full, b, direction, need in SHAPES:
             dst, src = {"h2d": (dev_dst, host_src), "d2h": (host_dst, dev_src),
@@ -127,6 +130,9 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
                 return lambda: cm.copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off,
                                              sizes=b, stream=s, method=method)
 
+            prebuilt = cm.CopyBatch().add(dst, src, dst_offsets=d_off, src_offsets=s_off,
+                                          sizes=b)
+            batches.append(prebuilt)
             cases: dict[str, Callable[[], None]] = {
                 "contiguous": lambda dst=dst, src=src, nbytes=nbytes: check(
                     raw.cuMemcpyAsync(dst.ptr, src.ptr, nbytes, h)),
@@ -134,6 +140,7 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
                 "driver": batch("driver"),
                 "kernel": batch("kernel"),
                 "auto": batch("auto"),
+                "prebuilt": lambda prebuilt=prebuilt: prebuilt.execute(stream=s),
             }
             notes: dict[str, str] = {}
             for key, case in (("cuda.core", core_case(dps, sps, b, h)),
@@ -149,7 +156,7 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
                   direction)
     finally:
         s.synchronize()
-        for obj in (host_src, host_dst, dev_src, dev_dst, stage, s):
+        for obj in (*batches, host_src, host_dst, dev_src, dev_dst, stage, s):
             obj.close()
 
 
@@ -182,6 +189,9 @@ def _rows(table: Any, tag: str, bw: dict[str, float], notes: dict[str, str], nee
     mk = bw["auto"]
     table.add(f"{tag}: copy_batch (auto)", gbps=mk, ratio=mk / ref, vs="contig",
               target=f">= {need}x contig", ok=None if quick else mk / ref >= need)
+    pb = bw["prebuilt"]
+    table.add(f"{tag}: CopyBatch.execute (prebuilt, auto)", gbps=pb, ratio=pb / ref,
+              vs="contig", target=f">= {need}x contig", ok=None if quick else pb / ref >= need)
     peer = "CuPy scatter kernel" if direction == "d2d" else (
         "1 contiguous copy + CuPy scatter kernel")
     for key, label in (("cuda.core", "cuda.core copy_batch (prebuilt Buffers)"),
