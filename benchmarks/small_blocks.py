@@ -14,7 +14,8 @@ reference), a raw loop of ``cuMemcpyAsync``, ``copy_batch(method="driver")``,
 a verdict row: one call per copy, every check and the descriptor upload
 included), ``CopyBatch.execute`` of a batch built once (``"auto"``, its own
 verdict row: the paged-cache swap pattern, descriptors resident on the
-device), ``cuda.core``'s ``copy_batch`` (prebuilt Buffer lists) and CuPy: one contiguous copy plus a scatter/gather kernel (``dst[perm_d] =
+device), ``cuda.core``'s ``copy_batch`` (prebuilt Buffer lists) and CuPy:
+one contiguous copy plus a scatter/gather kernel (``dst[perm_d] =
 stage[perm_s]``; device to device, the scatter kernel alone).
 """
 
