@@ -750,3 +750,21 @@ def test_equal_large_blocks_cut_into_equal_pieces(monkeypatch: pytest.MonkeyPatc
         want = src_data.reshape(4, -1)
         assert (got[3] == want[0]).all() and (got[0] == want[1]).all()
         assert (got[2] == want[2]).all() and (got[1] == want[3]).all()
+
+
+# -- one size for every block: the bounds from min/max ----------------------------------------
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_size_bounds_name_the_block(method: str, host: cm.HostBuffer,
+                                        dev_out: cm.DeviceBuffer) -> None:
+    with pytest.raises(ValueError, match=r"block 2 is out of range: destination"):
+        copy_batch(dev_out, host, dst_offsets=[0, B, N * B - B + 1], src_offsets=[0, B, 2 * B],
+                   sizes=B, method=method)
+    with pytest.raises(ValueError, match=r"block 1 is out of range: source"):
+        copy_batch(dev_out, host, dst_offsets=[0, B], src_offsets=[0, N * B], sizes=B,
+                   method=method)
+    with cm.DeviceBuffer.alloc(0) as empty, pytest.raises(ValueError, match="out of range"):
+        copy_batch(empty, host, dst_offsets=[0], src_offsets=[0], sizes=1, method=method)
+    copy_batch(dev_out, host, dst_offsets=[N * B - B], src_offsets=[0], sizes=B, method=method)
+    assert (dev_out.to_numpy()[N * B - B:] == host.array[:B]).all()  # the last byte: in range

@@ -194,18 +194,31 @@ class _Group:
         self.src_hint = None if src_location is None else as_location(src_location)
         self.dst_hint = None if dst_location is None else as_location(dst_location)
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
-        _check_bounds(d, z, self.dst_op[1], "destination")
-        _check_bounds(s, z, self.src_op[1], "source")
-        self.blocks = len(z)
-        # The bytes each operand must have (checked again by refresh()).
-        self.dst_need = int((d + z).max()) if len(z) else 0
-        self.src_need = int((s + z).max()) if len(z) else 0
-        keep = z > 0  # zero-size blocks are skipped (the driver refuses them)
-        if not keep.all():
-            idx = np.flatnonzero(keep)
-            d, s, z = d[idx], s[idx], z[idx]
+        one = _scalar_size(sizes) if blocks is None else None
+        span = None
+        if one is not None and one > 0 and len(d):
+            # One size for every block: the bounds are two min/max passes per side.
+            d0, d1, s0, s1 = int(d.min()), int(d.max()) + one, int(s.min()), int(s.max()) + one
+            lim_d, lim_s = self.dst_op[1], self.src_op[1]
+            if not (d1 <= (_I64_MAX if lim_d is None else lim_d)
+                    and s1 <= (_I64_MAX if lim_s is None else lim_s)):
+                _check_bounds(d, z, self.dst_op[1], "destination")  # names the block
+                _check_bounds(s, z, self.src_op[1], "source")
+            span = (d0, d1, s0, s1)
+            self.dst_need, self.src_need = d1, s1
         else:
-            idx = None
+            _check_bounds(d, z, self.dst_op[1], "destination")
+            _check_bounds(s, z, self.src_op[1], "source")
+            # The bytes each operand must have (checked again by refresh()).
+            self.dst_need = int((d + z).max()) if len(z) else 0
+            self.src_need = int((s + z).max()) if len(z) else 0
+        self.blocks = len(z)
+        idx = None
+        if span is None:
+            keep = z > 0  # zero-size blocks are skipped (the driver refuses them)
+            if not keep.all():
+                idx = np.flatnonzero(keep)
+                d, s, z = d[idx], s[idx], z[idx]
         # Sort by destination (a batch has no order), refuse overlapping
         # destinations, merge blocks contiguous on both sides; equal blocks in
         # distinct slots with nothing to merge (the common scattered case) skip
@@ -232,7 +245,8 @@ class _Group:
                 z = np.add.reduceat(z, starts)
                 d, s = d[starts], s[starts]
         self.d, self.s, self.z = d, s, z
-        self.span: tuple[int, int, int, int] | None = None  # offsets_span(), once
+        # offsets_span(), once; merging keeps the span, so the uniform pass's holds
+        self.span: tuple[int, int, int, int] | None = span
         self.nbytes = int(z.sum()) if len(z) else 0
         self._check_null()
 
@@ -326,13 +340,14 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
     top = int(slot.max())
     if top > 4 * len(d) + 1024:
         return False
-    pos = np.full(top + 2, -1, np.int64)
-    pos[slot] = np.arange(len(d))
-    if int(np.count_nonzero(pos >= 0)) != len(d):
+    # The source offset of the block in each slot (-1: none); one scatter, then
+    # every test reads the table in order (random gathers cost far more).
+    src_of = np.full(top + 2, -1, np.int64)
+    src_of[slot] = s
+    if int(np.count_nonzero(src_of >= 0)) != len(d):
         return False  # two blocks share a slot: the sort names them
-    nxt = pos[slot + 1]
-    has = nxt >= 0
-    merges = int(np.count_nonzero(s[nxt[has]] == s[has] + b))
+    here = src_of[:-1]
+    merges = int(np.count_nonzero((here >= 0) & (src_of[1:] == here + b)))
     return merges * MERGE_WORTH_SORT <= len(d)  # a stray pair or two is not worth the sort
 
 
