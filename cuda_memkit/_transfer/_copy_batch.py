@@ -26,7 +26,8 @@
 * Small blocks between pinned host and device memory, or device to device,
   go to a block-copy kernel instead (:mod:`cuda_memkit._transfer._kernels`): the driver
   spends ~1.6 us per copy whatever its size, the kernel moves them at PCIe
-  speed. ``method="auto"`` picks it below ``KERNEL_THRESHOLD`` bytes per block.
+  speed. ``method="auto"`` picks it below ``KERNEL_THRESHOLD`` bytes per block
+  (``KERNEL_THRESHOLD_D2D`` within device memory).
 
 **What reaches the driver.** The driver checks each entry as it walks the
 list and stops at the first bad one, keeping the copies before it (the
@@ -723,7 +724,11 @@ def copy_batch(
         memory of that device or pinned host memory. ``"driver"``: the
         driver's batch copies. ``"auto"``: the kernel when both operands
         qualify (int addresses never do, nor host to host) and the blocks
-        average less than ``KERNEL_THRESHOLD`` bytes (64 KiB), else the driver.
+        average less than ``KERNEL_THRESHOLD`` bytes (64 KiB) between host
+        and device or ``KERNEL_THRESHOLD_D2D`` (2 MiB) within device memory,
+        else the driver. On the kernel path a dense span of pinned source
+        blocks (or destination blocks tiling their span exactly) moves in
+        one DMA through a device staging area (see docs/transfers.md).
 
     Returns
     -------
@@ -786,12 +791,19 @@ class CopyBatch(Resource):
     loading other blocks into free device slots), or to build once and run
     several times.
 
+    The batch keeps read-only copies of the blocks given to :meth:`add`. On
+    the kernel path it keeps the kernel's descriptors on the device between
+    executions (:attr:`device_nbytes`, in the allocation ledger), so that a
+    repeated :meth:`execute` is one launch after the operand checks;
+    :meth:`close` (or ``with``) frees them, as does collecting the batch.
+
     Examples
     --------
     >>> b = cm.CopyBatch()
     >>> b.add(host_cache, dev_cache, dst_offsets=out_slots, src_offsets=evict, sizes=BLOCK)
     >>> b.add(dev_cache, host_cache, dst_offsets=free, src_offsets=load, sizes=BLOCK)
     >>> b.execute(stream=s)
+    >>> b.close()
     """
 
     def __init__(self) -> None:

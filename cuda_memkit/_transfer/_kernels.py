@@ -12,13 +12,18 @@
   device -- device or managed memory of that device, or pinned host memory
   through its device-mapped address (``cuMemHostGetDevicePointer``); pageable
   memory never is, and host to host is the driver's. ``"auto"`` takes pairs
-  whose blocks average less than :data:`KERNEL_THRESHOLD` bytes and leaves the
-  rest (and raw int addresses) to the driver batch; ``"kernel"`` refuses
-  what the kernel cannot reach with ``ValueError`` before anything runs.
-* :func:`launch` copies those pairs' blocks in one launch: their absolute
-  addresses go to a stream-ordered device allocation (``cuMemAllocAsync``,
-  filled by one ``cuMemcpyHtoDAsync``, freed by ``cuMemFreeAsync`` after the
-  launch, all on the batch's stream), and the kernel walks them.
+  whose blocks average less than :data:`KERNEL_THRESHOLD` bytes
+  (:data:`KERNEL_THRESHOLD_D2D` within device memory) and leaves the rest
+  (and raw int addresses) to the driver batch; ``"kernel"`` refuses what the
+  kernel cannot reach with ``ValueError`` before anything runs.
+* :func:`launch` copies those pairs' blocks in one launch: their descriptors
+  (:func:`prepare`: one pair's offsets with the operands as kernel bases, or
+  absolute addresses) go to a stream-ordered device allocation
+  (``cuMemAllocAsync``, filled by one ``cuMemcpyHtoDAsync``, freed by
+  ``cuMemFreeAsync`` after the launch, all on the batch's stream), and the
+  kernel walks them; :func:`run_prepared` stages a dense host span through
+  one DMA (:func:`dense_span`). :class:`Resident` keeps a ``CopyBatch``'s
+  descriptors on the device between executions.
 
 A fault inside the kernel (an address it cannot read or write) is reported by
 the driver at the next synchronisation as ``CUDA_ERROR_ILLEGAL_ADDRESS`` (a
@@ -51,8 +56,8 @@ from .._core._operands import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "copy_function",
-           "kernel_groups", "launch"]
+__all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "Resident", "copy_function",
+           "dense_span", "kernel_groups", "launch", "prepare", "run_prepared"]
 
 KiB, MiB = 1 << 10, 1 << 20
 
