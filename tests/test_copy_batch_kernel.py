@@ -470,7 +470,7 @@ def test_copy_batch_keeps_its_descriptors_on_the_device(
         if isinstance(dst, cm.HostBuffer):
             dst.array[:] = 0
         else:
-            dst.memset(0)
+            dst.fill(0)
         with record_calls(monkeypatch) as again:
             b.execute(stream=s, method="kernel")
         names = [api for api, _ in again]
@@ -699,7 +699,7 @@ def test_no_room_for_the_staging_area_reads_through_the_mapping(
     with CopyBatch() as b:
         b.add(dev_out, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B, sizes=B)
         b.execute(method="kernel")  # the descriptors go to the device
-        dev_out.memset(0)
+        dev_out.fill(0)
         machine().fail_next("cuMemAllocAsync", cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
         with record_calls(monkeypatch) as calls:
             b.execute(method="kernel")
@@ -717,8 +717,8 @@ def test_few_large_blocks_are_cut_into_pieces(shift: int,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     size = 2 << 20
     src_data = pattern(size, 9)
-    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.alloc(size) as dst:
-        dst.memset(0xEE)
+    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.empty(size) as dst:
+        dst.fill(0xEE)
         d_off = [shift, 700_000 + shift, 1_500_000]
         s_off = [1_000_000, 5, 300_000 + shift]
         sizes = [300_000, 500_001, 200_000]
@@ -739,7 +739,7 @@ def test_few_large_blocks_are_cut_into_pieces(shift: int,
 def test_equal_large_blocks_cut_into_equal_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     size = 4 << 20
     src_data = pattern(size, 2)
-    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.alloc(size) as dst:
+    with cm.DeviceBuffer.from_array(src_data) as src, cm.DeviceBuffer.empty(size) as dst:
         with record_calls(monkeypatch) as calls:
             copy_batch(dst, src, dst_offsets=[3 << 20, 0, 2 << 20, 1 << 20],
                        src_offsets=[0, 1 << 20, 2 << 20, 3 << 20], sizes=1 << 20)
@@ -764,7 +764,7 @@ def test_one_size_bounds_name_the_block(method: str, host: cm.HostBuffer,
     with pytest.raises(ValueError, match=r"block 1 is out of range: source"):
         copy_batch(dev_out, host, dst_offsets=[0, B], src_offsets=[0, N * B], sizes=B,
                    method=method)
-    with cm.DeviceBuffer.alloc(0) as empty, pytest.raises(ValueError, match="out of range"):
+    with cm.DeviceBuffer.empty(0) as empty, pytest.raises(ValueError, match="out of range"):
         copy_batch(empty, host, dst_offsets=[0], src_offsets=[0], sizes=1, method=method)
     copy_batch(dev_out, host, dst_offsets=[N * B - B], src_offsets=[0], sizes=B, method=method)
     assert (dev_out.to_numpy()[N * B - B:] == host.array[:B]).all()  # the last byte: in range

@@ -104,8 +104,8 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
     h = s.handle
     host_src = cm.HostBuffer.from_array(np.full(total, 3, np.uint8))
     host_dst = cm.HostBuffer.zeros(total)
-    dev_src = cm.DeviceBuffer.alloc(total)
-    dev_dst = cm.DeviceBuffer.alloc(total)
+    dev_src = cm.DeviceBuffer.empty(total)
+    dev_dst = cm.DeviceBuffer.empty(total)
     rng = np.random.default_rng(23)
     call = _driver.call
     rows = []
