@@ -22,6 +22,7 @@ stage[perm_s]``; device to device, the scatter kernel alone).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -141,7 +142,7 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
                 "driver": batch("driver"),
                 "kernel": batch("kernel"),
                 "auto": batch("auto"),
-                "prebuilt": lambda prebuilt=prebuilt: prebuilt.execute(stream=s),
+                "prebuilt": partial(prebuilt.execute, stream=s),
             }
             notes: dict[str, str] = {}
             for key, case in (("cuda.core", core_case(dps, sps, b, h)),
