@@ -13,6 +13,9 @@ permutation of the whole buffer on each side), interleaved, median of
   and no launch;
 * ``upload``: the descriptor upload alone (``cuMemAllocAsync``, one
   ``cuMemcpyHtoDAsync`` from pageable memory, ``cuMemFreeAsync``, waited for);
+* ``stage``: a stream-ordered allocation and free of the blocks' bytes (the
+  dense-span staging area's cost alone: the default pool releases its memory
+  at each synchronisation unless its release threshold says otherwise);
 * ``direct``: the kernel alone, launched over descriptors already on the
   device, reading and writing host memory through its mapping, waited for;
 * ``kernel``: the same with the dense-span staging where it applies (one DMA
@@ -127,6 +130,9 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
                 call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, h)
                 call("cuMemFreeAsync", base, h)
 
+            def stage(nbytes: int = nbytes) -> None:
+                call("cuMemFreeAsync", int(call("cuMemAllocAsync", nbytes, h)), h)
+
             def direct(prep: Any = prep, base: int = resident.ptr) -> None:
                 _kernels.launch_prepared(prep, base, h)
 
@@ -147,7 +153,7 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
                 call("cuMemcpyAsync", dst.ptr, src.ptr, nbytes, h)
 
             cases: dict[str, Callable[[], None]] = {
-                "upload": upload, "direct": direct, "kernel": kernel, "call": whole,
+                "upload": upload, "stage": stage, "direct": direct, "kernel": kernel, "call": whole,
                 "execute": execute, "contig": contig}
             for key, fn in cases.items():
                 t[key] = _med(fn, repeat, s.synchronize) * 1e6
@@ -162,7 +168,8 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
             rows.append(row)
             print(f"{direction} {b // KiB:3d} KiB x {n:6d}: host " + " + ".join(
                 f"{k} {t[k]:7.1f}" for k in HOST_PHASES) + f" = {t['host']:7.1f} us; upload "
-                f"{t['upload']:7.1f}; direct {t['direct']:7.1f}; kernel {t['kernel']:7.1f}; "
+                f"{t['upload']:7.1f}; stage {t['stage']:7.1f}; direct {t['direct']:7.1f}; "
+                f"kernel {t['kernel']:7.1f}; "
                 f"call {t['call']:7.1f}; execute {t['execute']:7.1f}; "
                 f"contig {t['contig']:7.1f} us", flush=True)
             print("      GB/s: " + "  ".join(f"{k} {v:8.2f}" for k, v in row["gbps"].items())
