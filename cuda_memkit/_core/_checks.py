@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INT64_MAX",
     "MAX_NBYTES",
+    "MAX_U64",
     "as_index",
     "byte_count",
     "check_dtype",
@@ -30,6 +31,7 @@ __all__ = [
     "positive",
     "shape_nbytes",
     "span",
+    "u64",
 ]
 
 #: Largest byte count a buffer may have (numpy's index type limit).
@@ -46,6 +48,25 @@ def as_index(value: object, what: str) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(f"{what} must be an int, not {type(value).__name__}") from None
+
+
+#: Largest address, handle or size the driver takes (a 64-bit unsigned value).
+MAX_U64 = (1 << 64) - 1
+
+
+def u64(value: object, what: str) -> int:
+    """An address, handle or byte count bound for the driver: an int in ``[0, 2**64)``.
+
+    ``ValueError`` for a negative value or one past 64 bits: the bindings would
+    raise ``OverflowError`` for those, and a value wrapped to 64 bits would
+    name another allocation.
+    """
+    v = as_index(value, what)
+    if v < 0:
+        raise ValueError(f"{what} cannot be negative: {v}")
+    if v > MAX_U64:
+        raise ValueError(f"{what} {v:#x} does not fit in 64 bits")
+    return v
 
 
 def positive(what: str, value: object) -> int:
@@ -180,6 +201,8 @@ def int64_array(value: object, what: str, *, nonnegative: bool = False,
         raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
     a = np.asarray(value)
     kind = a.dtype.kind
+    if kind == "O" and a.size and all(type(v) is int for v in a.ravel().tolist()):
+        raise ValueError(f"{what} holds integers past 64 bits")  # numpy kept them as objects
     if kind not in "iu" and not (a.size == 0 and kind in "fO"):  # np.asarray([]) is float64
         raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
     if a.ndim != 1:

@@ -12,6 +12,7 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._checks import MAX_U64, u64
 from ._constants import (
     CONTEXT_IS_DESTROYED,
     EVENT_DISABLE_TIMING,
@@ -456,6 +457,9 @@ class Stream(Resource):
     a wrapper never destroys the stream.
     """
 
+    _share_hint = ("share the Stream object itself, or wrap its handle without owning it "
+                   "(Stream.from_handle(stream.handle))")
+
     #: The typed handle (``CUstream``) for driver calls that want one, made
     #: once; ``None`` once closed. The pool allocation path reads it, both as
     #: the handle and as the closed test (``_state``, which has a class
@@ -491,8 +495,7 @@ class Stream(Resource):
         """
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TypeError(f"a stream handle must be an int, not {type(handle).__name__}")
-        if handle < 0:
-            raise ValueError("a stream handle cannot be negative")
+        handle = u64(handle, "a stream handle")
         self = cls.__new__(cls)
         self._handle = handle
         self._custream = _cu.CUstream(handle)
@@ -581,8 +584,8 @@ def stream_handle(stream: StreamLike) -> int:
     if isinstance(stream, bool):
         raise TypeError("a stream cannot be a bool")
     if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError("a stream handle cannot be negative")
+        if stream < 0 or stream > MAX_U64:
+            u64(stream, "a stream handle")  # raises the ValueError naming it
         return int(stream)
     if isinstance(stream, Stream):
         return stream.handle
@@ -592,12 +595,12 @@ def stream_handle(stream: StreamLike) -> int:
     if proto is not None:
         value = proto() if callable(proto) else proto
         if isinstance(value, tuple) and len(value) == 2:
-            return int(value[1])
+            return u64(value[1], "a stream handle")
         raise TypeError("__cuda_stream__ must return a (version, handle) tuple")
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return u64(value, "a stream handle")
     raise TypeError(
         f"expected a stream (Stream, int handle, None, or an object with __cuda_stream__ "
         f"or .cuda_stream), not {type(stream).__name__}"

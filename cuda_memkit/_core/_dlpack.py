@@ -1,10 +1,10 @@
 """DLPack export (unversioned ``DLManagedTensor`` capsules) built with ctypes.
 
-Each exported tensor owns a small record (the struct, its shape array and a
-reference to the buffer) in a registry keyed by the struct's address; the
-consumer's call of the ``deleter`` (or the capsule's destructor, if the
+Each exported tensor owns a small record (the struct, its shape array and
+the buffer's ``Exports`` record) in a registry keyed by the struct's address;
+the consumer's call of the ``deleter`` (or the capsule's destructor, if the
 capsule is never consumed) drops the record, and with it the reference that
-kept the buffer alive.
+kept the memory allocated (a ``close()`` made meanwhile frees it then).
 """
 
 from __future__ import annotations

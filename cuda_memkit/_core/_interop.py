@@ -138,9 +138,27 @@ class DeviceArrayView:
         """The buffer this view belongs to."""
         return self._owner
 
+    def _check_owner(self) -> None:
+        owner = self._owner
+        if getattr(owner, "closed", False):
+            from ._errors import ClosedError
+
+            raise ClosedError(f"the {type(owner).__name__} behind this view was freed or "
+                              "closed; the view cannot be used any more")
+
     @property
     def ptr(self) -> int:
-        """Address of the first element."""
+        """Address of the first element.
+
+        Resolved through the owner at each use, so copies and batches never
+        see the address of freed memory (which may be another buffer's by now).
+
+        Raises
+        ------
+        ClosedError
+            If the buffer behind the view was freed or closed.
+        """
+        self._check_owner()
         return self._ptr
 
     @property
@@ -163,11 +181,7 @@ class DeviceArrayView:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        closed = getattr(self._owner, "closed", False)
-        if closed:
-            from ._errors import ClosedError
-
-            raise ClosedError("the buffer behind this view is closed")
+        self._check_owner()
         return {
             "shape": self._shape,
             "typestr": _typestr(self._dtype),
@@ -182,10 +196,7 @@ class DeviceArrayView:
 
     def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                    dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
-        if getattr(self._owner, "closed", False):
-            from ._errors import ClosedError
-
-            raise ClosedError("the buffer behind this view is closed")
+        self._check_owner()
         if copy:
             raise BufferError("cuda_memkit views are exported without copying (copy=True)")
         if dl_device is not None and tuple(dl_device) != self._device:
@@ -193,8 +204,13 @@ class DeviceArrayView:
                 f"cannot export to device {dl_device}; the memory is on {self._device}"
             )
         from . import _dlpack
+        from ._resource import Resource, exports_of
 
-        return _dlpack.make_capsule(self, self._ptr, self._shape, self._dtype, self._device)
+        owner = self._owner
+        # The capsule (and the consumer's array after it) holds the owner's
+        # Exports record, which keeps the memory allocated past close().
+        keep = exports_of(owner) if isinstance(owner, Resource) else owner
+        return _dlpack.make_capsule(keep, self._ptr, self._shape, self._dtype, self._device)
 
 
 _ = ctypes  # _dlpack builds the capsule with ctypes

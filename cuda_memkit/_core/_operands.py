@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUpointer_attribute
 
 from . import _driver
-from ._checks import byte_count
+from ._checks import MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
 from ._device import ensure_any_context, ensure_context
 from ._errors import CudaError
@@ -192,8 +192,8 @@ def is_pinned_host(arr: np.ndarray[Any, Any]) -> bool:
 def operand(obj: Any, dst: bool) -> Operand:
     """Resolve a copy operand (see the module docstring); ``dst``: it is written to."""
     if type(obj) is int:
-        if obj < 0:
-            raise ValueError(f"a pointer cannot be negative: {obj}")
+        if obj < 0 or obj > MAX_U64:
+            u64(obj, "a pointer")  # raises: never wrapped to 64 bits
         return obj, None, None, RAW, None
     if isinstance(obj, Resource):
         return _resource_operand(obj, dst)
@@ -235,6 +235,7 @@ def _foreign_operand(obj: Any, dst: bool) -> Operand:
     ptr = getattr(obj, "ptr", None)
     nb = getattr(obj, "nbytes", None)
     if isinstance(ptr, int) and isinstance(nb, int) and not isinstance(ptr, bool):
+        u64(ptr, "a buffer's ptr")
         dt = getattr(obj, "dtype", None)
         if numpy_mod is None or not isinstance(dt, numpy_mod.dtype):
             dt = None
@@ -301,7 +302,7 @@ def _from_cai(cai: dict[str, Any], dst: bool) -> Operand:
             step *= dim
     if dst and readonly:
         raise ValueError("the copy destination is read-only (__cuda_array_interface__)")
-    return int(ptr or 0), n, dt, DRIVER, None
+    return u64(ptr or 0, "a __cuda_array_interface__ pointer"), n, dt, DRIVER, None
 
 
 def copy_size(d: Operand, s: Operand, nbytes: int | None) -> int:

@@ -8,9 +8,14 @@
   leak is better than a dangling pointer or a crash).
 * :class:`Resource` gives ``close()`` (idempotent), the context-manager
   protocol, the ``closed`` property and a clear :class:`ClosedError`.
-* :func:`host_array` makes a zero-copy numpy view of host-accessible memory
-  that keeps its owner alive; the owner defers its release until such views
-  are gone.
+* Owning objects refuse ``copy.copy``, ``copy.deepcopy`` and pickling
+  (:class:`Unshareable`): a copy would be a second owner, freeing the memory
+  a second time.
+* Exports (:func:`host_array` numpy views, DLPack capsules) hold the buffer's
+  :class:`Exports` record: the memory stays allocated while any export is
+  alive, and a ``close()`` made meanwhile frees it when the last one goes.
+  :func:`array_protocol` is numpy 2's ``__array__(dtype, copy)`` for every
+  host-visible kind.
 * :class:`Transaction` undoes the completed steps of a multi-step operation
   that failed part way.
 * The allocation ledger (:class:`Account`, :func:`account`): every owning
@@ -94,7 +99,41 @@ def make_finalizer(
     return fin
 
 
-class Resource:
+#: How to share what an owning object owns, for the refusal to copy or pickle it.
+SHARE_MEMORY = ("share the object itself, a view of its memory (.array, as_array(), "
+                "numpy.from_dlpack / torch.from_dlpack / cupy.from_dlpack), or an IPC "
+                "export handle (MemoryPool.export + PoolBuffer.export, PhysicalMemory.export)")
+
+
+class Unshareable:
+    """Refuses ``copy.copy``, ``copy.deepcopy`` and pickling with ``TypeError``.
+
+    An owning object's copy would be a second owner of the same memory (or
+    handle), and both would free it; an unpickled one would own an address of
+    another process. Subclasses say how to share instead in ``_share_hint``.
+    """
+
+    __slots__ = ()
+    _share_hint: str = SHARE_MEMORY
+
+    def _refuse(self, what: str) -> TypeError:
+        return TypeError(f"a {type(self).__name__} owns what it holds and cannot be {what} "
+                         f"(a copy would be a second owner, freeing it twice): {self._share_hint}")
+
+    def __copy__(self) -> Any:
+        raise self._refuse("copied")
+
+    def __deepcopy__(self, memo: object) -> Any:
+        raise self._refuse("copied")
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise self._refuse("pickled")
+
+    def __reduce__(self) -> Any:
+        raise self._refuse("pickled")
+
+
+class Resource(Unshareable):
     """Base class of every object that owns a driver resource."""
 
     # Subclasses without __slots__ get a __dict__; slotted ones (PoolBuffer)
@@ -106,7 +145,8 @@ class Resource:
 
     _state: State = CLOSED
     _finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
-    _views: weakref.WeakSet[Any] | None = None
+    #: A weak reference to the buffer's :class:`Exports` (None: never exported).
+    _views: weakref.ref[Exports] | None = None
 
     def _open(self, finalizer: weakref.finalize | None) -> None:  # type: ignore[type-arg]
         """Mark the object open, owning the release done by ``finalizer``."""
@@ -125,15 +165,23 @@ class Resource:
     def close(self) -> None:
         """Release the resource now. Calling it again does nothing.
 
-        If numpy views of this memory (from ``.array``) are still alive, the
-        memory is released when the last of them is collected instead, so no
-        view ever points at freed memory. The object itself is closed at once.
+        If exports of this memory (numpy views from ``.array``, DLPack
+        capsules and the arrays made from them) are still alive, the memory
+        is released when the last of them is gone instead, so no export ever
+        points at freed memory. The object itself is closed at once.
         """
         if self._state is CLOSED:
             return
         self._state = CLOSED
-        if self._views:
-            return  # the finalizer runs once the views (which hold us) are gone
+        views = self._views
+        if views is not None and views() is not None:
+            return  # released by the Exports record once the last export is gone
+        fin = self._finalizer
+        if fin is not None:
+            fin()
+
+    def _release_deferred(self) -> None:
+        """The release ``close()`` deferred while exports were alive (runs at most once)."""
         fin = self._finalizer
         if fin is not None:
             fin()
@@ -164,14 +212,73 @@ def warn_exit_failed(owner: object, err: BaseException) -> None:
                   "propagates", MemkitWarning, stacklevel=3)
 
 
-class ArrayHolder:
-    """The object numpy keeps as ``base``: an array interface plus the owner."""
+# -- exports --------------------------------------------------------------------------
 
-    __slots__ = ("__array_interface__", "__weakref__", "owner")
 
-    def __init__(self, owner: object, interface: dict[str, Any]) -> None:
+class Exports:
+    """What every export of one buffer's memory holds: numpy views, DLPack capsules.
+
+    Made on the buffer's first export, so buffers never exported (the pool hot
+    paths) pay nothing; the buffer keeps only a weak reference to it
+    (``_views``), so it dies with the last export. It holds the buffer, whose
+    own release (finalizer or ``__del__``) therefore cannot run while an
+    export is alive; ``close()`` made meanwhile only marks the buffer closed,
+    and this record runs the release when the last export goes.
+    """
+
+    __slots__ = ("__weakref__", "owner")
+
+    def __init__(self, owner: Resource) -> None:
         self.owner = owner
+
+    def __del__(self) -> None:
+        owner = self.owner
+        if owner.closed and not sys.is_finalizing():
+            owner._release_deferred()
+
+
+_exports_lock = threading.Lock()
+
+
+def exports_of(owner: Resource) -> Exports:
+    """The :class:`Exports` record a new export of ``owner``'s memory must hold.
+
+    Raises
+    ------
+    ClosedError
+        If ``owner`` is closed (checked after the record is registered, so a
+        ``close()`` on another thread either sees the export or is seen here).
+    """
+    with _exports_lock:  # one record per buffer, whichever thread exports first
+        ref = owner._views
+        rec = ref() if ref is not None else None
+        if rec is None:
+            rec = Exports(owner)
+            owner._views = weakref.ref(rec)
+    if owner.closed:
+        raise ClosedError(f"{type(owner).__name__} is closed; it cannot be exported any more")
+    return rec
+
+
+def exports_alive(owner: Resource) -> bool:
+    """Whether exports of ``owner``'s memory are alive."""
+    ref = owner._views
+    return ref is not None and ref() is not None
+
+
+class ArrayHolder:
+    """The object numpy keeps as ``base``: an array interface plus the owner's exports."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "exports")
+
+    def __init__(self, exports: Exports, interface: dict[str, Any]) -> None:
+        self.exports = exports
         self.__array_interface__ = interface
+
+    @property
+    def owner(self) -> Resource:
+        """The buffer whose memory the array views."""
+        return self.exports.owner
 
 
 def host_array(
@@ -184,8 +291,8 @@ def host_array(
 ) -> np.ndarray[Any, Any]:
     """Return a zero-copy C-contiguous numpy array over host-accessible memory.
 
-    The array keeps ``owner`` alive; ``owner.close()`` defers the release
-    until every such array is gone.
+    The array (and every view of it) holds ``owner``'s :class:`Exports`:
+    ``owner.close()`` defers the release until every such array is gone.
     """
     import numpy as np
 
@@ -193,15 +300,34 @@ def host_array(
         # numpy refuses NULL data; a zero-length buffer has no memory at all.
         return np.empty(shape, dtype)
     holder = ArrayHolder(
-        owner,
+        exports_of(owner),
         {"data": (ptr, readonly), "shape": shape, "typestr": dtype.str, "version": 3,
          "descr": dtype.descr},
     )
-    views = owner._views
-    if views is None:
-        views = owner._views = weakref.WeakSet()
-    views.add(holder)
     return np.asarray(holder)
+
+
+def array_protocol(arr: np.ndarray[Any, Any], dtype: Any, copy: bool | None
+                   ) -> np.ndarray[Any, Any]:
+    """The ``__array__(dtype, copy)`` of numpy 2 over ``arr``, a zero-copy view of a buffer.
+
+    ``copy=True`` always copies; ``copy=False`` raises ``ValueError`` where a
+    copy is needed (another dtype); ``copy=None`` returns the view when it can.
+    One rule for every host-visible kind (``np.array(buf)`` passes
+    ``copy=True`` and so copies; ``np.asarray(buf)`` views).
+    """
+    import numpy as np
+
+    if dtype is not None and np.dtype(dtype) != arr.dtype:
+        if copy is False:
+            raise ValueError(f"converting the buffer from {arr.dtype} to {np.dtype(dtype)} "
+                             "needs a copy, and copy=False was asked for")
+        out: np.ndarray[Any, Any] = arr.astype(dtype)
+        return out
+    if copy:
+        dup: np.ndarray[Any, Any] = arr.copy()
+        return dup
+    return arr
 
 
 # -- transactions ---------------------------------------------------------------------

@@ -40,7 +40,15 @@ from .._core._operands import (
     pending_operands,
     reap_pending,
 )
-from .._core._resource import CLOSED, OPEN, Resource, account, host_array
+from .._core._resource import (
+    CLOSED,
+    OPEN,
+    Resource,
+    Unshareable,
+    account,
+    array_protocol,
+    host_array,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,7 +117,7 @@ def _alloc_pinned(nbytes: int, flags: int) -> int:
 _ACCOUNT = account("pinned")
 
 
-class PinnedAlloc:
+class PinnedAlloc(Unshareable):
     """The owner of one ``cuMemHostAlloc`` allocation: the memory a HostBuffer holds.
 
     :meth:`release` frees it (``cuMemFreeHost``, which needs no current
@@ -401,15 +409,20 @@ class HostBuffer(BufferMixin, Resource):
     def close(self) -> None:
         """Free the memory now; calling it again does nothing.
 
-        With numpy views of the buffer alive (:attr:`array`), the memory is
-        freed once the last of them is gone instead, so no view ever points at
-        freed memory. The buffer itself is closed at once.
+        With exports of the buffer alive (numpy views from :attr:`array`,
+        DLPack capsules), the memory is freed once the last of them is gone
+        instead, so no export ever points at freed memory. The buffer itself
+        is closed at once.
         """
         if self._state is CLOSED:
             return
         self._state = CLOSED
-        if self._views:
-            return  # the memory's owner goes with the buffer, once the views are gone
+        views = self._views
+        if views is not None and views() is not None:
+            return  # released by the Exports record once the last export is gone
+        self._release_deferred()
+
+    def _release_deferred(self) -> None:
         block = self._block
         if block is not None:
             self._block = None
@@ -486,16 +499,7 @@ class HostBuffer(BufferMixin, Resource):
 
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
                   ) -> np.ndarray[Any, Any]:
-        arr = self.array
-        if dtype is not None and arr.dtype != dtype:
-            if copy is False:
-                raise ValueError("converting the buffer to another dtype needs a copy")
-            out: np.ndarray[Any, Any] = arr.astype(dtype)
-            return out
-        if copy:
-            dup: np.ndarray[Any, Any] = arr.copy()
-            return dup
-        return arr
+        return array_protocol(self.array, dtype, copy)
 
     @property
     def device_ptr(self) -> int:

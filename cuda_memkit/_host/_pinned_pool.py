@@ -38,7 +38,7 @@ from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._constants import STREAM_LEGACY
 from .._core._device import Stream, custream, stream_destroyed
 from .._core._errors import ClosedError, CudaError
-from .._core._resource import CLOSED, OPEN, account, notify, watchers
+from .._core._resource import CLOSED, OPEN, Unshareable, account, notify, watchers
 from .._pools import _pool
 from .._pools._cache import BlockCache, round_size
 from .._pools._pool import MemoryPool
@@ -139,7 +139,7 @@ class HostCache:
             s.close()  # the close hook gives the stream's blocks back first
 
 
-class HostBlock:
+class HostBlock(Unshareable):
     """A pinned pool block lent to a :class:`HostBuffer`; :meth:`release` gives it back.
 
     While lent (``busy``) the buffer holds it; a released block waits in its
@@ -305,8 +305,9 @@ class PooledHostBuffer(_pinned.HostBuffer):
         if self._state is CLOSED:
             return
         self._state = CLOSED
-        if self._views:
-            return  # the block goes back once the views and the buffer are gone
+        views = self._views
+        if views is not None and views() is not None:
+            return  # the Exports record gives the block back once the last export is gone
         block: HostBlock | None = self._block  # type: ignore[assignment]  # (no cast(): a call)
         if block is None:
             return

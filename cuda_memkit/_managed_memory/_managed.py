@@ -26,7 +26,7 @@ from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
-from .._core._resource import Resource, account, host_array, make_finalizer
+from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
 from ._managed_ranges import (
     MemAdvice,
     RangeInfo,
@@ -260,19 +260,24 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
 
     def __array__(self, dtype: npt.DTypeLike | None = None,
                   copy: bool | None = None) -> np.ndarray[Any, Any]:
-        arr = self.array
-        if dtype is not None and arr.dtype != dtype:
-            return arr.astype(dtype)
-        return arr.copy() if copy else arr
+        return array_protocol(self.array, dtype, copy)
 
     def _dl_device(self) -> tuple[int, int]:
         return (DL_CUDA_MANAGED, self._device_ordinal)
 
+    def _typed_view(self) -> DeviceArrayView:
+        self._check_open()
+        return DeviceArrayView(self, self._ptr, self._dtype, self._shape, self._dl_device())
+
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        self._check_open()
-        return DeviceArrayView(self, self._ptr, self._dtype, self._shape,
-                               self._dl_device()).__cuda_array_interface__
+        return self._typed_view().__cuda_array_interface__
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        # Typed, as the array interface: the consumer sees the buffer's dtype and shape.
+        return self._typed_view().__dlpack__(stream=stream, max_version=max_version,
+                                             dl_device=dl_device, copy=copy)
 
     def __repr__(self) -> str:
         if self.closed:

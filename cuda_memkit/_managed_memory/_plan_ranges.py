@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._core._checks import int64_array
+from .._core._checks import INT64_MAX, int64_array
 from .._core._device import Location
 
 if TYPE_CHECKING:
@@ -105,6 +105,8 @@ def range_arrays(offsets: object, sizes: object, total: int, what: str
         one = int(sizes)
         if one <= 0:
             raise ValueError(f"sizes must be > 0, got {one}")
+        if one > INT64_MAX:
+            raise ValueError(f"sizes is above 2**63 - 1: {one}")
         size = np.full(len(off), one, np.int64)
     else:
         size = int64_array(sizes, "sizes", copy=True)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device
-from .._core._checks import as_index, span
+from .._core._checks import as_index, span, u64
 from .._core._device import Location, StreamLike, as_location, stream_handle
 from .._core._errors import ClosedError, CudaError
+from .._core._resource import Resource
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
     BATCH_API,
@@ -136,7 +137,7 @@ class PlannedCall:
 
 @dataclass
 class _Compiled:
-    buffers: tuple[ManagedBuffer, ...]
+    buffers: tuple[Resource, ...]
     raw_allocs: tuple[tuple[int, int], ...]
     steps: list[tuple[str, list[Range]]]
 
@@ -222,15 +223,14 @@ class PrefetchPlan:
             raise TypeError("a plan target cannot be a bool")
         size: int | None
         if isinstance(target, int):
-            base = target
-            off = offset if type(offset) is int else as_index(offset, "offset")
-            if off < 0:
-                raise ValueError(f"offset must be >= 0, got {off}")
+            base = u64(target, "a plan target pointer")
+            off = u64(offset, "offset")
             size = None
             if nbytes is not None:
                 size = nbytes if type(nbytes) is int else as_index(nbytes, "nbytes")
                 if size <= 0:
                     raise ValueError(f"nbytes must be > 0, got {size}")
+                u64(base + off + size, "the range's end")
         elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
             base = int(target.ptr)
             off, size = span(offset, nbytes, int(target.nbytes), what=type(target).__name__)
@@ -397,7 +397,7 @@ class PrefetchPlan:
     # -- validation and coalescing ------------------------------------------------
     def _compile(self) -> _Compiled:
         ndev = _device.device_count()
-        buffers: dict[int, ManagedBuffer] = {}
+        buffers: dict[int, Resource] = {}
         # Raw pointers: one managed_extent() lookup per distinct allocation;
         # further pointers are checked against the cached [start, end).
         starts: list[int] = []
@@ -461,6 +461,11 @@ class PrefetchPlan:
                         assert nbytes is not None
                         alloc, ptr, end = base, base + off, base + off + nbytes
                     else:
+                        if type(t) is not int and getattr(t, "closed", False):
+                            # A freed pool buffer's address may be another owner's now.
+                            raise ClosedError(f"{type(t).__name__} was freed or closed")
+                        if isinstance(t, Resource) and id(t) not in buffers:
+                            buffers[id(t)] = t  # re-checked by every execute()
                         ptr = base + off
                         k = bisect_right(starts, ptr) - 1
                         if k >= 0 and ptr < extents[k][0] + extents[k][1]:

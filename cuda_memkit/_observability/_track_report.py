@@ -27,8 +27,11 @@ outermost first, or null).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import stat
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -307,25 +310,54 @@ def to_dict(tr: Tracker) -> dict[str, Any]:
 
 
 def save(tr: Tracker, path: Any) -> None:
-    """Write ``to_dict(tr)`` as JSON to ``path``; nothing is left behind on failure."""
+    """Write ``to_dict(tr)`` as JSON to ``path``, atomically.
+
+    The text goes to a new temporary file in the target's directory, which then
+    replaces the target (``os.replace``): a failed write (a full disk, a file
+    size limit) leaves an existing file as it was, and only the temporary file,
+    which this function made, is removed. A target that exists but is not a
+    regular file (a device, a FIFO: ``/dev/stdout``) is written in place and
+    never removed or replaced.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or path-like, not {type(path).__name__}")
     text = json.dumps(to_dict(tr), indent=1)
-    target = os.fspath(path)
+    target = os.path.realpath(os.fspath(path))  # replace a symlink's file, not the link
+    what = f"cannot save the tracking record to {os.fspath(path)!r}"
     try:
-        fh = open(target, "w", encoding="utf-8")
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
     except OSError as exc:
-        raise _os_error(exc, f"cannot save the tracking record to {target!r}") from exc
+        raise _os_error(exc, what) from exc
     try:
-        with fh:
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, "a", encoding="utf-8") as fh:  # "a": nothing truncated
+                fh.write(text)
+            return
+        _write_replace(target, text, st)
+    except OSError as exc:
+        raise _os_error(exc, what) from exc
+
+
+def _write_replace(target: str, text: str, st: os.stat_result | None) -> None:
+    """Write ``text`` to a new temporary file next to ``target``, then rename it over ``target``."""
+    folder, name = os.path.split(target)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # O_EXCL: a file of ours, never an existing one; mode 0o666 less the umask,
+    # as open() gives a new file (an existing target's mode is kept below).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-    except BaseException as exc:
-        try:
-            os.remove(target)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise _os_error(exc, f"cannot save the tracking record to {target!r}") from exc
+            fh.flush()
+            os.fsync(fh.fileno())
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)  # the temporary file is ours; the target was never touched
         raise
 
 

@@ -122,7 +122,8 @@ def check_cache_limit(limit: object) -> int:
 # -- one pool allocation, and a refused free ------------------------------------------------
 
 
-def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
+def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
+                recover_stream: bool = True) -> Any:
     """Recover a ``cuMemFreeAsync`` the driver refused; return the stream it was freed on.
 
     * No usable current context (:data:`CONTEXT_ERRORS`: none on this thread, or
@@ -132,7 +133,9 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
       itself is gone (a handle destroyed while the buffer lived, as the H100
       answers, invalid_context_probe "destroyed_stream"). Work queued on it may
       have used the memory, so the device is synchronized and the memory freed
-      on the legacy stream, with a :class:`MemkitWarning` about the stream.
+      on the legacy stream, with a :class:`MemkitWarning` about the stream;
+      unless ``recover_stream`` is false (a stream the caller of ``free()``
+      named): then the error is raised and the memory stays allocated.
     * Anything else raises the driver's error.
     """
     import warnings
@@ -143,7 +146,8 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None) -> Any:
             res = FREE(dptr, cus)
             if not res[0]:
                 return cus
-            if int(res[0]) == INVALID_CONTEXT and int(cus) not in LEGACY_STREAMS:
+            if (recover_stream and int(res[0]) == INVALID_CONTEXT
+                    and int(cus) not in LEGACY_STREAMS):
                 _driver.call("cuCtxSynchronize")
                 legacy = custream(STREAM_LEGACY)
                 res = FREE(dptr, legacy)

@@ -233,6 +233,10 @@ class MemoryPool(PoolAttributes, Resource):
     ...     buf.free()
     """
 
+    _share_hint = ("share the MemoryPool object itself; another process imports it from "
+                   "export() with MemoryPool.import_(), and its buffers from "
+                   "PoolBuffer.export() with import_pointer()")
+
     _gen: object = None  # default_pinned(): the simulated machine it was made on
     _cache: BlockCache | None  # the cache allocate() lends from (cache=True)
     _acct: Account  # the ledger account of its buffers

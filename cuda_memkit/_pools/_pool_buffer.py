@@ -34,7 +34,7 @@ from .._core._device import (
 )
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
-from .._core._resource import Account, Resource, host_array, notify, watchers
+from .._core._resource import Account, Resource, array_protocol, host_array, notify, watchers
 from . import _cache, _pool_ipc
 from ._cache import BlockCache, free_failed
 
@@ -251,9 +251,11 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         d = self._dptr  # _release() written out: this is the hot path
         if d is None:
             return
-        if self._views:
-            raise BufferError("numpy views of this buffer are alive; drop them first, "
-                              "or close() it, which frees once they are gone")
+        views = self._views
+        if views is not None and views() is not None:
+            raise BufferError("numpy views of this buffer are alive (arrays from .array or "
+                              "from its DLPack capsules); drop them first, or close() it, "
+                              "which frees once they are gone")
         cache = self._cache
         if stream is None:
             cus = self._sref._custream
@@ -282,8 +284,8 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 return
         res = FREE(d, cus)
         if res[0]:
-            try:
-                free_failed(res, d, cus, self._pool.device)  # raises, or freed after all
+            try:  # raises (a named stream the driver refuses is never replaced), or freed
+                free_failed(res, d, cus, self._pool.device, stream is None)
             except BaseException:
                 self._dptr = d  # still allocated: back in the ledger
                 acct.live[d] = n
@@ -300,8 +302,9 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         if d is None:
             return
         self._dptr = None
-        if self._views:
-            self._deferred = d  # freed by __del__, once the views (which hold us) are gone
+        views = self._views
+        if views is not None and views() is not None:
+            self._deferred = d  # freed by the Exports record once the last export is gone
             return
         try:
             cache = self._cache
@@ -312,6 +315,17 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         except BaseException:
             self._dptr = d
             raise
+
+    def _release_deferred(self) -> None:
+        d = self._deferred
+        if d is not None:
+            self._deferred = None
+            cache = self._cache
+            if cache is None:
+                _finalize(d, self._sref, self._pool, self._acct, None, None, 0)
+            else:
+                _finalize(d, self._sref, self._pool, self._acct, cache, self._blocks,
+                          self._size)
 
     def __del__(self, _finalize: Any = _finalize) -> None:  # bound: module globals may be
         try:                                                  # gone at interpreter exit
@@ -365,7 +379,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         arr = self.array
-        return arr if dtype is None else arr.astype(dtype)
+        return array_protocol(arr, dtype, copy)
 
     def export(self) -> bytes:
         """Export the allocation to another process (``cuMemPoolExportPointer``).

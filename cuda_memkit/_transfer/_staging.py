@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._checks import MAX_NBYTES
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._device import Stream, StreamLike, ensure_context, stream_handle
 from .._core._errors import CudaError
@@ -70,6 +71,12 @@ def _default_threads() -> int:
     return max(1, min(16, cpus))
 
 
+#: Upper bounds of the settings: past them a ring could never be made (a chunk
+#: must fit a ``cuMemHostAlloc``), and a bad value would break every later copy.
+_LIMITS = {"threshold": MAX_NBYTES, "chunk": 1 << 30, "buffers": 64, "threads": 64,
+           "streams": 32}
+
+
 @dataclass(frozen=True)
 class StagingSettings:
     """How pageable copies are staged (see :func:`configure_staging`).
@@ -92,6 +99,10 @@ class StagingSettings:
         Worker threads copying between the array and the staging buffers.
     streams : int
         Streams the DMA of the chunks alternates over.
+
+    Each size has an upper bound (``chunk`` 1 GiB, ``buffers`` and ``threads``
+    64, ``streams`` 32): larger values raise ``ValueError`` and leave the
+    settings as they were.
     """
 
     enabled: bool = True
@@ -110,6 +121,8 @@ class StagingSettings:
                 raise TypeError(f"{name} must be an int, not {type(v).__name__}")
             if v < (0 if name == "threshold" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'threshold' else 1}, got {v}")
+            if v > _LIMITS[name]:
+                raise ValueError(f"{name} must be <= {_LIMITS[name]}, got {v}")
         if self.buffers < 2:
             raise ValueError("buffers must be >= 2 (one filling while one is copied)")
         if self.chunk % 4096:

@@ -53,7 +53,7 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
 from .._core._errors import ClosedError, MemkitWarning
-from .._core._resource import account, notify, watchers
+from .._core._resource import Unshareable, account, notify, watchers
 from .._pools import _pool
 from .._pools._cache import alloc_block, driver_pair, round_size
 
@@ -112,8 +112,15 @@ def _memory_classes(base: type) -> tuple[type, type, type]:
     if classes is not None:
         return classes
 
-    class Memory(base):  # type: ignore[misc]
-        """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it."""
+    class Memory(Unshareable, base):  # type: ignore[misc]
+        """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it.
+
+        Refuses ``copy.copy`` and pickling (:class:`Unshareable` first in the
+        bases, before CuPy's own): a copy would free the memory a second time.
+        """
+
+        _share_hint = ("share the CuPy array (or its memory pointer); CuPy copies arrays "
+                       "into new memory")
 
         __slots__ = ("_a", "_d", "_s")  # ledger account, the CUdeviceptr and CUstream
 
