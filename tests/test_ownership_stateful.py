@@ -16,6 +16,7 @@ of it racing from two threads, and after every step checks that
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,7 +273,7 @@ class Ownership(RuleBasedStateMachine):
                     p.live and p.ptr == o.ptr for p in self.owners if p is not o), (
                     f"{o.kind} 0x{o.ptr:x}: freed memory still in the ledger")
         spans.sort(key=lambda s: s[0])
-        for (a0, a1, oa), (b0, _b1, ob) in zip(spans, spans[1:], strict=False):
+        for (_a0, a1, oa), (b0, _b1, ob) in itertools.pairwise(spans):
             assert a1 <= b0, f"0x{b0:x} has two live owners: {oa.kind} and {ob.kind}"
         ours = {o.ptr for o in self.owners if o.live}
         assert keys - self.baseline <= ours, "the ledger holds memory no owner has"
