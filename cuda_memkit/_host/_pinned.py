@@ -493,7 +493,11 @@ class HostBuffer(BufferMixin, Resource):
     # -- views -----------------------------------------------------------------------
     @property
     def array(self) -> np.ndarray[Any, Any]:
-        """A zero-copy numpy view of the buffer; it keeps the buffer alive."""
+        """A zero-copy numpy view of the buffer; it keeps the memory allocated.
+
+        After :meth:`close` the memory is freed once the last such view (and
+        every slice of it) is gone.
+        """
         self._check_open()
         return host_array(self, self._ptr, self._shape, self._dtype)
 

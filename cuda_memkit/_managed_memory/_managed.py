@@ -254,7 +254,11 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
 
     @property
     def array(self) -> np.ndarray[Any, Any]:
-        """A zero-copy numpy view (host access: synchronize GPU work first)."""
+        """A zero-copy numpy view (host access: synchronize GPU work first).
+
+        It keeps the memory allocated: after :meth:`close` the memory is freed
+        once the last such view (or DLPack consumer) is gone.
+        """
         self._check_open()
         return host_array(self, self._ptr, self._shape, self._dtype)
 

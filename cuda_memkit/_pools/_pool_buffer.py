@@ -360,8 +360,9 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
     def array(self) -> np.ndarray[Any, Any]:
         """A zero-copy ``uint8`` numpy view (host-located and managed pools only).
 
-        The view keeps the buffer alive. Synchronize the allocation stream
-        before the CPU touches the memory.
+        The view keeps the memory allocated (:meth:`free` refuses while it
+        lives; after ``close()`` the memory is freed once the last view is
+        gone). Synchronize the allocation stream before the CPU touches it.
 
         Raises
         ------
