@@ -454,3 +454,38 @@ def test_free_on_a_bad_stream_raises_and_keeps_the_buffer(stream: cm.Stream) -> 
     buf.free()
     assert buf.closed and ptr not in live_keys()
     stream.synchronize()
+
+
+# -- siblings of holes 2 and 8 in virtual memory -----------------------------------------------
+
+
+def test_range_close_leaves_an_exported_mapping_mapped() -> None:
+    g = cm.granularity(0)
+    vr = cm.AddressRange.reserve(2 * g)
+    pm = cm.PhysicalMemory.create(g)
+    m = vr.map(pm, offset=g)
+    m.set_access(0, cm.Access.READWRITE)
+    ptr = m.ptr
+    cap = m.__dlpack__()  # a consumer's capsule (on a GPU: a CuPy or torch array)
+    vr.close()  # closing a range unmaps its mappings, but not one a consumer holds
+    pm.close()
+    assert m.closed and ptr in live_keys()
+    with pytest.raises(cm.ClosedError):
+        m.__dlpack__()
+    del cap
+    gc.collect()
+    assert ptr not in live_keys()
+
+
+def test_growable_refuses_to_shrink_under_a_consumer() -> None:
+    g = cm.granularity(0)
+    with cm.GrowableBuffer(4 * g, chunk=g) as buf:
+        buf.resize(2 * g)
+        cap = buf.__dlpack__()
+        with pytest.raises(BufferError, match="DLPack consumers"):
+            buf.resize(g)
+        assert buf.nbytes == 2 * g
+        buf.resize(3 * g)  # growing leaves the exported memory where it is
+        del cap
+        buf.resize(g)
+        assert buf.nbytes == g

@@ -25,7 +25,14 @@ from .._core._device import (
 )
 from .._core._errors import CudaError
 from .._core._interop import DL_CUDA, DeviceMemoryMixin
-from .._core._resource import Account, Resource, Transaction, account, make_finalizer
+from .._core._resource import (
+    Account,
+    Resource,
+    Transaction,
+    account,
+    exports_alive,
+    make_finalizer,
+)
 from ._vmm_base import (
     LOCK,
     Access,
@@ -246,6 +253,9 @@ class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
             If closed.
         CudaOutOfMemoryError
             If the device has no memory for the new chunks.
+        BufferError
+            If shrinking would unmap memory that DLPack consumers of the
+            buffer still use (nothing is changed).
         """
         self._check_open()
         n = nonneg("nbytes", nbytes)
@@ -258,6 +268,9 @@ class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
             if need > have:
                 self._grow(have, need)
             elif need < have:
+                if exports_alive(self):
+                    raise BufferError("DLPack consumers of this buffer are alive: shrinking "
+                                      "would unmap memory they use; drop them first")
                 need_ctx()
                 _shrink_to(gs, need)
             self._nbytes = n

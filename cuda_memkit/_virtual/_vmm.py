@@ -48,7 +48,16 @@ from .._core._checks import nonneg, positive
 from .._core._device import Location, LocationType, as_location, check_exists, ensure_context
 from .._core._errors import ClosedError
 from .._core._interop import DL_CUDA, DeviceMemoryMixin
-from .._core._resource import Account, Resource, State, Transaction, account, make_finalizer
+from .._core._resource import (
+    CLOSED,
+    Account,
+    Resource,
+    State,
+    Transaction,
+    account,
+    exports_alive,
+    make_finalizer,
+)
 from ._vmm_base import (
     LOCK,
     Access,
@@ -177,6 +186,12 @@ def _fin_range(rs: _RangeState) -> None:
         rs.free_wanted = True
         phys = []
         for ms in sorted(rs.maps, key=lambda s: s.ptr):
+            m = ms.owner()
+            if m is not None and exports_alive(m):
+                # DLPack consumers still use it: closed now, unmapped (and the
+                # range freed) by its Exports record when the last one goes.
+                m._state = CLOSED
+                continue
             _unmap(ms)
             phys.append(ms.ps)
         for ps in phys:
