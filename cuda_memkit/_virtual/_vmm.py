@@ -187,7 +187,7 @@ def _fin_range(rs: _RangeState) -> None:
         phys = []
         for ms in sorted(rs.maps, key=lambda s: s.ptr):
             m = ms.owner()
-            if m is not None and exports_alive(m):
+            if isinstance(m, Resource) and exports_alive(m):
                 # DLPack consumers still use it: closed now, unmapped (and the
                 # range freed) by its Exports record when the last one goes.
                 m._state = CLOSED
