@@ -322,10 +322,7 @@ class Machine:
 def host_address(obj: Any) -> int:
     """Address of a host-pointer argument (int or buffer-protocol object)."""
     if isinstance(obj, (int, np.integer)):
-        v = int(obj)
-        if not 0 <= v < 1 << 64:  # the bindings refuse such an int before the call
-            raise OverflowError("Python int too large to convert to C unsigned long")
-        return v
+        return unsigned(obj)  # the bindings refuse a wider int before the call
     if isinstance(obj, np.ndarray):
         return int(obj.ctypes.data)
     iface = getattr(obj, "__array_interface__", None)
