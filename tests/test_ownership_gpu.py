@@ -40,7 +40,7 @@ def live_keys() -> set[int]:
 
 def _device_kinds(stream: cm.Stream) -> dict[str, Callable[[], Any]]:
     return {
-        "DeviceBuffer": lambda: cm.DeviceBuffer.alloc(4 * N),
+        "DeviceBuffer": lambda: cm.DeviceBuffer.empty(4 * N),
         "ManagedBuffer": lambda: cm.ManagedBuffer.zeros(N, np.float32),
         "device PoolBuffer": lambda: cm.MemoryPool.default(0).allocate(4 * N, stream=stream),
         "managed PoolBuffer": lambda: _managed_pool().allocate(4 * N, stream=stream),
@@ -77,7 +77,7 @@ def _check_kept_then_freed(buf: Any, consume: Callable[[Any], Any],
     buf.close()
     assert buf.closed and ptr in live_keys(), "close() freed memory a DLPack consumer holds"
     # A newcomer must not get the address while the consumer holds it.
-    other = cm.DeviceBuffer.alloc(4 * N)
+    other = cm.DeviceBuffer.empty(4 * N)
     assert not (ptr <= other.ptr < ptr + 4 * N)
     bump(x)  # a kernel writing every element: memcheck reports it if the memory were freed
     assert read(x) == float(N)

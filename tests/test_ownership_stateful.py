@@ -82,7 +82,7 @@ class Ownership(RuleBasedStateMachine):
         if kind == "HostBuffer.pooled":
             return cm.HostBuffer.pooled(n)
         if kind == "DeviceBuffer":
-            return cm.DeviceBuffer.alloc(n)
+            return cm.DeviceBuffer.empty(n)
         if kind == "ManagedBuffer":
             return cm.ManagedBuffer.zeros(n)
         pool = {"device PoolBuffer": cm.MemoryPool.default(0), "host PoolBuffer": self.host_pool,
