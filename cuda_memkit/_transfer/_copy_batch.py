@@ -150,7 +150,8 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
         raise ValueError(f"dst_offsets has {len(d)} entries, src_offsets {len(s)}")
     one = _scalar_size(sizes)
     if one is not None:
-        z = np.full(len(d), one, np.int64)
+        # One read-only int broadcast over the blocks: no n-entry array to build.
+        z = np.broadcast_to(np.int64(one), (len(d),))
     else:
         z = int64_array(sizes, "sizes", nonnegative=True)
         if len(z) != len(d):
@@ -183,7 +184,7 @@ class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
     __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s",
-                 "sorted", "span", "src", "src_hint", "src_need", "src_op", "z")
+                 "size", "sorted", "span", "src", "src_hint", "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any) -> None:
@@ -225,7 +226,7 @@ class _Group:
         # distinct slots with nothing to merge (the common scattered case) skip
         # the sort, whose cost the kernel path would otherwise wait for.
         # (sorted False: no overlap and nothing to merge, kept in the caller's order)
-        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z))
+        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z, one if span else None))
         if self.sorted and len(d) > 1:
             if not (d[1:] >= d[:-1]).all():
                 order = np.argsort(d)
@@ -248,7 +249,10 @@ class _Group:
         self.d, self.s, self.z = d, s, z
         # offsets_span(), once; merging keeps the span, so the uniform pass's holds
         self.span: tuple[int, int, int, int] | None = span
-        self.nbytes = int(z.sum()) if len(z) else 0
+        # With one size, merging keeps the total and ``size`` says whether it merged.
+        self.size = one if span is not None and len(z) == self.blocks else 0
+        self.nbytes = (one * self.blocks if span is not None and one is not None
+                       else int(z.sum()) if len(z) else 0)
         self._check_null()
 
     def offsets_span(self) -> tuple[int, int, int, int]:
@@ -311,8 +315,37 @@ class _Group:
         return (self.d.astype(u) + u(self.dst_op[0]), self.s.astype(u) + u(self.src_op[0]))
 
 
+class _Scratch(threading.local):
+    """Per-thread work arrays of the checks, reused from call to call.
+
+    A fresh temporary of 65536 int64 is new memory the kernel faults in page
+    by page at every call (~10 ns per block); a reused one is already mapped.
+    """
+
+    #: Arrays above this many entries are not kept (a huge batch frees its own).
+    KEEP_MAX = 1 << 22
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray[Any, Any]] = {}
+        self.busy = False
+
+    def get(self, key: str, n: int, dtype: Any) -> np.ndarray[Any, Any]:
+        """An uninitialised array of ``n`` entries (a view of the kept one)."""
+        import numpy as np
+
+        a = self.arrays.get(key)
+        if a is None or len(a) < n:
+            a = np.empty(max(n, 1024), dtype)
+            if n <= self.KEEP_MAX:
+                self.arrays[key] = a
+        return a[:n]
+
+
+_scratch = _Scratch()
+
+
 def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
-                    z: np.ndarray[Any, Any]) -> bool:
+                    z: np.ndarray[Any, Any], size: int | None = None) -> bool:
     """Whether equal blocks sit in distinct slots with (almost) nothing to merge.
 
     Blocks of one size ``b`` at multiples of ``b`` overlap only when two share
@@ -322,34 +355,55 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
     whatever their number, so fewer than one in :data:`MERGE_WORTH_SORT` are
     left unmerged. False when the blocks are not of that form, share a slot,
     merge more often, or the slot table would be much larger than the blocks:
-    the sort then decides (and names the overlap).
+    the sort then decides (and names the overlap). ``size``: every block is
+    known to be that size (``z`` is not read). The work arrays are the
+    thread's :class:`_Scratch` ones (a fresh set when re-entered).
     """
     import numpy as np
 
-    b = int(z[0])
-    if b <= 0 or not (z == b).all():
-        return False
-    if b & (b - 1) == 0:  # a power of two: a mask and a shift instead of int64 division
-        shift = b.bit_length() - 1
-        if (d & (b - 1)).any():
+    if size is None:
+        size = int(z[0])
+        if size <= 0 or not (z == size).all():
             return False
-        slot = d >> shift
-    else:
-        if (d % b).any():
-            return False
-        slot = d // b
-    top = int(slot.max())
-    if top > 4 * len(d) + 1024:
+    b = size
+    if b <= 0:
         return False
-    # The source offset of the block in each slot (-1: none); one scatter, then
-    # every test reads the table in order (random gathers cost far more).
-    src_of = np.full(top + 2, -1, np.int64)
-    src_of[slot] = s
-    if int(np.count_nonzero(src_of >= 0)) != len(d):
-        return False  # two blocks share a slot: the sort names them
-    here = src_of[:-1]
-    merges = int(np.count_nonzero((here >= 0) & (src_of[1:] == here + b)))
-    return merges * MERGE_WORTH_SORT <= len(d)  # a stray pair or two is not worth the sort
+    sc = _scratch if not _scratch.busy else _Scratch()
+    sc.busy = True
+    try:
+        n = len(d)
+        slot = sc.get("slot", n, np.int64)
+        if b & (b - 1) == 0:  # a power of two: an OR reduction and a shift, no int64 division
+            if int(np.bitwise_or.reduce(d)) & (b - 1):
+                return False
+            np.right_shift(d, b.bit_length() - 1, out=slot)
+        else:
+            np.remainder(d, b, out=slot)
+            if slot.any():
+                return False
+            np.floor_divide(d, b, out=slot)
+        top = int(slot.max())
+        if top > 4 * n + 1024:
+            return False
+        # The source offset of the block in each slot (-1: none); one scatter, then
+        # every test reads the table in order (random gathers cost far more).
+        src_of = sc.get("table", top + 2, np.int64)
+        src_of.fill(-1)
+        src_of[slot] = s
+        here = src_of[:-1]  # the last entry is past the top slot: always -1
+        taken = sc.get("taken", top + 1, np.bool_)
+        np.greater_equal(here, 0, out=taken)
+        if int(np.count_nonzero(taken)) != n:
+            return False  # two blocks share a slot: the sort names them
+        nxt = sc.get("next", top + 1, np.int64)
+        np.add(here, b, out=nxt)
+        merge = sc.get("merge", top + 1, np.bool_)
+        np.equal(src_of[1:], nxt, out=merge)
+        np.logical_and(merge, taken, out=merge)
+        merges = int(np.count_nonzero(merge))
+        return merges * MERGE_WORTH_SORT <= n  # a stray pair or two is not worth the sort
+    finally:
+        sc.busy = False
 
 
 def _check_hazards(groups: list[_Group]) -> None:
@@ -448,7 +502,7 @@ def _attrs(g: _Group) -> Any:
 
     a = CUmemcpyAttributes()
     a.srcAccessOrder = CUmemcpySrcAccessOrder(SRC_ACCESS_ORDER)
-    if OVERLAP_FLAG_MAX_BLOCK and len(g.z) and int(g.z.max()) <= OVERLAP_FLAG_MAX_BLOCK:
+    if OVERLAP_FLAG_MAX_BLOCK and len(g.z) and (g.size or int(g.z.max())) <= OVERLAP_FLAG_MAX_BLOCK:
         a.flags = 1  # CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
     if g.src_hint is not None:
         a.srcLocHint = g.src_hint.to_cu()
@@ -566,12 +620,43 @@ def _issue_loop(groups: list[_Group], stream: int) -> None:
 class _Memo:
     """What a :class:`CopyBatch` keeps between executions (its blocks never change)."""
 
-    __slots__ = ("checked", "resident")
+    __slots__ = ("checked", "device", "pick_key", "picked", "resident")
 
     def __init__(self) -> None:
         #: The operand addresses at which the pairs passed :func:`_check_hazards`.
         self.checked: tuple[int, ...] | None = None
         self.resident = _kernels.Resident()
+        #: ``(context, method, stream, operand addresses)`` of the last kernel pick.
+        self.pick_key: tuple[Any, ...] | None = None
+        self.picked: list[tuple[Any, int, int]] = []
+        #: The device the picked pairs' kernel runs on.
+        self.device = -1
+
+    def forget(self) -> None:
+        """The pairs changed: check and pick again at the next execution."""
+        self.checked = self.pick_key = None
+        self.picked = []
+
+    def pick(self, groups: list[_Group], method: str, stream: int,
+             where: tuple[int, ...]) -> list[tuple[Any, int, int]]:
+        """:func:`_kernels.kernel_groups`, remembered while nothing it depends on moved.
+
+        The operands are the same objects, alive (``refresh()`` checked it) and at
+        the same addresses in the same context, so their kind and mapping are
+        too; only the stream's device is asked again. Registered numpy arrays and
+        int addresses are asked every time (a registration can be undone).
+        """
+        if any(op[3] in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
+            return _kernels.kernel_groups(groups, method, stream)
+        key = (int(_driver.call("cuCtxGetCurrent")), method, stream, where)
+        if key == self.pick_key and (not self.picked or int(
+                _driver.call("cuStreamGetDevice", stream)) == self.device):
+            return self.picked
+        self.pick_key = None
+        picked = _kernels.kernel_groups(groups, method, stream)
+        self.device = int(_driver.call("cuCtxGetDevice")) if picked else -1
+        self.picked, self.pick_key = picked, key
+        return picked
 
 
 def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: bool,
@@ -592,6 +677,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
                     "from or to it is staged by the driver and serialises with the host. "
                     "Use a HostBuffer, page-lock it with register_host(), copy without "
                     "stream= (synchronous), or pass allow_pageable=True")
+    where: tuple[int, ...] = ()
     if memo is None:
         _check_hazards(groups)
     else:
@@ -609,7 +695,8 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
-    picked = _kernels.kernel_groups(groups, method, issue_on)  # queries; may refuse
+    picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
+              else memo.pick(groups, method, issue_on, where))
     rest = groups
     if picked:
         taken = {id(g) for g, _, _ in picked}
@@ -726,9 +813,7 @@ def copy_batch(
         qualify (int addresses never do, nor host to host) and the blocks
         average less than ``KERNEL_THRESHOLD`` bytes (64 KiB) between host
         and device or ``KERNEL_THRESHOLD_D2D`` (2 MiB) within device memory,
-        else the driver. On the kernel path a dense span of pinned source
-        blocks (or destination blocks tiling their span exactly) moves in
-        one DMA through a device staging area (see docs/transfers.md).
+        else the driver.
 
     Returns
     -------
@@ -844,7 +929,7 @@ class CopyBatch(Resource):
         # its arrays, and what was checked here is what every execute() runs.
         g.d, g.s, g.z = (_frozen(a) for a in (g.d, g.s, g.z))
         self._groups.append(g)
-        self._memo.checked = None
+        self._memo.forget()
         return self
 
     def __len__(self) -> int:

@@ -21,8 +21,9 @@
   absolute addresses) go to a stream-ordered device allocation
   (``cuMemAllocAsync``, filled by one ``cuMemcpyHtoDAsync``, freed by
   ``cuMemFreeAsync`` after the launch, all on the batch's stream), and the
-  kernel walks them; :func:`run_prepared` stages a dense host span through
-  one DMA (:func:`dense_span`). :class:`Resident` keeps a ``CopyBatch``'s
+  kernel walks them (pinned host memory is read or written through its
+  mapping, whatever the blocks' density: staging a dense span through one DMA
+  measured slower, see docs/decisions.md). :class:`Resident` keeps a ``CopyBatch``'s
   descriptors on the device between executions.
 
 A fault inside the kernel (an address it cannot read or write) is reported by
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "Resident", "copy_function",
-           "dense_span", "kernel_groups", "launch", "prepare", "run_prepared"]
+           "kernel_groups", "launch", "launch_prepared", "prepare"]
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -71,15 +72,6 @@ KERNEL_THRESHOLD = 64 * KiB
 KERNEL_THRESHOLD_D2D = 2 * MiB
 #: Values of ``copy_batch(method=...)``.
 METHODS = ("auto", "kernel", "driver")
-#: A host-to-device pair whose source blocks cover at least this fraction of the
-#: bytes of their span in pinned memory is staged: one DMA of the whole span into
-#: stream-ordered device memory, then the kernel copies device to device (reading
-#: host memory block by block through the mapping is slower than one DMA).
-DENSE_SPAN = 0.75
-#: Spans smaller than this are not staged: the extra allocation and copy would
-#: cost more than the kernel's PCIe reads.
-DENSE_SPAN_MIN_BYTES = 1 << 20
-_U64 = (1 << 64) - 1
 #: Fewer blocks than the grid has CTAs, some larger than this: the blocks are cut
 #: into pieces of at least this size, so that the copy uses every SM.
 SPLIT_MIN = 64 * KiB
@@ -286,7 +278,9 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int) -> Prepared:
     z = picked[0][0].z if len(picked) == 1 else np.concatenate([g.z for g, _, _ in picked])
     n = len(z)
     first = int(z[0])
-    uniform = bool((z == first).all())
+    # a pair of one block size (unmerged) says so: no pass over the sizes
+    uniform = (len(picked) == 1 and getattr(picked[0][0], "size", 0) == first) or bool(
+        (z == first).all())
     desc = np.empty((2 if uniform else 3) * n, u)
     if len(picked) == 1:
         g, d, s = picked[0]
@@ -350,74 +344,6 @@ def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
                  prep.params(base), 0)
 
 
-def dense_span(picked: Sequence[tuple[Any, int, int]]) -> tuple[str, int, int] | None:
-    """``(direction, start offset, bytes)`` of the host span to move in one DMA, or None.
-
-    Only for one pair between pinned host and device memory. Host to device:
-    the source blocks cover at least :data:`DENSE_SPAN` of their span (the
-    gaps are read and dropped). Device to host: the destination blocks tile
-    their span exactly (no gap: the DMA writes every byte of the span, and
-    must write only the given blocks). Spans below
-    :data:`DENSE_SPAN_MIN_BYTES` are left to the kernel.
-    """
-    if len(picked) != 1:
-        return None
-    g = picked[0][0]
-    host_src, host_dst = g.src_op[3] in (HOST, PINNED), g.dst_op[3] in (HOST, PINNED)
-    if host_src == host_dst or g.nbytes < DENSE_SPAN_MIN_BYTES:
-        return None
-    d0, d1, s0, s1 = g.offsets_span()
-    if host_src and g.nbytes >= DENSE_SPAN * (s1 - s0):
-        return "h2d", s0, s1 - s0
-    if host_dst and g.nbytes == d1 - d0:  # destinations never overlap: equal means tiled
-        return "d2h", d0, d1 - d0
-    return None
-
-
-def run_prepared(prep: Prepared, base: int, picked: Sequence[tuple[Any, int, int]],
-                 stream: int) -> None:
-    """Launch over descriptors at ``base``, staging a dense host span (:func:`dense_span`).
-
-    The staging area is stream-ordered (``cuMemAllocAsync`` ... ``cuMemFreeAsync``
-    on ``stream``); if the device has no room for it, the kernel reads the host
-    blocks directly instead.
-    """
-    from .._core._errors import CudaOutOfMemoryError
-
-    span = dense_span(picked)
-    if span is None:
-        launch_prepared(prep, base, stream)
-        return
-    direction, lo, nbytes = span
-    g = picked[0][0]
-    call = _driver.call
-    try:
-        stage = int(call("cuMemAllocAsync", nbytes, stream))
-    except CudaOutOfMemoryError:
-        launch_prepared(prep, base, stream)
-        return
-    bases = prep.bases
-    done = False
-    try:
-        shifted = (stage - lo) & _U64  # stage + offset - lo, in the kernel's 64-bit arithmetic
-        if direction == "h2d":
-            call("cuMemcpyAsync", stage, g.src_op[0] + lo, nbytes, stream)
-            prep.bases = (bases[0], shifted)
-            launch_prepared(prep, base, stream)
-        else:
-            prep.bases = (shifted, bases[1])
-            launch_prepared(prep, base, stream)
-            call("cuMemcpyAsync", g.dst_op[0] + lo, stage, nbytes, stream)
-        done = True
-    finally:
-        prep.bases = bases
-        try:
-            call("cuMemFreeAsync", stage, stream)
-        except CudaError:
-            if done:
-                raise
-
-
 def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
 
@@ -439,7 +365,7 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     try:
         # From pageable memory: the driver has taken the bytes when the call returns.
         call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-        run_prepared(prep, base, picked, stream)
+        launch_prepared(prep, base, stream)
         done = True
     finally:
         try:
@@ -491,7 +417,7 @@ class Resident:
         prep = self.prep
         if single:  # the bases may have moved (a remapped buffer): they are parameters
             prep.bases = (picked[0][1], picked[0][2])
-        run_prepared(prep, self.buf.ptr, picked, stream)
+        launch_prepared(prep, self.buf.ptr, stream)
         self.held = self.held or not sync
         return self.buf
 

@@ -13,23 +13,18 @@ permutation of the whole buffer on each side), interleaved, median of
   and no launch;
 * ``upload``: the descriptor upload alone (``cuMemAllocAsync``, one
   ``cuMemcpyHtoDAsync`` from pageable memory, ``cuMemFreeAsync``, waited for);
-* ``stage``: a stream-ordered allocation and free of the blocks' bytes (the
-  dense-span staging area's cost alone: the default pool releases its memory
-  at each synchronisation unless its release threshold says otherwise);
 * ``direct``: the kernel alone, launched over descriptors already on the
   device, reading and writing host memory through its mapping, waited for;
-* ``kernel``: the same with the dense-span staging where it applies (one DMA
-  of the host span plus the kernel device to device, see docs/transfers.md);
 * ``call``: the whole ``copy_batch(method="kernel", stream=s)`` and the wait;
 * ``execute``: a prebuilt ``CopyBatch.execute(stream=s, method="kernel")``
   and the wait (descriptors resident on the device);
 * ``contig``: one raw contiguous ``cuMemcpyAsync`` of the same bytes.
 
-It prints microseconds per phase and the bandwidth of ``direct``, ``kernel``,
+It prints microseconds per phase and the bandwidth of ``direct``,
 ``call``, ``execute`` and ``contig`` (and their ratios to ``contig``). If
-``call`` is close to ``host + upload + kernel``, the phases are serial and
-the host work is what to cut; if ``kernel`` alone is far from ``contig``, the
-kernel (or the staging) is.
+``call`` is close to ``host + upload + direct``, the phases are serial and
+the host work is what to cut; if ``direct`` alone is far from ``contig``, the
+kernel is.
 
 Usage::
 
@@ -121,7 +116,7 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
             d_off, s_off = rng.permutation(n) * b, rng.permutation(n) * b
             t = {k: v * 1e6 for k, v in
                  host_phases(dst, src, d_off, s_off, b, h, repeat)[0].items()}
-            _phases, prep, picked = host_phases(dst, src, d_off, s_off, b, h, 1)
+            _phases, prep, _picked = host_phases(dst, src, d_off, s_off, b, h, 1)
             desc = prep.desc
             resident = cm.DeviceBuffer.from_array(desc.view(np.uint8))
 
@@ -130,14 +125,8 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
                 call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, h)
                 call("cuMemFreeAsync", base, h)
 
-            def stage(nbytes: int = nbytes) -> None:
-                call("cuMemFreeAsync", int(call("cuMemAllocAsync", nbytes, h)), h)
-
             def direct(prep: Any = prep, base: int = resident.ptr) -> None:
                 _kernels.launch_prepared(prep, base, h)
-
-            def kernel(prep: Any = prep, base: int = resident.ptr, picked: Any = picked) -> None:
-                _kernels.run_prepared(prep, base, picked, h)
 
             def whole(dst: Any = dst, src: Any = src, d_off: Any = d_off, s_off: Any = s_off,
                       b: int = b) -> None:
@@ -153,7 +142,7 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
                 call("cuMemcpyAsync", dst.ptr, src.ptr, nbytes, h)
 
             cases: dict[str, Callable[[], None]] = {
-                "upload": upload, "stage": stage, "direct": direct, "kernel": kernel, "call": whole,
+                "upload": upload, "direct": direct, "call": whole,
                 "execute": execute, "contig": contig}
             for key, fn in cases.items():
                 t[key] = _med(fn, repeat, s.synchronize) * 1e6
@@ -164,18 +153,17 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"direction": direction, "block": b, "blocks": n,
                                    "nbytes": nbytes, "us": t}
             row["gbps"] = {k: nbytes / (t[k] * 1e-6) / 1e9
-                           for k in ("direct", "kernel", "call", "execute", "contig")}
+                           for k in ("direct", "call", "execute", "contig")}
             rows.append(row)
             print(f"{direction} {b // KiB:3d} KiB x {n:6d}: host " + " + ".join(
                 f"{k} {t[k]:7.1f}" for k in HOST_PHASES) + f" = {t['host']:7.1f} us; upload "
-                f"{t['upload']:7.1f}; stage {t['stage']:7.1f}; direct {t['direct']:7.1f}; "
-                f"kernel {t['kernel']:7.1f}; "
+                f"{t['upload']:7.1f}; direct {t['direct']:7.1f}; "
                 f"call {t['call']:7.1f}; execute {t['execute']:7.1f}; "
                 f"contig {t['contig']:7.1f} us", flush=True)
             print("      GB/s: " + "  ".join(f"{k} {v:8.2f}" for k, v in row["gbps"].items())
                   + "   /contig: " + "  ".join(
                       f"{k} {row['gbps'][k] / row['gbps']['contig']:.3f}"
-                      for k in ("direct", "kernel", "call", "execute")),
+                      for k in ("direct", "call", "execute")),
                   flush=True)
     finally:
         s.synchronize()
