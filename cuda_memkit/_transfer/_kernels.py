@@ -18,9 +18,10 @@
   kernel cannot reach with ``ValueError`` before anything runs.
 * :func:`launch` copies those pairs' blocks in one launch: their descriptors
   (:func:`prepare`: one pair's offsets with the operands as kernel bases, or
-  absolute addresses) go to a stream-ordered device allocation
-  (``cuMemAllocAsync``, filled by one ``cuMemcpyHtoDAsync``, freed by
-  ``cuMemFreeAsync`` after the launch, all on the batch's stream), and the
+  absolute addresses, built in a per-thread array reused from call to call)
+  go to a stream-ordered device allocation (``cuMemAllocAsync``, filled by
+  one ``cuMemcpyHtoDAsync``, freed by ``cuMemFreeAsync`` after the launch,
+  all on the batch's stream), and the
   kernel walks them (pinned host memory is read or written through its
   mapping, whatever the blocks' density: staging a dense span through one DMA
   measured slower, see docs/decisions.md). :class:`Resident` keeps a ``CopyBatch``'s
@@ -55,7 +56,7 @@ from .._core._operands import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 __all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "Resident", "copy_function",
            "kernel_groups", "launch", "launch_prepared", "prepare"]
@@ -106,7 +107,7 @@ def loaded_modules() -> int:
 
 
 def forget() -> None:
-    """Drop the cache without unloading (the simulated machine was replaced)."""
+    """Drop the caches without unloading (the simulated machine was replaced)."""
     with _lock:
         _loaded.clear()
 
@@ -265,12 +266,15 @@ class Prepared:
                  self.lanes), _PARAM_TYPES)
 
 
-def prepare(picked: Sequence[tuple[Any, int, int]], sms: int) -> Prepared:
+def prepare(picked: Sequence[tuple[Any, int, int]], sms: int,
+            alloc: Callable[[int], Any] | None = None) -> Prepared:
     """The descriptors of ``picked`` (from :func:`kernel_groups`) and the launch geometry.
 
     One pair (the common case) uploads its offsets as they are, with the two
     operand addresses as the kernel's bases; several pairs upload absolute
     addresses (bases 0). Equal sizes are one kernel parameter, not an array.
+    ``alloc(words)`` gives the uint64 array the descriptors are written to
+    (default: a new numpy array); blocks cut into pieces get a new array.
     """
     import numpy as np
 
@@ -281,7 +285,8 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int) -> Prepared:
     # a pair of one block size (unmerged) says so: no pass over the sizes
     uniform = (len(picked) == 1 and getattr(picked[0][0], "size", 0) == first) or bool(
         (z == first).all())
-    desc = np.empty((2 if uniform else 3) * n, u)
+    desc = np.empty((2 if uniform else 3) * n, u) if alloc is None else alloc(
+        (2 if uniform else 3) * n)
     if len(picked) == 1:
         g, d, s = picked[0]
         desc[:n] = g.d.view(u)  # offsets are >= 0: the view is exact
@@ -344,6 +349,39 @@ def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
                  prep.params(base), 0)
 
 
+class _Scratch(threading.local):
+    """A per-thread host array the descriptors of :func:`launch` are built in, reused.
+
+    A fresh array of 65536 blocks' descriptors (1 MiB) is new memory faulted in
+    page by page at every call; the upload from it is from pageable memory,
+    which the driver has copied when ``cuMemcpyHtoDAsync`` returns, so the
+    next call may rewrite it.
+    """
+
+    #: Arrays above this many words are not kept (a huge batch frees its own).
+    KEEP_MAX = 1 << 22
+
+    def __init__(self) -> None:
+        self.words: Any = None
+        self.busy = False
+
+    def get(self, words: int) -> Any:
+        """An uninitialised uint64 array of ``words`` entries."""
+        import numpy as np
+
+        if self.busy:  # re-entered on this thread (a finalizer): a fresh one
+            return np.empty(words, np.uint64)
+        a = self.words
+        if a is None or len(a) < words:
+            a = np.empty(max(words, 1024), np.uint64)
+            if words <= self.KEEP_MAX:
+                self.words = a
+        return a[:words]
+
+
+_scratch = _Scratch()
+
+
 def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
 
@@ -357,22 +395,30 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
     if not picked:
         return
     _fn, sms = copy_function()
-    prep = prepare(picked, sms)
-    desc = prep.desc
-    call = _driver.call
-    base = int(call("cuMemAllocAsync", desc.nbytes, stream))
-    done = False
+    sc = _scratch
+    mine = not sc.busy
+    sc.busy = True
     try:
-        # From pageable memory: the driver has taken the bytes when the call returns.
-        call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-        launch_prepared(prep, base, stream)
-        done = True
-    finally:
+        prep = prepare(picked, sms, sc.get if mine else None)
+        desc = prep.desc
+        call = _driver.call
+        base = int(call("cuMemAllocAsync", desc.nbytes, stream))
+        done = False
         try:
-            call("cuMemFreeAsync", base, stream)
-        except CudaError:
-            if done:
-                raise
+            # From pageable memory: the driver has taken the bytes when the call
+            # returns, so the scratch array may be rewritten by the next call.
+            call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
+            launch_prepared(prep, base, stream)
+            done = True
+        finally:
+            try:
+                call("cuMemFreeAsync", base, stream)
+            except CudaError:
+                if done:
+                    raise
+    finally:
+        if mine:
+            sc.busy = False
 
 
 class Resident:
