@@ -1,6 +1,9 @@
 """Hot paths of the allocators against their pure-Python floors, on the simulator (no GPU).
 
-Run from the repository root: ``CUDA_MEMKIT_BACKEND=sim python benchmarks/hotpath_stub.py``.
+Run from the repository root: ``CUDA_MEMKIT_BACKEND=sim python benchmarks/hotpath_stub.py``;
+``--against DIR`` also times the cuda_memkit of another checkout ``DIR`` (for
+example the main branch's worktree), alternating the two in subprocesses, and
+prints both columns (the medians of the runs' medians).
 
 The cache-hit paths make no driver call, so the simulator measures exactly the
 Python work memkit does on them; the uncached pair and its floor call the same
@@ -15,8 +18,11 @@ working on the Python side.
 from __future__ import annotations
 
 import gc
+import itertools
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,19 +32,43 @@ os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 sys.path.insert(0, os.getcwd())
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver
 
-N = 20000
-SAMPLES = 15
+N = 10000
+SAMPLES = 11
+RUNS = 5  # alternating runs of each checkout with --against
 MiB = 1 << 20
 
+#: Each memkit case and the floor it is compared with.
+REFS = {
+    "uncached MemoryPool.allocate().free()": "floor (1 slot, no checks)",
+    "cached MemoryPool.allocate(stream=Stream).free()": "cached floor (free list)",
+    "cached MemoryPool.allocate(stream=int).free()": "cached floor (free list)",
+    "cached MemoryPool.allocate() + del": "cached floor (free list)",
+    "HostBuffer.pooled(4096).close()": "pinned floor (free list)",
+    "HostBuffer.pooled(4096) + del": "pinned floor (free list)",
+}
 
-def main() -> None:
+
+def measure() -> dict[str, float]:
+    """Median microseconds per pair of every case, memkit and floors interleaved."""
     s = cm.Stream()
     from cuda_memkit._core._device import custream
     cus = custream(s.handle)
-    alloc = _driver.function("cuMemAllocFromPoolAsync")
-    free = _driver.function("cuMemFreeAsync")
+    # The uncached pair and its floor call no-op driver functions (an address from a
+    # counter, success), patched into the modules that call the driver on that path:
+    # the simulator's own bookkeeping would otherwise be most of the time measured.
+    from cuda_memkit._pools import _pool, _pool_buffer
+
+    addresses = itertools.count(1 << 40, 1 << 20)
+
+    def alloc(nbytes: int, cupool: Any, cus: Any) -> tuple[int, int]:
+        return 0, next(addresses)
+
+    def free(dptr: Any, cus: Any) -> tuple[int]:
+        return (0,)
+
+    saved = _pool._ALLOC, _pool_buffer.FREE
+    _pool._ALLOC, _pool_buffer.FREE = alloc, free
     from cuda_memkit._pools._pool import allocation_handle
 
     pool = cm.MemoryPool(0)
@@ -169,7 +199,7 @@ def main() -> None:
             floor_pooled_alloc(4096).close()
 
     cases: dict[str, Callable[[int], None]] = {
-        "raw pair (sim driver)": raw,
+        "raw pair (no-op driver)": raw,
         "uncached MemoryPool.allocate().free()": memkit_uncached,
         "floor (1 slot, no checks)": floor_device,
         "cached MemoryPool.allocate(stream=Stream).free()": memkit_cached,
@@ -191,27 +221,44 @@ def main() -> None:
             times[name].append((time.perf_counter() - t) / N * 1e6)
     gc.enable()
     med = {k: statistics.median(v) for k, v in times.items()}
-    refs = {
-        "uncached MemoryPool.allocate().free()": "floor (1 slot, no checks)",
-        "cached MemoryPool.allocate(stream=Stream).free()": "cached floor (free list)",
-        "cached MemoryPool.allocate(stream=int).free()": "cached floor (free list)",
-        "cached MemoryPool.allocate() + del": "cached floor (free list)",
-        "HostBuffer.pooled(4096).close()": "pinned floor (free list)",
-        "HostBuffer.pooled(4096) + del": "pinned floor (free list)",
-    }
-    print(f"hotpath_stub on {os.environ['CUDA_MEMKIT_BACKEND']}, Python {sys.version.split()[0]}; "
-          f"median of {SAMPLES} samples of {N} pairs, interleaved")
-    print(f"{'case':<52}{'us/pair':>9}{'vs floor':>10}")
-    for name, v in med.items():
-        ref = refs.get(name)
-        ratio = f"{v / med[ref]:.2f}x" if ref else ""
-        print(f"{name:<52}{v:>9.3f}{ratio:>10}")
-    for blocks in (b for sb in floor_lists.values() for b in sb.values()):
-        while blocks:
-            free(blocks.pop(), cus)
+    _pool._ALLOC, _pool_buffer.FREE = saved
     cached_pool.close()
     pool.close()
     s.close()
+    return med
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args == ["--json"]:
+        print(json.dumps(measure()))
+        return
+    columns: dict[str, list[dict[str, float]]] = {"this": []}
+    if args[:1] == ["--against"]:
+        other = os.path.abspath(args[1])
+        columns = {"against": [], "this": []}
+        me = os.path.abspath(__file__)
+        for _ in range(RUNS):  # alternate the checkouts: both see the same machine load
+            for name, where in (("against", other), ("this", os.getcwd())):
+                out = subprocess.run([sys.executable, me, "--json"], cwd=where, check=True,
+                                     capture_output=True, text=True).stdout
+                columns[name].append(json.loads(out))
+    else:
+        columns["this"].append(measure())
+    med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+           for name, runs in columns.items()}
+    print(f"hotpath_stub on {os.environ['CUDA_MEMKIT_BACKEND']}, Python {sys.version.split()[0]}; "
+          f"us per pair, median of {SAMPLES} samples of {N} pairs, memkit and floors interleaved"
+          + (f"; 'against': {args[1]}, 'this': {os.getcwd()}, {RUNS} alternating runs each"
+             if len(columns) > 1 else ""))
+    head = "".join(f"{name + ' us':>12}{'/floor':>8}" for name in med)
+    print(f"{'case':<50}{head}")
+    for case in med["this"]:
+        cells = ""
+        for m in med.values():
+            ref = REFS.get(case)
+            cells += f"{m[case]:>12.3f}" + (f"{m[case] / m[ref]:>7.2f}x" if ref else " " * 8)
+        print(f"{case:<50}{cells}")
 
 
 if __name__ == "__main__":
