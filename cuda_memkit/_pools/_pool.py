@@ -55,7 +55,6 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._device import (
-    _HANDLE_REFS,
     Device,
     Location,
     LocationLike,
@@ -497,19 +496,14 @@ class MemoryPool(PoolAttributes, Resource):
         if cupool is None:
             self._check_open()
             raise ValueError("an imported pool cannot allocate; use import_pointer()")
-        sref: Stream | StreamRef | None
         if type(stream) is Stream:
             cus = stream._custream
             if cus is None:  # closed
                 stream._check_open()
-            sref = stream
-            h = stream._handle
-        else:  # an int handle's shared StreamRef read here: buffer_stream() costs ~12 %
-            sref = _HANDLE_REFS.get(stream) if type(stream) is int else None
-            if sref is None:
-                sref = buffer_stream(stream)
+            sref: Stream | StreamRef = stream
+        else:
+            sref = buffer_stream(stream)
             cus = sref._custream
-            h = stream if type(stream) is int else int(cus)
         cache = self._cache
         buf: PoolBuffer
         if cache is None or nbytes > cache.max_block:
@@ -520,6 +514,7 @@ class MemoryPool(PoolAttributes, Resource):
             buf._cache = None
         else:  # BlockCache.take written out: a hit is a dict lookup and a list.pop
             r = (nbytes + 511) & -512 if nbytes <= 1048576 else _cache.round_size(nbytes)
+            h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
             bins = cache.streams.get(h)
             if bins is None:
                 bins = cache.bins(h, cus, getattr(sref, "obj", None))
