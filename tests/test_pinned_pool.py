@@ -75,6 +75,27 @@ def test_garbage_collection_returns_the_block() -> None:
     h.close()
 
 
+def test_a_collected_buffer_leaves_the_ledger_and_fills_the_cache() -> None:
+    # CuPy's pinned adaptor drops its buffers unclosed: the ledger and the cache
+    # must count the dropped block exactly as close() would.
+    from cuda_memkit._core._resource import account
+
+    acct = account("pinned_pooled")
+    _pinned_pool.take(None, 0)  # makes the default pool's cache
+    cache = _pinned_pool._default_cache
+    assert cache is not None
+    before, cached = acct.current, cache.cached
+    h = cm.HostBuffer.pooled(3000)  # rounded to 3072 in the cache
+    ptr = h.ptr
+    assert acct.current == before + 3000 and ptr in acct.live
+    del h  # collected at once (no cycle)
+    assert acct.current == before and ptr not in acct.live
+    assert cache.cached == cached + 3072
+    again = cm.HostBuffer.pooled(3000)
+    assert again.ptr == ptr and cache.cached == cached
+    again.close()
+
+
 def test_views_keep_the_block() -> None:
     h = cm.HostBuffer.pooled(4096)
     ptr = h.ptr
