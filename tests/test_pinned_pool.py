@@ -96,6 +96,20 @@ def test_a_collected_buffer_leaves_the_ledger_and_fills_the_cache() -> None:
     again.close()
 
 
+def test_buffers_collected_in_a_cycle_with_their_blocks_give_each_block_back_once() -> None:
+    # In one garbage cycle the buffer's and its block's __del__ run in either order;
+    # whichever runs second must not return the block again (it would be lent twice).
+    for _ in range(5):
+        ring: list[object] = [cm.HostBuffer.pooled(4096) for _ in range(8)]
+        ring.append(ring)
+        del ring
+        gc.collect()
+        lent = [cm.HostBuffer.pooled(4096) for _ in range(16)]
+        assert len({b.ptr for b in lent}) == len(lent)
+        for b in lent:
+            b.close()
+
+
 def test_views_keep_the_block() -> None:
     h = cm.HostBuffer.pooled(4096)
     ptr = h.ptr
