@@ -75,6 +75,41 @@ def test_garbage_collection_returns_the_block() -> None:
     h.close()
 
 
+def test_a_collected_buffer_leaves_the_ledger_and_fills_the_cache() -> None:
+    # CuPy's pinned adaptor drops its buffers unclosed: the ledger and the cache
+    # must count the dropped block exactly as close() would.
+    from cuda_memkit._core._resource import account
+
+    acct = account("pinned_pooled")
+    _pinned_pool.take(None, 0)  # makes the default pool's cache
+    cache = _pinned_pool._default_cache
+    assert cache is not None
+    before, cached = acct.current, cache.cached
+    h = cm.HostBuffer.pooled(3000)  # rounded to 3072 in the cache
+    ptr = h.ptr
+    assert acct.current == before + 3000 and ptr in acct.live
+    del h  # collected at once (no cycle)
+    assert acct.current == before and ptr not in acct.live
+    assert cache.cached == cached + 3072
+    again = cm.HostBuffer.pooled(3000)
+    assert again.ptr == ptr and cache.cached == cached
+    again.close()
+
+
+def test_buffers_collected_in_a_cycle_with_their_blocks_give_each_block_back_once() -> None:
+    # In one garbage cycle the buffer's and its block's __del__ run in either order;
+    # whichever runs second must not return the block again (it would be lent twice).
+    for _ in range(5):
+        ring: list[object] = [cm.HostBuffer.pooled(4096) for _ in range(8)]
+        ring.append(ring)
+        del ring
+        gc.collect()
+        lent = [cm.HostBuffer.pooled(4096) for _ in range(16)]
+        assert len({b.ptr for b in lent}) == len(lent)
+        for b in lent:
+            b.close()
+
+
 def test_views_keep_the_block() -> None:
     h = cm.HostBuffer.pooled(4096)
     ptr = h.ptr

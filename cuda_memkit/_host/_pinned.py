@@ -48,6 +48,8 @@ from .._core._resource import (
     account,
     array_protocol,
     host_array,
+    notify,
+    watchers,
 )
 
 if TYPE_CHECKING:
@@ -195,6 +197,12 @@ class PoolSource(Protocol):
 
 #: Set by ``cuda_memkit._host._pinned_pool`` when it loads.
 pool_source: PoolSource | None = None
+#: The default pinned pool's free lists (rounded size -> free blocks), set by
+#: ``_pinned_pool`` once that pool's cache exists and dropped by ``sim.reset()``:
+#: :meth:`HostBuffer.pooled` serves a hit from them without a call.
+default_bins: dict[int, list[Any]] | None = None
+#: Ledger account of buffers lent from pinned pools (host memory: no device).
+_POOLED_ACCOUNT = account("pinned_pooled")
 
 
 def _pool_source() -> PoolSource:
@@ -403,6 +411,38 @@ class HostBuffer(BufferMixin, Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
+        bins = default_bins
+        if (bins is not None and pool is None and type(shape) is int and 0 < shape <= 1048576
+                and cls is HostBuffer
+                and (dtype is _UINT8_NAME or (type(dtype) is str and dtype == "uint8"))):
+            blocks = bins.get((shape + 511) & -512)
+            if blocks:  # a hit of the default pool's cache, written out here: a second
+                try:    # call frame costs ~20 % of the pooled pair
+                    block = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    block.cache.cached -= block.size
+                    block.busy = True
+                    ptr = block.ptr
+                    acct = _POOLED_ACCOUNT  # Account.add written out (PooledHostBuffer.close)
+                    acct.live[ptr] = shape
+                    c = acct.current = acct.current + shape
+                    if c > acct.peak:
+                        acct.peak = c
+                    acct.total += 1
+                    if watchers:
+                        notify(acct, ptr, shape, True)
+                    self = _new_object(PooledHostBuffer)
+                    self._ptr = ptr
+                    self._nbytes = shape
+                    self._shape = (shape,)
+                    self._dtype = _U8 if _U8 is not None else uint8()
+                    self._dptr = None
+                    self._views = None
+                    self._block = block
+                    self._state = OPEN
+                    return self
         return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
 
     # -- lifetime ----------------------------------------------------------------------
@@ -524,3 +564,90 @@ class HostBuffer(BufferMixin, Resource):
 
 
 mark_pinned_class(HostBuffer)
+
+
+class PooledHostBuffer(HostBuffer):
+    """What ``HostBuffer.pooled(n)`` gives for bytes: a HostBuffer on a block of a pinned pool.
+
+    Everything a :class:`HostBuffer` does; ``close()`` puts the block straight
+    back in its cache (``_pinned_pool.HostBlock.release`` written out: the
+    pair must cost about what CuPy's pinned pool costs, and a call is a large
+    part of that; see bench_pool's pinned rows). A buffer collected without
+    ``close()`` drops its block, whose ``__del__`` gives it back.
+    """
+
+    __slots__ = ()
+    # Never changed on these buffers: class constants instead of per-buffer stores.
+    _kind = MemoryKind.PINNED_POOLED
+    _flags = 0
+    _finalizer = None
+
+    def close(self) -> None:
+        """Give the block back to the pool's cache; calling it again does nothing."""
+        if self._state is CLOSED:
+            return
+        self._state = CLOSED
+        views = self._views
+        if views is not None and views() is not None:
+            return  # the Exports record gives the block back once the last export is gone
+        block: Any = self._block
+        if block is None:
+            return
+        self._block = None
+        block.busy = False
+        ptr = block.ptr
+        acct = _POOLED_ACCOUNT  # Account.remove written out (first: once cached, the block
+        n = acct.live.pop(ptr, 0)  # may be lent again): the call costs ~7 % of this pair
+        acct.current -= n
+        if watchers:
+            notify(acct, ptr, n, False)
+        cache = block.cache  # BlockCache.put, written out
+        blocks = block.bin
+        if blocks is not None:
+            c = cache.cached + block.size
+            if c <= cache.limit:
+                blocks.append(block)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                return
+        try:
+            block.host.put(block)
+        except CudaError as exc:  # close() never raises driver errors
+            warn_free_failed("pinned pool block", ptr, exc)
+
+    # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit)
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+        """A buffer collected unclosed (CuPy's pinned adaptor drops them): close()'s tail."""
+        try:
+            block: Any = self._block
+        except AttributeError:  # never fully made
+            return
+        if block is None or not block.busy:  # closed; or, in one garbage cycle with its
+            return  # block, the block's own __del__ ran first and gave the memory back
+        # Written out again, not shared with close(): a call frame there costs ~8 % of the
+        # pooled pair; here the block goes back without HostBlock.__del__'s heir (~30 %).
+        self._block = None
+        block.busy = False
+        ptr = block.ptr
+        acct = _POOLED_ACCOUNT
+        n = acct.live.pop(ptr, 0)
+        acct.current -= n
+        if watchers:
+            notify(acct, ptr, n, False)
+        cache = block.cache
+        blocks = block.bin
+        if blocks is not None:
+            c = cache.cached + block.size
+            if c <= cache.limit:
+                blocks.append(block)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                return
+        if _finalizing():
+            return
+        try:
+            block.host.put(block)
+        except CudaError as exc:  # a finalizer must not raise
+            warn_free_failed("pinned pool block", ptr, exc)

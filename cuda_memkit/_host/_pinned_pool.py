@@ -32,19 +32,18 @@ import sys
 import threading
 from typing import Any
 
-from .._core._buffer import MemoryKind
 from .._core._checks import MAX_NBYTES
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._constants import STREAM_LEGACY
 from .._core._device import Stream, custream, stream_destroyed
 from .._core._errors import ClosedError, CudaError
-from .._core._resource import CLOSED, OPEN, Unshareable, account, notify, watchers
+from .._core._resource import OPEN, Unshareable, account
 from .._pools import _pool
 from .._pools._cache import BlockCache, round_size
 from .._pools._pool import MemoryPool
 from .._pools._pool_buffer import destroy_unused, pending_pools
 from . import _pinned
-from ._pinned import HostBuffer
+from ._pinned import HostBuffer, PooledHostBuffer
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
 
@@ -208,28 +207,28 @@ def _cache_of(pool: object, flags: int) -> HostCache:
     return cache
 
 
-# The default pinned pool's cache, its free lists and block cache, and (on the
-# simulator) the simulated machine it was made on, which sim.reset() replaces:
+# The default pinned pool's cache, its free lists and block cache:
 # HostBuffer.pooled(n) without a pool finds its lists with a load and a test.
+# sim.reset() drops them (forget_default) with the machine they were made on.
 _default_cache: HostCache | None = None
 _default_bins: dict[int, list[HostBlock]] | None = None
 _default_blocks: BlockCache | None = None
-_default_sim: Any = None  # cuda_memkit.sim._state, when the default pool is simulated
-_default_machine: object = None
 
 
 def _refresh_default() -> HostCache:
-    global _default_cache, _default_bins, _default_blocks, _default_sim, _default_machine
+    global _default_cache, _default_bins, _default_blocks
     pool = _pool.default_pinned()
     cache = _cache_of(pool, 0)
-    _default_sim = sys.modules.get("cuda_memkit.sim._state")
-    _default_machine = getattr(_default_sim, "MACHINE", None)
-    if _default_machine is None:
-        _default_sim = None
     _default_cache = cache
-    _default_bins = cache.bins
+    _default_bins = _pinned.default_bins = cache.bins
     _default_blocks = cache.blocks
     return cache
+
+
+def forget_default() -> None:
+    """Drop the default pool's cache (the simulated machine it lives on was replaced)."""
+    global _default_cache, _default_bins, _default_blocks
+    _default_cache = _default_bins = _default_blocks = _pinned.default_bins = None
 
 
 def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
@@ -245,8 +244,7 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
         cache = _cache_of(pool, flags)
     else:
         cache = _default_cache  # type: ignore[assignment]
-        if cache is None or (_default_sim is not None
-                             and _default_sim.MACHINE is not _default_machine):
+        if cache is None:
             cache = _refresh_default()
     if nbytes <= 0:
         return None
@@ -287,54 +285,6 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
 # -- HostBuffer.pooled(n) ---------------------------------------------------------------
 
 
-class PooledHostBuffer(_pinned.HostBuffer):
-    """What ``HostBuffer.pooled(n)`` gives for bytes: a HostBuffer on a block of a pinned pool.
-
-    Everything a :class:`~cuda_memkit.HostBuffer` does; ``close()`` puts the
-    block straight back in its cache (:meth:`HostBlock.release` written out:
-    the pair must cost about what CuPy's pinned pool costs, and a call is a
-    large part of that; see bench_pool's pinned rows). A buffer collected
-    without ``close()`` drops its block, whose ``__del__`` gives it back.
-    """
-
-    __slots__ = ()
-    _kind = MemoryKind.PINNED_POOLED  # (HostBuffer's slot, never set on these)
-
-    def close(self) -> None:
-        """Give the block back to the pool's cache; calling it again does nothing."""
-        if self._state is CLOSED:
-            return
-        self._state = CLOSED
-        views = self._views
-        if views is not None and views() is not None:
-            return  # the Exports record gives the block back once the last export is gone
-        block: HostBlock | None = self._block  # type: ignore[assignment]  # (no cast(): a call)
-        if block is None:
-            return
-        self._block = None
-        block.busy = False
-        ptr = block.ptr
-        acct = _ACCOUNT  # Account.remove written out (first: once cached, the block may be
-        n = acct.live.pop(ptr, 0)  # lent again): the call costs ~45 ns, ~7 % of this pair
-        acct.current -= n
-        if watchers:
-            notify(acct, ptr, n, False)
-        cache = block.cache  # BlockCache.put, written out
-        blocks = block.bin
-        if blocks is not None:
-            c = cache.cached + block.size
-            if c <= cache.limit:
-                blocks.append(block)
-                cache.cached = c
-                if c > cache.peak:
-                    cache.peak = c
-                return
-        try:
-            block.host.put(block)
-        except CudaError as exc:  # close() never raises driver errors
-            _pinned.warn_free_failed("pinned pool block", ptr, exc)
-
-
 _u8: Any = None  # numpy's uint8 dtype, kept here once made (numpy loads on first use)
 
 
@@ -345,46 +295,23 @@ def _first_uint8() -> Any:
 
 
 def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
-    """``HostBuffer.pooled(shape, dtype, pool=pool)``: a block from the pool's cache.
+    """``HostBuffer.pooled(shape, dtype, pool=pool)`` past its hit path: a block from ``take``.
 
-    1-D bytes (the common case) give a :class:`PooledHostBuffer`, made here;
+    1-D bytes (the common case) give a :class:`PooledHostBuffer`, made here
+    (the hits of the default pool are made by ``HostBuffer.pooled`` itself);
     anything else is ``cls.empty(shape, dtype, pool=...)``.
     """
     if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
             or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
         return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
-    bins = _default_bins if pool is None and _default_sim is None else None
-    blocks = (bins.get((shape + 511) & -512)
-              if bins is not None and shape <= HOST_CACHE_MAX_BLOCK else None)
-    block: HostBlock | None = None
-    if blocks:  # a hit of the default pool: take()'s hit path, written out (a call is ~7 %
-        try:    # of the pooled pair; see PooledHostBuffer)
-            block = blocks.pop()
-        except IndexError:  # another thread took the last one
-            pass
-        else:
-            block.cache.cached -= block.size
-            block.busy = True
-            ptr = block.ptr
-            acct = _ACCOUNT  # Account.add written out, as in PooledHostBuffer.close
-            acct.live[ptr] = shape
-            c = acct.current = acct.current + shape
-            if c > acct.peak:
-                acct.peak = c
-            acct.total += 1
-            if watchers:
-                notify(acct, ptr, shape, True)
-    if block is None:
-        block = take(pool, shape)  # checks the pool; a miss, another pool, the simulator
+    block = take(pool, shape)  # checks the pool; a miss, another pool
     self = _new_object(PooledHostBuffer)
     self._ptr = block.ptr  # type: ignore[union-attr]
     self._nbytes = shape
     self._shape = (shape,)
     self._dtype = _u8 if _u8 is not None else _first_uint8()
-    self._flags = 0
     self._dptr = None
     self._views = None
-    self._finalizer = None
     self._block = block
     self._state = OPEN
     return self

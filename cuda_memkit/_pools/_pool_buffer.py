@@ -327,8 +327,9 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 _finalize(d, self._sref, self._pool, self._acct, cache, self._blocks,
                           self._size)
 
-    def __del__(self, _finalize: Any = _finalize) -> None:  # bound: module globals may be
-        try:                                                  # gone at interpreter exit
+    def __del__(self, _finalize: Any = _finalize,  # bound: module globals may be gone at
+                _finalizing: Any = sys.is_finalizing) -> None:  # interpreter exit
+        try:
             d = self._dptr
         except AttributeError:  # never fully made
             return
@@ -341,8 +342,26 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         cache = self._cache
         if cache is None:
             _finalize(d, self._sref, self._pool, self._acct, None, None, 0)
-        else:
-            _finalize(d, self._sref, self._pool, self._acct, cache, self._blocks, self._size)
+            return
+        sref = self._sref
+        cus = sref._custream
+        size = self._size
+        if (cus is not None and cache.cached + size <= cache.limit and not _finalizing()
+                and not stream_destroyed(sref)):
+            # _release() of a cached block written out: a dropped buffer's block goes back
+            # without three more call frames (~15 % of the allocate-and-drop pair).
+            acct = self._acct
+            n = acct.live.pop(d, None)
+            if n is not None:
+                acct.current -= n
+                if watchers:
+                    notify(acct, d, n, False, int(cus))
+            self._blocks.append(d)
+            c = cache.cached = cache.cached + size
+            if c > cache.peak:
+                cache.peak = c
+            return
+        _finalize(d, sref, self._pool, self._acct, cache, self._blocks, size)
 
     def __enter__(self) -> Self:
         self._check_open()

@@ -14,6 +14,8 @@ make other contexts current, or leave a destroyed one current on a thread
 
 from __future__ import annotations
 
+import sys
+
 from ._state import GiB, Machine, machine
 
 __all__ = ["GiB", "Machine", "machine", "reset"]
@@ -52,4 +54,7 @@ def reset(
     m.initialized = was_initialized
     _device.forget_contexts()
     _kernels.forget()  # its modules were loaded into the old machine
+    pinned_pool = sys.modules.get("cuda_memkit._host._pinned_pool")
+    if pinned_pool is not None:  # its default pool's cache lived on the old machine
+        pinned_pool.forget_default()
     return m
