@@ -13,6 +13,7 @@ import gc
 import importlib
 import importlib.util
 import pkgutil
+import warnings
 from types import ModuleType
 
 import numpy as np
@@ -46,7 +47,10 @@ def _modules() -> list[ModuleType]:
         need = NEEDS_MODULE.get(info.name)
         if need is not None and importlib.util.find_spec(need) is None:
             continue
-        mods.append(importlib.import_module(info.name))
+        with warnings.catch_warnings():
+            # numba-cuda's own import warns under numpy 2.5 (its timedelta use): not ours
+            warnings.simplefilter("ignore", DeprecationWarning)
+            mods.append(importlib.import_module(info.name))
     return [cm, *mods]
 
 

@@ -372,9 +372,11 @@ class Device:
         ensure_context(self._ordinal)
 
     def synchronize(self) -> None:
-        """Wait for all work on this device (``cuCtxSynchronize``)."""
+        """Wait for all work on this device (``cuCtxSynchronize``), then run :data:`sync_hooks`."""
         ensure_context(self._ordinal)
         _driver.call("cuCtxSynchronize")
+        for hook in sync_hooks:
+            hook()
 
     def __enter__(self) -> Device:
         prev = int(_driver.call("cuCtxGetCurrent"))
@@ -533,8 +535,14 @@ class Stream(Resource):
         super().close()
 
     def synchronize(self) -> None:
-        """Wait until all work queued on the stream has finished."""
+        """Wait until all work queued on the stream has finished.
+
+        The operands that asynchronous copies kept alive until now are let go here
+        (:data:`sync_hooks`), so a buffer dropped after the copy is freed at once.
+        """
         _driver.call("cuStreamSynchronize", self.handle)
+        for hook in sync_hooks:
+            hook()
 
     def query(self) -> bool:
         """Return ``True`` if all queued work has finished, ``False`` if not."""
@@ -556,6 +564,11 @@ class Stream(Resource):
 #: memory freed on the stream goes back to its pool while the stream still exists
 #: (a plug-in point, so that this layer imports nothing above it).
 stream_close_hooks: list[Callable[[int], None]] = []
+
+#: Called after ``Stream.synchronize()`` and ``Device.synchronize()``: the copy operands
+#: module registers its reaper here, so that the operands an asynchronous copy held are
+#: let go as soon as the user waited for it (a plug-in point, like the close hooks).
+sync_hooks: list[Callable[[], None]] = []
 
 
 def _destroy_stream(handle: int) -> None:

@@ -30,7 +30,7 @@ from cuda.bindings.driver import CUpointer_attribute
 from . import _driver
 from ._checks import MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
-from ._device import ensure_any_context, ensure_context
+from ._device import ensure_any_context, ensure_context, sync_hooks
 from ._errors import CudaError
 from ._resource import ArrayHolder, Resource
 
@@ -391,6 +391,9 @@ def reap_pending() -> None:
     for ev, _refs in done:
         _destroy_event(ev)
     # the references in `done` go here, outside the lock
+
+
+sync_hooks.append(reap_pending)
 
 
 def pending_count() -> int:
