@@ -270,6 +270,47 @@ def test_async_copy_keeps_operands_alive(dev: cm.DeviceBuffer, stream: cm.Stream
     assert ref() is None
 
 
+def test_synchronize_lets_go_of_the_operands(dev: cm.DeviceBuffer, stream: cm.Stream) -> None:
+    """A buffer dropped after its copy's stream was synchronized is freed at once."""
+    h = cm.HostBuffer.from_array(np.ones(N, np.float32))
+    ref = weakref.ref(h)
+    cm.copy_async(dev, h, stream=stream)
+    del h
+    stream.synchronize()
+    assert _operands.pending_count() == 0
+    assert ref() is None  # no reap, no collection needed
+
+
+def test_wait_pending_waits_for_running_copies(dev: cm.DeviceBuffer, stream: cm.Stream,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leak check's last resort: wait on the held copies' events, then let go."""
+    h = cm.HostBuffer.from_array(np.ones(N, np.float32))
+    ref = weakref.ref(h)
+    waited: list[object] = []
+    real_function = _driver.function
+    busy = [True]
+
+    def function(name: str) -> Any:
+        if name == "cuEventSynchronize":
+            def sync(ev: Any) -> Any:
+                waited.append(ev)
+                busy[0] = False
+                return real_function(name)(ev)
+            return sync
+        return real_function(name)
+
+    with monkeypatch.context() as m:
+        m.setattr(_operands, "_event_done", lambda ev: not busy[0])
+        m.setattr(_driver, "function", function)
+        cm.copy_async(dev, h, stream=stream)
+        del h
+        gc.collect()
+        assert ref() is not None and _operands.pending_count() == 1
+        _operands.wait_pending()
+    assert len(waited) == 1 and _operands.pending_count() == 0
+    assert ref() is None
+
+
 def test_finished_copies_hold_nothing(dev: cm.DeviceBuffer, stream: cm.Stream) -> None:
     h = cm.HostBuffer.from_array(np.ones(N, np.float32))
     cm.copy_async(dev, h, stream=stream)

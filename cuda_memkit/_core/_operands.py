@@ -56,6 +56,7 @@ __all__ = [
     "reap_pending",
     "refuse_pageable",
     "registered_flags",
+    "wait_pending",
 ]
 
 # CUpointer_attribute / CUmemorytype values (stable ABI numbers from cuda.h).
@@ -394,6 +395,18 @@ def reap_pending() -> None:
 
 
 sync_hooks.append(reap_pending)
+
+
+def wait_pending() -> None:
+    """Wait until every asynchronous copy whose operands are held has finished, then reap.
+
+    It waits on the copies' own events (never on their streams, which may be gone).
+    """
+    with _pending_lock:
+        last = [q[-1][0] for q in pending_operands.values() if q]
+    for ev in last:
+        _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
+    reap_pending()
 
 
 def pending_count() -> int:
