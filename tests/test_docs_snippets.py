@@ -47,10 +47,7 @@ BLOCKS = _snippets.all_blocks()
 #: Failing blocks of pages that other branches are rewriting now, so that no marker can go in
 #: them yet: (page, sha1 of the block's text) -> why. A strict xfail while the text is the
 #: same; once it changes the block runs as any other (add its marker in the page then).
-UNMARKED_KNOWN_FAILING = {
-    ("docs/transfers.md", "c8c21b28e330"): "host_cache, dev_cache, free_host, BLOCK undefined",
-    ("docs/transfers.md", "641308dc3d82"): "buf and block_ids undefined",
-}
+UNMARKED_KNOWN_FAILING: dict[tuple[str, str], str] = {}
 
 
 def _digest(block: Block) -> str:
