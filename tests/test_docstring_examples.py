@@ -22,21 +22,10 @@ import pytest
 import cuda_memkit as cm
 
 #: qualified name (without the module) -> why it fails today. Strict: a fixed one must leave.
-KNOWN_FAILING = {
-    "CopyBatch": "host_cache, dev_cache and s are never defined",
-    "copy_batch": "cm.copy_batch returns the destination, whose repr the example does not show",
-    "GrowableBuffer": "the capacity shown (629145600) is not the one computed (637534208)",
-    "ManagedBuffer": "Location is used unqualified (cm.Location) and never imported",
-    "ManagedMemoryHints": "buf is never defined",
-    "MemoryPool": "stream is never defined",
-    "PrefetchPlan": "buf and stream are never defined",
-    "register_host": "dev is never defined",
-    "track": "the summary's columns differ from the text shown; the example leaves three "
-             "buffers live, which the leak check fails",
-    "cupy_allocator": "cupy is never imported (and CuPy needs a GPU)",
-}
-#: Examples of modules that import a framework at load: run where it is installed.
-NEEDS_MODULE = {"cuda_memkit.allocators.numba": "numba"}
+KNOWN_FAILING: dict[str, str] = {}
+#: Examples of modules that import a framework at load or in their examples: run where it is
+#: installed.
+NEEDS_MODULE = {"cuda_memkit.allocators.numba": "numba", "cuda_memkit.allocators._cupy": "cupy"}
 
 
 def _modules() -> list[ModuleType]:

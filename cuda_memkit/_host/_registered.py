@@ -228,9 +228,10 @@ def register_host(
     Examples
     --------
     >>> a = np.ones(1 << 20, np.float32)
-    >>> with cm.register_host(a):
-    ...     cm.copy(dev, a, stream=s)           # async: `a` is pinned now
-    ...     s.synchronize()
+    >>> with cm.Stream() as s, cm.DeviceBuffer.empty(a.nbytes) as dev:
+    ...     with cm.register_host(a):
+    ...         _ = cm.copy(dev, a, stream=s)   # async: `a` is pinned now
+    ...         s.synchronize()
     """
     import numpy as np
 

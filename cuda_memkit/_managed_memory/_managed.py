@@ -95,10 +95,10 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
 
     Examples
     --------
-    >>> import numpy as np
-    >>> with ManagedBuffer.from_array(np.arange(1 << 20, dtype=np.float32)) as buf:
-    ...     buf.advise(MemAdvice.SET_PREFERRED_LOCATION, Location.device(0))
-    ...     buf.prefetch(Location.device(0), stream=stream)
+    >>> a = np.arange(1 << 20, dtype=np.float32)
+    >>> with cm.Stream() as stream, cm.ManagedBuffer.from_array(a) as buf:
+    ...     buf.advise(cm.MemAdvice.SET_PREFERRED_LOCATION, cm.Location.device(0))
+    ...     buf.prefetch(cm.Location.device(0), stream=stream)
     ...     stream.synchronize()
     """
 

@@ -256,10 +256,12 @@ class ManagedMemoryHints:
 
     Examples
     --------
-    >>> (ManagedMemoryHints.for_buffer(buf)
-    ...     .set_read_mostly()
-    ...     .set_accessed_by(Location.device(0))
-    ...     .prefetch_to(Location.device(0), stream))
+    >>> with cm.Stream() as stream, cm.ManagedBuffer.empty(1 << 20) as buf:
+    ...     hints = (cm.ManagedMemoryHints.for_buffer(buf)
+    ...              .set_read_mostly()
+    ...              .set_accessed_by(cm.Location.device(0))
+    ...              .prefetch_to(cm.Location.device(0), stream))
+    ...     stream.synchronize()
     """
 
     __slots__ = ("_buffer", "_nbytes", "_ptr")

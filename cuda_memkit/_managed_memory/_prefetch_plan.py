@@ -186,12 +186,16 @@ class PrefetchPlan:
 
     Examples
     --------
-    >>> plan = PrefetchPlan()
+    >>> chunk = 128 << 10
+    >>> buf, stream = cm.ManagedBuffer.empty(64 * chunk), cm.Stream()
+    >>> plan = cm.PrefetchPlan()
     >>> for i in range(64):
-    ...     plan.add(buf, Location.device(0), offset=i * chunk, nbytes=chunk)
+    ...     plan = plan.add(buf, cm.Location.device(0), offset=i * chunk, nbytes=chunk)
     >>> [str(c) for c in plan.dry_run(stream)]   # one coalesced range
-    ['cuMemPrefetchAsync(1 range, 536870912 bytes; device 0: 1; stream 0x...)']
+    ['cuMemPrefetchAsync(1 range, 8388608 bytes; device 0: 1; stream 0x...)']
     >>> plan.execute(stream)
+    >>> stream.synchronize()
+    >>> buf.close(); stream.close()
     """
 
     __slots__ = ("_compiled", "_count", "_entries")

@@ -462,9 +462,13 @@ def track(stacks: bool = False, *, threads: str = "all") -> Tracker:
     --------
     >>> with cm.track(stacks=True) as t:
     ...     kept = [cm.DeviceBuffer.empty(1 << 20) for _ in range(3)]
-    ...     cm.HostBuffer.pooled(4096).close()
+    ...     cm.DeviceBuffer.empty(4096).close()   # freed: not live
     >>> len(t.live())
     3
     >>> print(t.summary())          # by kind and by call site
+    cuda_memkit tracking summary (... s)
+    kind ...
+    >>> for b in kept:
+    ...     b.close()
     """
     return Tracker(stacks, threads=threads)

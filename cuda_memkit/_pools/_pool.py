@@ -228,9 +228,10 @@ class MemoryPool(PoolAttributes, Resource):
 
     Examples
     --------
-    >>> with cm.MemoryPool(0, release_threshold=1 << 30) as pool:
+    >>> with cm.Stream() as stream, cm.MemoryPool(0, release_threshold=1 << 30) as pool:
     ...     buf = pool.allocate(1 << 20, stream=stream)
     ...     buf.free()
+    ...     stream.synchronize()
     """
 
     _share_hint = ("share the MemoryPool object itself; another process imports it from "

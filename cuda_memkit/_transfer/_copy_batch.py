@@ -842,11 +842,13 @@ def copy_batch(
 
     Examples
     --------
-    >>> host = cm.HostBuffer.empty(64 << 20)
-    >>> dev = cm.DeviceBuffer.empty(64 << 20)
+    >>> host = cm.HostBuffer.empty(16 << 20)
+    >>> dev = cm.DeviceBuffer.empty(16 << 20)
     >>> slots = np.array([7, 2, 9]) * (1 << 20)
     >>> cm.copy_batch(dev, host, dst_offsets=slots, src_offsets=[0, 1 << 20, 2 << 20],
-    ...               sizes=1 << 20)
+    ...               sizes=1 << 20)     # returns dst
+    <DeviceBuffer 16777216 bytes on device 0 ptr=0x...>
+    >>> host.close(); dev.close()
     """
     _kernels.check_method(method)
     g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location)
@@ -884,11 +886,19 @@ class CopyBatch(Resource):
 
     Examples
     --------
+    >>> BLOCK = 4096
+    >>> host_cache, dev_cache = cm.HostBuffer.zeros(64 * BLOCK), cm.DeviceBuffer.zeros(64 * BLOCK)
+    >>> evict, out_slots = np.array([3, 7]) * BLOCK, np.array([0, 1]) * BLOCK
+    >>> load, free = np.array([40, 41]) * BLOCK, np.array([20, 21]) * BLOCK
+    >>> s = cm.Stream()
     >>> b = cm.CopyBatch()
     >>> b.add(host_cache, dev_cache, dst_offsets=out_slots, src_offsets=evict, sizes=BLOCK)
+    <CopyBatch 1 pairs, 2 blocks, 2 copies, 8192 bytes>
     >>> b.add(dev_cache, host_cache, dst_offsets=free, src_offsets=load, sizes=BLOCK)
+    <CopyBatch 2 pairs, 4 blocks, 3 copies, 16384 bytes>
     >>> b.execute(stream=s)
-    >>> b.close()
+    >>> s.synchronize()
+    >>> b.close(); s.close(); host_cache.close(); dev_cache.close()
     """
 
     def __init__(self) -> None:

@@ -131,12 +131,13 @@ class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
 
     Examples
     --------
-    >>> buf = GrowableBuffer(1 << 30, chunk=32 << 20)
-    >>> buf.resize(100 << 20)          # maps 4 chunks
+    >>> buf = cm.GrowableBuffer(1 << 30, chunk=2 << 20)
+    >>> buf.resize(5 << 20)            # maps 3 chunks
     >>> p = buf.ptr
-    >>> buf.resize(600 << 20)          # maps 15 more; buf.ptr == p, data kept
-    >>> buf.capacity
-    629145600
+    >>> buf.resize(20 << 20)           # maps 7 more; buf.ptr == p, data kept
+    >>> buf.capacity, buf.ptr == p
+    (20971520, True)
+    >>> buf.close()
     """
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,

@@ -321,8 +321,15 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
 
     Examples
     --------
+    >>> import cupy
+    >>> from cuda_memkit import allocators
+    >>> previous = cupy.cuda.get_allocator()
     >>> pool = cm.MemoryPool(0, release_threshold=1 << 30)
     >>> cupy.cuda.set_allocator(allocators.cupy_allocator(pool))
+    >>> x = cupy.arange(1 << 20)            # memory from the pool
+    >>> del x
+    >>> cupy.cuda.set_allocator(previous)
+    >>> pool.close()
     """
     cupy = _import_cupy()
     if not isinstance(cache, bool):
