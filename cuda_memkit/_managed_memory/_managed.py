@@ -27,17 +27,8 @@ from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
 from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
-from ._managed_ranges import (
-    MemAdvice,
-    RangeInfo,
-    advice_location,
-    as_advice,
-    check_location,
-    issue_advise,
-    issue_prefetch,
-    issue_step,
-    query_range,
-)
+from . import _managed_ranges as _ranges
+from ._managed_ranges import MemAdvice, RangeInfo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -354,11 +345,11 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
             For a bad advice, a missing or non-existent location or a range
             outside the buffer (before any driver call).
         """
-        adv = as_advice(advice)
+        adv = _ranges.as_advice(advice)
         ptr, n = self._range(offset, nbytes)
-        loc = advice_location(adv, location)
+        loc = _ranges.advice_location(adv, location)
         _device.ensure_context()
-        issue_advise(ptr, n, adv, loc)
+        _ranges.issue_advise(ptr, n, adv, loc)
 
     def prefetch(self, to: LocationLike, *, stream: StreamLike = None, offset: int = 0,
                  nbytes: int | None = None) -> None:
@@ -377,10 +368,10 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
             The byte sub-range (default: the whole buffer).
         """
         ptr, n = self._range(offset, nbytes)
-        loc = check_location(to, what="prefetch destination")
+        loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_prefetch(ptr, n, loc, h)
+        _ranges.issue_prefetch(ptr, n, loc, h)
 
     def discard(self, *, stream: StreamLike = None, offset: int = 0,
                 nbytes: int | None = None) -> None:
@@ -404,7 +395,7 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         ptr, n = self._range(offset, nbytes)
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_step("discard", [(ptr, n, None)], h)
+        _ranges.issue_step("discard", [(ptr, n, None)], h)
 
     def discard_and_prefetch(self, to: LocationLike, *, stream: StreamLike = None,
                              offset: int = 0, nbytes: int | None = None) -> None:
@@ -426,10 +417,10 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
             Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
-        loc = check_location(to, what="prefetch destination")
+        loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
+        _ranges.issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
 
     def range_info(self, offset: int = 0, nbytes: int | None = None) -> RangeInfo:
         """Return the driver's view of the buffer or a sub-range (:class:`RangeInfo`).
@@ -443,4 +434,4 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         """
         ptr, n = self._range(offset, nbytes)
         _device.ensure_context()
-        return query_range(ptr, n)
+        return _ranges.query_range(ptr, n)
