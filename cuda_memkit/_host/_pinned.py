@@ -446,22 +446,6 @@ class HostBuffer(BufferMixin, Resource):
         return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
 
     # -- lifetime ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Free the memory now; calling it again does nothing.
-
-        With exports of the buffer alive (numpy views from :attr:`array`,
-        DLPack capsules), the memory is freed once the last of them is gone
-        instead, so no export ever points at freed memory. The buffer itself
-        is closed at once.
-        """
-        if self._state is CLOSED:
-            return
-        self._state = CLOSED
-        views = self._views
-        if views is not None and views() is not None:
-            return  # released by the Exports record once the last export is gone
-        self._release_deferred()
-
     def _release_deferred(self) -> None:
         block = self._block
         if block is not None:
