@@ -409,6 +409,33 @@ class BufferMixin:
         return out
 
 
+class ShapedBufferMixin(BufferMixin):
+    """:class:`BufferMixin` plus ``nbytes`` and ``shape`` for a buffer made with a shape.
+
+    A class sets ``_nbytes``, ``_shape`` and ``_dtype`` (``None``: plain bytes)
+    and provides its own ``dtype`` property.
+    """
+
+    __slots__ = ()
+
+    _nbytes: int
+    _shape: tuple[int, ...]
+    _dtype: np.dtype[Any] | None
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self._nbytes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape the buffer was made with (``(nbytes,)`` for plain bytes)."""
+        return self._shape
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        return self._dtype, self._shape
+
+
 def _host_data(obj: Any) -> np.ndarray[Any, Any] | None:
     """``obj`` as a numpy array if it is host data (an array, a list), else ``None``."""
     if isinstance(obj, (int, Resource)) or hasattr(obj, "__cuda_array_interface__"):

@@ -21,7 +21,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
-from .._core._buffer import BufferMixin, MemoryKind
+from .._core._buffer import MemoryKind, ShapedBufferMixin
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
@@ -73,7 +73,7 @@ def _attach_at_alloc(attach: object) -> AttachFlags:
     return AttachFlags(int(attach))
 
 
-class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
+class ManagedBuffer(ShapedBufferMixin, Resource, DeviceMemoryMixin):
     """Managed (unified) memory from ``cuMemAllocManaged``.
 
     One address valid on the host and on every device; the driver migrates
@@ -211,16 +211,6 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         return self._ptr
 
     @property
-    def nbytes(self) -> int:
-        """Size in bytes."""
-        return self._nbytes
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of the :attr:`array` view."""
-        return self._shape
-
-    @property
     def dtype(self) -> np.dtype[Any]:
         """Element type of the :attr:`array` view."""
         return self._dtype
@@ -234,9 +224,6 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
     def kind(self) -> MemoryKind:
         """:attr:`MemoryKind.MANAGED`."""
         return MemoryKind.MANAGED
-
-    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
-        return self._dtype, self._shape
 
     @property
     def attach_flags(self) -> AttachFlags:
