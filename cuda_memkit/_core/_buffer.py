@@ -461,17 +461,3 @@ def _cpu_fill(ptr: int, pattern: int, width: int, nbytes: int) -> None:
 
     raw = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
     np.frombuffer(raw, dtype=f"u{width}")[:] = pattern
-
-
-def host_array_protocol(arr: np.ndarray[Any, Any], dtype: npt.DTypeLike | None,
-                        copy: bool | None) -> np.ndarray[Any, Any]:
-    """``__array__(dtype, copy)`` of host-visible memory whose zero-copy view is ``arr``."""
-    if dtype is not None and arr.dtype != dtype:
-        if copy is False:
-            raise ValueError("converting the buffer to another dtype needs a copy")
-        out: np.ndarray[Any, Any] = arr.astype(dtype)
-        return out
-    if copy:
-        dup: np.ndarray[Any, Any] = arr.copy()
-        return dup
-    return arr
