@@ -155,19 +155,10 @@ class ManagedBuffer(ShapedBufferMixin, Resource, DeviceMemoryMixin):
     @classmethod
     def zeros(cls, shape: int | tuple[int, ...], dtype: npt.DTypeLike = "uint8", *,
               attach: AttachFlags = AttachFlags.GLOBAL) -> ManagedBuffer:
-        """Allocate managed memory filled with zero bytes.
+        """Allocate managed memory filled with zero bytes; arguments as :meth:`empty`.
 
         The fill is ``cuMemsetD8`` on the legacy default stream, which is then
         synchronized, so the pages start out on the current device.
-
-        Parameters
-        ----------
-        shape : int or tuple of int
-            Shape of the :attr:`array` view.
-        dtype : dtype-like, default uint8
-            Element type.
-        attach : AttachFlags, default GLOBAL
-            ``GLOBAL`` or ``HOST`` (see :class:`AttachFlags`).
         """
         buf = cls._allocate(shape, dtype, attach)
         if buf._nbytes:
@@ -390,18 +381,13 @@ class ManagedBuffer(ShapedBufferMixin, Resource, DeviceMemoryMixin):
 
         Uses ``cuMemDiscardAndPrefetchBatchAsync`` (CUDA >= 13.0): the pages
         appear at ``to`` without their old contents being migrated. Where the
-        driver lacks it, this is a plain :meth:`prefetch`.
+        driver lacks it, this is a plain :meth:`prefetch`. ``stream``,
+        ``offset`` and ``nbytes`` are as in :meth:`discard`.
 
         Parameters
         ----------
         to : int, Device or Location
             Where the pages should appear.
-        stream : stream-like, optional
-            The stream to order the call on (default: the legacy default stream).
-        offset : int, default 0
-            Start of the range, in bytes from the buffer's start.
-        nbytes : int, optional
-            Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
         loc = _ranges.check_location(to, what="prefetch destination")
