@@ -383,10 +383,9 @@ class BufferMixin:
 
         Raises
         ------
-        TypeError
-            For object or zero-size dtypes.
-        ValueError
-            If the shape needs more bytes than the buffer has.
+        TypeError, ValueError
+            For object or zero-size dtypes, or a shape that needs more bytes
+            than the buffer has.
         ClosedError
             If the buffer is closed.
         """
