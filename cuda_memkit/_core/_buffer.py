@@ -412,7 +412,7 @@ class ShapedBufferMixin(BufferMixin):
     """:class:`BufferMixin` plus ``nbytes`` and ``shape`` for a buffer made with a shape.
 
     A class sets ``_nbytes``, ``_shape`` and ``_dtype`` (``None``: plain bytes)
-    and provides its own ``dtype`` property.
+    and provides ``dtype`` (:class:`TypedBufferMixin` does where it is never ``None``).
     """
 
     __slots__ = ()
@@ -433,6 +433,19 @@ class ShapedBufferMixin(BufferMixin):
 
     def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
         return self._dtype, self._shape
+
+
+class TypedBufferMixin(ShapedBufferMixin):
+    """:class:`ShapedBufferMixin` plus ``dtype``, for a kind that always has an element type."""
+
+    __slots__ = ()
+
+    _dtype: np.dtype[Any]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._dtype
 
 
 def _host_data(obj: Any) -> np.ndarray[Any, Any] | None:

@@ -30,7 +30,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core import _driver
-from .._core._buffer import MemoryKind, ShapedBufferMixin
+from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
 from .._core._device import ensure_any_context, release_call
 from .._core._errors import CudaError, CudaInvalidContextError, MemkitWarning
@@ -221,7 +221,7 @@ def warn_free_failed(what: str, ptr: int, exc: CudaError) -> None:
 # -- HostBuffer -------------------------------------------------------------------------
 
 
-class HostBuffer(ShapedBufferMixin, Resource):
+class HostBuffer(TypedBufferMixin, Resource):
     """Page-locked (pinned) host memory holding an array of ``shape`` and ``dtype``.
 
     Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. The memory
@@ -462,11 +462,6 @@ class HostBuffer(ShapedBufferMixin, Resource):
         if self._state is not OPEN:
             self._check_open()
         return self._ptr
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """Element type."""
-        return self._dtype
 
     @property
     def size(self) -> int:

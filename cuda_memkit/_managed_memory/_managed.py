@@ -21,7 +21,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
-from .._core._buffer import MemoryKind, ShapedBufferMixin
+from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
@@ -73,7 +73,7 @@ def _attach_at_alloc(attach: object) -> AttachFlags:
     return AttachFlags(int(attach))
 
 
-class ManagedBuffer(ShapedBufferMixin, Resource, DeviceMemoryMixin):
+class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
     """Managed (unified) memory from ``cuMemAllocManaged``.
 
     One address valid on the host and on every device; the driver migrates
@@ -200,11 +200,6 @@ class ManagedBuffer(ShapedBufferMixin, Resource, DeviceMemoryMixin):
         """The managed address (valid on the host and every device); 0 if empty."""
         self._check_open()
         return self._ptr
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """Element type of the :attr:`array` view."""
-        return self._dtype
 
     @property
     def device(self) -> int:
