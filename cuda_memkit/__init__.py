@@ -11,26 +11,9 @@ from __future__ import annotations
 import os as _os
 from typing import TYPE_CHECKING, Any
 
+from ._core import _errors
 from ._core._driver import backend_name, use_backend
-from ._core._errors import (
-    ClosedError,
-    CudaAlreadyMappedError,
-    CudaDriverNotFoundError,
-    CudaError,
-    CudaHostMemoryAlreadyRegisteredError,
-    CudaHostMemoryNotRegisteredError,
-    CudaInvalidContextError,
-    CudaInvalidDeviceError,
-    CudaInvalidHandleError,
-    CudaInvalidValueError,
-    CudaNoDeviceError,
-    CudaNotInitializedError,
-    CudaNotMappedError,
-    CudaNotPermittedError,
-    CudaNotSupportedError,
-    CudaOutOfMemoryError,
-    MemkitWarning,
-)
+from ._core._errors import *  # noqa: F403 - the exception tree, named once in its __all__
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._core._buffer import Buffer, MemoryKind
@@ -117,23 +100,7 @@ __all__ = [
     "Allocation",
     "AttachFlags",
     "Buffer",
-    "ClosedError",
     "CopyBatch",
-    "CudaAlreadyMappedError",
-    "CudaDriverNotFoundError",
-    "CudaError",
-    "CudaHostMemoryAlreadyRegisteredError",
-    "CudaHostMemoryNotRegisteredError",
-    "CudaInvalidContextError",
-    "CudaInvalidDeviceError",
-    "CudaInvalidHandleError",
-    "CudaInvalidValueError",
-    "CudaNoDeviceError",
-    "CudaNotInitializedError",
-    "CudaNotMappedError",
-    "CudaNotPermittedError",
-    "CudaNotSupportedError",
-    "CudaOutOfMemoryError",
     "Device",
     "DeviceBuffer",
     "Frame",
@@ -150,7 +117,6 @@ __all__ = [
     "ManagedMemoryHints",
     "Mapping",
     "MemAdvice",
-    "MemkitWarning",
     "MemoryEvent",
     "MemoryKind",
     "MemoryPool",
@@ -187,6 +153,7 @@ __all__ = [
     "track",
     "use_backend",
 ]
+__all__ += _errors.__all__
 
 
 def _publish(names: tuple[str, ...] | list[str]) -> None:

@@ -383,10 +383,9 @@ class BufferMixin:
 
         Raises
         ------
-        TypeError
-            For object or zero-size dtypes.
-        ValueError
-            If the shape needs more bytes than the buffer has.
+        TypeError, ValueError
+            For object or zero-size dtypes, or a shape that needs more bytes
+            than the buffer has.
         ClosedError
             If the buffer is closed.
         """
@@ -407,6 +406,46 @@ class BufferMixin:
             else:
                 copy_sync(operand(out, True), operand(self, False), n)
         return out
+
+
+class ShapedBufferMixin(BufferMixin):
+    """:class:`BufferMixin` plus ``nbytes`` and ``shape`` for a buffer made with a shape.
+
+    A class sets ``_nbytes``, ``_shape`` and ``_dtype`` (``None``: plain bytes)
+    and provides ``dtype`` (:class:`TypedBufferMixin` does where it is never ``None``).
+    """
+
+    __slots__ = ()
+
+    _nbytes: int
+    _shape: tuple[int, ...]
+    _dtype: np.dtype[Any] | None
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return self._nbytes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape the buffer was made with (``(nbytes,)`` for plain bytes)."""
+        return self._shape
+
+    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
+        return self._dtype, self._shape
+
+
+class TypedBufferMixin(ShapedBufferMixin):
+    """:class:`ShapedBufferMixin` plus ``dtype``, for a kind that always has an element type."""
+
+    __slots__ = ()
+
+    _dtype: np.dtype[Any]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._dtype
 
 
 def _host_data(obj: Any) -> np.ndarray[Any, Any] | None:
@@ -434,17 +473,3 @@ def _cpu_fill(ptr: int, pattern: int, width: int, nbytes: int) -> None:
 
     raw = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
     np.frombuffer(raw, dtype=f"u{width}")[:] = pattern
-
-
-def host_array_protocol(arr: np.ndarray[Any, Any], dtype: npt.DTypeLike | None,
-                        copy: bool | None) -> np.ndarray[Any, Any]:
-    """``__array__(dtype, copy)`` of host-visible memory whose zero-copy view is ``arr``."""
-    if dtype is not None and arr.dtype != dtype:
-        if copy is False:
-            raise ValueError("converting the buffer to another dtype needs a copy")
-        out: np.ndarray[Any, Any] = arr.astype(dtype)
-        return out
-    if copy:
-        dup: np.ndarray[Any, Any] = arr.copy()
-        return dup
-    return arr

@@ -120,6 +120,22 @@ class DeviceMemoryMixin:
                                           dl_device=dl_device, copy=copy)
 
 
+class OneDeviceMixin(DeviceMemoryMixin):
+    """:class:`DeviceMemoryMixin` for memory of one device, whose ordinal is ``_device``."""
+
+    __slots__ = ()
+
+    _device: int
+
+    @property
+    def device(self) -> int:
+        """Ordinal of the device the memory belongs to."""
+        return self._device
+
+    def _dl_device(self) -> tuple[int, int]:
+        return (DL_CUDA, self._device)
+
+
 class DeviceArrayView:
     """A typed, shaped view of device-accessible memory; keeps its owner alive."""
 

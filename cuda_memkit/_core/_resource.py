@@ -176,12 +176,10 @@ class Resource(Unshareable):
         views = self._views
         if views is not None and views() is not None:
             return  # released by the Exports record once the last export is gone
-        fin = self._finalizer
-        if fin is not None:
-            fin()
+        self._release_deferred()
 
     def _release_deferred(self) -> None:
-        """The release ``close()`` deferred while exports were alive (runs at most once)."""
+        """The release: at once from ``close()``, or deferred while exports were alive (once)."""
         fin = self._finalizer
         if fin is not None:
             fin()

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
-from .._core._buffer import BufferMixin, MemoryKind
+from .._core._buffer import MemoryKind, ShapedBufferMixin
 from .._core._checks import byte_count, check_dtype, check_shape, shape_nbytes
 from .._core._device import check_ordinal, ensure_context, release_call
-from .._core._interop import DL_CUDA, DeviceMemoryMixin
+from .._core._interop import OneDeviceMixin
 from .._core._operands import copy_size, copy_sync, operand, pending_operands, reap_pending
 from .._core._resource import Resource, State, account, make_finalizer
 
@@ -38,7 +38,7 @@ def _free_device(ptr: int, ordinal: int) -> None:
     release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
-class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
+class DeviceBuffer(ShapedBufferMixin, OneDeviceMixin, Resource):
     """Device memory from ``cuMemAlloc`` on one device.
 
     Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. A buffer
@@ -178,35 +178,14 @@ class DeviceBuffer(BufferMixin, DeviceMemoryMixin, Resource):
         return self._ptr
 
     @property
-    def nbytes(self) -> int:
-        """Size in bytes."""
-        return self._nbytes
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Array shape (``(nbytes,)`` for a byte buffer)."""
-        return self._shape
-
-    @property
     def dtype(self) -> np.dtype[Any] | None:
         """Element type; ``None`` for a buffer of plain bytes (made from a byte count)."""
         return self._dtype
 
     @property
-    def device(self) -> int:
-        """Ordinal of the device holding the memory."""
-        return self._device
-
-    @property
     def kind(self) -> MemoryKind:
         """:attr:`MemoryKind.DEVICE`."""
         return MemoryKind.DEVICE
-
-    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
-        return self._dtype, self._shape
-
-    def _dl_device(self) -> tuple[int, int]:
-        return (DL_CUDA, self._device)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"

@@ -30,7 +30,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core import _driver
-from .._core._buffer import BufferMixin, MemoryKind
+from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
 from .._core._device import ensure_any_context, release_call
 from .._core._errors import CudaError, CudaInvalidContextError, MemkitWarning
@@ -221,7 +221,7 @@ def warn_free_failed(what: str, ptr: int, exc: CudaError) -> None:
 # -- HostBuffer -------------------------------------------------------------------------
 
 
-class HostBuffer(BufferMixin, Resource):
+class HostBuffer(TypedBufferMixin, Resource):
     """Page-locked (pinned) host memory holding an array of ``shape`` and ``dtype``.
 
     Build with :meth:`empty`, :meth:`zeros` or :meth:`from_array`. The memory
@@ -446,22 +446,6 @@ class HostBuffer(BufferMixin, Resource):
         return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
 
     # -- lifetime ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Free the memory now; calling it again does nothing.
-
-        With exports of the buffer alive (numpy views from :attr:`array`,
-        DLPack capsules), the memory is freed once the last of them is gone
-        instead, so no export ever points at freed memory. The buffer itself
-        is closed at once.
-        """
-        if self._state is CLOSED:
-            return
-        self._state = CLOSED
-        views = self._views
-        if views is not None and views() is not None:
-            return  # released by the Exports record once the last export is gone
-        self._release_deferred()
-
     def _release_deferred(self) -> None:
         block = self._block
         if block is not None:
@@ -480,21 +464,6 @@ class HostBuffer(BufferMixin, Resource):
         return self._ptr
 
     @property
-    def nbytes(self) -> int:
-        """Size in bytes."""
-        return self._nbytes
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Array shape."""
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """Element type."""
-        return self._dtype
-
-    @property
     def size(self) -> int:
         """Number of elements."""
         return math.prod(self._shape)
@@ -508,9 +477,6 @@ class HostBuffer(BufferMixin, Resource):
     def kind(self) -> MemoryKind:
         """:attr:`MemoryKind.PINNED`, or :attr:`MemoryKind.PINNED_POOLED` for pool memory."""
         return self._kind
-
-    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
-        return self._dtype, self._shape
 
     def _host_only(self) -> bool:
         return True

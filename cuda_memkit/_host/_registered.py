@@ -14,7 +14,7 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
-from .._core._buffer import BufferMixin, MemoryKind, host_array_protocol
+from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import check_flags
 from .._core._device import ensure_context, release_call
 from .._core._errors import CudaHostMemoryNotRegisteredError
@@ -25,7 +25,7 @@ from .._core._operands import (
     note_registration,
     view_owner,
 )
-from .._core._resource import Resource, account, make_finalizer
+from .._core._resource import Resource, account, array_protocol, make_finalizer
 
 if TYPE_CHECKING:
     import numpy as np
@@ -151,7 +151,7 @@ class RegisteredHost(BufferMixin, Resource):
 
     def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
                   ) -> np.ndarray[Any, Any]:
-        return host_array_protocol(self.array, dtype, copy)
+        return array_protocol(self.array, dtype, copy)
 
     @property
     def flags(self) -> HostRegisterFlags:

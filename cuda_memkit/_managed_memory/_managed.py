@@ -21,23 +21,14 @@ import enum
 from typing import TYPE_CHECKING, Any
 
 from .._core import _device, _driver
-from .._core._buffer import BufferMixin, MemoryKind
+from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
 from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
-from ._managed_ranges import (
-    MemAdvice,
-    RangeInfo,
-    advice_location,
-    as_advice,
-    check_location,
-    issue_advise,
-    issue_prefetch,
-    issue_step,
-    query_range,
-)
+from . import _managed_ranges as _ranges
+from ._managed_ranges import MemAdvice, RangeInfo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,7 +73,7 @@ def _attach_at_alloc(attach: object) -> AttachFlags:
     return AttachFlags(int(attach))
 
 
-class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
+class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
     """Managed (unified) memory from ``cuMemAllocManaged``.
 
     One address valid on the host and on every device; the driver migrates
@@ -164,19 +155,10 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
     @classmethod
     def zeros(cls, shape: int | tuple[int, ...], dtype: npt.DTypeLike = "uint8", *,
               attach: AttachFlags = AttachFlags.GLOBAL) -> ManagedBuffer:
-        """Allocate managed memory filled with zero bytes.
+        """Allocate managed memory filled with zero bytes; arguments as :meth:`empty`.
 
         The fill is ``cuMemsetD8`` on the legacy default stream, which is then
         synchronized, so the pages start out on the current device.
-
-        Parameters
-        ----------
-        shape : int or tuple of int
-            Shape of the :attr:`array` view.
-        dtype : dtype-like, default uint8
-            Element type.
-        attach : AttachFlags, default GLOBAL
-            ``GLOBAL`` or ``HOST`` (see :class:`AttachFlags`).
         """
         buf = cls._allocate(shape, dtype, attach)
         if buf._nbytes:
@@ -220,21 +202,6 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         return self._ptr
 
     @property
-    def nbytes(self) -> int:
-        """Size in bytes."""
-        return self._nbytes
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Shape of the :attr:`array` view."""
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """Element type of the :attr:`array` view."""
-        return self._dtype
-
-    @property
     def device(self) -> int:
         """Ordinal of the device whose context was current at allocation."""
         return self._device_ordinal
@@ -243,9 +210,6 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
     def kind(self) -> MemoryKind:
         """:attr:`MemoryKind.MANAGED`."""
         return MemoryKind.MANAGED
-
-    def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:
-        return self._dtype, self._shape
 
     @property
     def attach_flags(self) -> AttachFlags:
@@ -354,11 +318,11 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
             For a bad advice, a missing or non-existent location or a range
             outside the buffer (before any driver call).
         """
-        adv = as_advice(advice)
+        adv = _ranges.as_advice(advice)
         ptr, n = self._range(offset, nbytes)
-        loc = advice_location(adv, location)
+        loc = _ranges.advice_location(adv, location)
         _device.ensure_context()
-        issue_advise(ptr, n, adv, loc)
+        _ranges.issue_advise(ptr, n, adv, loc)
 
     def prefetch(self, to: LocationLike, *, stream: StreamLike = None, offset: int = 0,
                  nbytes: int | None = None) -> None:
@@ -377,10 +341,10 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
             The byte sub-range (default: the whole buffer).
         """
         ptr, n = self._range(offset, nbytes)
-        loc = check_location(to, what="prefetch destination")
+        loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_prefetch(ptr, n, loc, h)
+        _ranges.issue_prefetch(ptr, n, loc, h)
 
     def discard(self, *, stream: StreamLike = None, offset: int = 0,
                 nbytes: int | None = None) -> None:
@@ -404,7 +368,7 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         ptr, n = self._range(offset, nbytes)
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_step("discard", [(ptr, n, None)], h)
+        _ranges.issue_step("discard", [(ptr, n, None)], h)
 
     def discard_and_prefetch(self, to: LocationLike, *, stream: StreamLike = None,
                              offset: int = 0, nbytes: int | None = None) -> None:
@@ -412,24 +376,19 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
 
         Uses ``cuMemDiscardAndPrefetchBatchAsync`` (CUDA >= 13.0): the pages
         appear at ``to`` without their old contents being migrated. Where the
-        driver lacks it, this is a plain :meth:`prefetch`.
+        driver lacks it, this is a plain :meth:`prefetch`. ``stream``,
+        ``offset`` and ``nbytes`` are as in :meth:`discard`.
 
         Parameters
         ----------
         to : int, Device or Location
             Where the pages should appear.
-        stream : stream-like, optional
-            The stream to order the call on (default: the legacy default stream).
-        offset : int, default 0
-            Start of the range, in bytes from the buffer's start.
-        nbytes : int, optional
-            Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
-        loc = check_location(to, what="prefetch destination")
+        loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
         _device.ensure_context()
-        issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
+        _ranges.issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
 
     def range_info(self, offset: int = 0, nbytes: int | None = None) -> RangeInfo:
         """Return the driver's view of the buffer or a sub-range (:class:`RangeInfo`).
@@ -443,4 +402,4 @@ class ManagedBuffer(BufferMixin, Resource, DeviceMemoryMixin):
         """
         ptr, n = self._range(offset, nbytes)
         _device.ensure_context()
-        return query_range(ptr, n)
+        return _ranges.query_range(ptr, n)

@@ -46,14 +46,7 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 from .._core import _driver
 from .._core._device import ensure_any_context
 from .._core._errors import CudaError
-from .._core._operands import (
-    HOST,
-    MEMORYTYPE_HOST,
-    PINNED,
-    RAW,
-    is_pinned_host,
-    memory_type,
-)
+from .._core._operands import HOST, MEMORYTYPE_HOST, PINNED, RAW, is_pinned_host, memory_type
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -24,7 +24,7 @@ from .._core._device import (
     primary_context,
 )
 from .._core._errors import CudaError
-from .._core._interop import DL_CUDA, DeviceMemoryMixin
+from .._core._interop import OneDeviceMixin
 from .._core._resource import (
     Account,
     Resource,
@@ -108,7 +108,7 @@ def _fin_growable(gs: _GrowState) -> None:
             raise first
 
 
-class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
+class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     """A device buffer that grows and shrinks in place: its pointer never moves.
 
     It reserves ``max_size`` bytes of addresses once; :meth:`resize` maps new
@@ -213,11 +213,6 @@ class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
         return self._gs.chunk
 
     @property
-    def device(self) -> int:
-        """The device whose memory backs the buffer."""
-        return self._device
-
-    @property
     def kind(self) -> MemoryKind:
         """:attr:`MemoryKind.GROWABLE`."""
         return MemoryKind.GROWABLE
@@ -227,9 +222,6 @@ class GrowableBuffer(BufferMixin, DeviceMemoryMixin, Resource):
         """Other devices with access to every chunk."""
         return tuple(d for d, a in self._access.items()
                      if d != self._device and a is not Access.NONE)
-
-    def _dl_device(self) -> tuple[int, int]:
-        return (DL_CUDA, self._device)
 
     # -- operations ---------------------------------------------------------
     def resize(self, nbytes: int) -> None:

@@ -47,7 +47,7 @@ from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._device import Location, LocationType, as_location, check_exists, ensure_context
 from .._core._errors import ClosedError
-from .._core._interop import DL_CUDA, DeviceMemoryMixin
+from .._core._interop import OneDeviceMixin
 from .._core._resource import (
     CLOSED,
     Account,
@@ -574,7 +574,7 @@ class PhysicalMemory(Resource):
 # -- mappings ------------------------------------------------------------------------
 
 
-class Mapping(BufferMixin, DeviceMemoryMixin, Resource):
+class Mapping(BufferMixin, OneDeviceMixin, Resource):
     """Physical memory mapped into an :class:`AddressRange` (from :meth:`AddressRange.map`).
 
     Closing it unmaps it (``cuMemUnmap``). It is a device buffer (``ptr``,
@@ -656,9 +656,6 @@ class Mapping(BufferMixin, DeviceMemoryMixin, Resource):
     def device(self) -> int:
         """The device the memory belongs to (for host memory: the current one at map time)."""
         return self._device
-
-    def _dl_device(self) -> tuple[int, int]:
-        return (DL_CUDA, self._device)
 
     def set_access(self, targets: TargetLike | Iterable[TargetLike],
                    access: Access = Access.READWRITE) -> None:
