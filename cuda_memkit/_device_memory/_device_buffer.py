@@ -184,7 +184,7 @@ class DeviceBuffer(ShapedBufferMixin, OneDeviceMixin, Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.DEVICE`."""
+        """``MemoryKind.DEVICE``."""
         return MemoryKind.DEVICE
 
     def __repr__(self) -> str:

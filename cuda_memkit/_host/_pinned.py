@@ -475,7 +475,7 @@ class HostBuffer(TypedBufferMixin, Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.PINNED`, or :attr:`MemoryKind.PINNED_POOLED` for pool memory."""
+        """``MemoryKind.PINNED``, or ``MemoryKind.PINNED_POOLED`` for pool memory."""
         return self._kind
 
     def _host_only(self) -> bool:

@@ -139,7 +139,7 @@ class RegisteredHost(BufferMixin, Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.REGISTERED`."""
+        """``MemoryKind.REGISTERED``."""
         return MemoryKind.REGISTERED
 
     def _layout(self) -> tuple[np.dtype[Any] | None, tuple[int, ...] | None]:

@@ -208,7 +208,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.MANAGED`."""
+        """``MemoryKind.MANAGED``."""
         return MemoryKind.MANAGED
 
     @property

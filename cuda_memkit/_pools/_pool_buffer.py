@@ -211,7 +211,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.POOL` (whatever the pool's location)."""
+        """``MemoryKind.POOL`` (whatever the pool's location)."""
         return MemoryKind.POOL
 
     def _host_only(self) -> bool:
@@ -227,14 +227,14 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
     def free(self, stream: StreamLike = None) -> None:
         """Return the memory to the pool, ordered on ``stream`` (``cuMemFreeAsync``).
 
+        A second ``free()`` (or one after ``close()``) does nothing, as a
+        second ``close()`` does.
+
         Parameters
         ----------
         stream : stream-like, optional
             Default: the stream the buffer was allocated on. Work queued on
             that stream before the free may still use the memory.
-
-        A second ``free()`` (or one after ``close()``) does nothing, as a
-        second ``close()`` does.
 
         Raises
         ------

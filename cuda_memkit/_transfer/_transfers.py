@@ -73,7 +73,7 @@ def copy(
         Allow a stream-ordered copy from or to pageable numpy memory.
     staged : bool, optional
         Copies between pageable numpy memory and device memory of at least
-        :attr:`StagingSettings.threshold` bytes run through pinned staging
+        ``StagingSettings.threshold`` bytes run through pinned staging
         buffers (see :func:`configure_staging`), several times faster than
         the driver's pageable path; the result and the synchronisation are the
         same (complete on return, ordered after ``stream``'s queued work).

@@ -214,7 +214,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.GROWABLE`."""
+        """``MemoryKind.GROWABLE``."""
         return MemoryKind.GROWABLE
 
     @property

@@ -503,7 +503,7 @@ class PhysicalMemory(Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.VMM_PHYSICAL` (memory without an address: not a buffer)."""
+        """``MemoryKind.VMM_PHYSICAL`` (memory without an address: not a buffer)."""
         return MemoryKind.VMM_PHYSICAL
 
     @property
@@ -634,7 +634,7 @@ class Mapping(BufferMixin, OneDeviceMixin, Resource):
 
     @property
     def kind(self) -> MemoryKind:
-        """:attr:`MemoryKind.VMM_MAPPED`."""
+        """``MemoryKind.VMM_MAPPED``."""
         return MemoryKind.VMM_MAPPED
 
     @property
