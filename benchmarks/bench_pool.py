@@ -44,7 +44,7 @@ import json
 import sys
 from typing import Any
 
-from harness import Loop, backend, check, measure
+from harness import Loop, backend, cached_floor, check, measure, pinned_floor
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -143,38 +143,9 @@ def main() -> None:
     # size rounded to 512 B) looked up in a dict, a slotted object holding its block and
     # its list, free() and __del__ give the block back; no checks, no ledger, one fixed
     # stream handle. Not memkit: the yardstick of the cached rows.
-    floor_lists: dict[int, dict[int, list[Any]]] = {}
-
-    class CachedFloor:
-        __slots__ = ("blocks", "d")
-
-        def free(self) -> None:
-            d, self.d = self.d, None
-            self.blocks.append(d)
-
-        def __del__(self) -> None:
-            if self.d is not None:
-                self.blocks.append(self.d)
-
     floor_h = s.handle
-
-    def cached_floor_allocate(n: int, *, stream: object) -> CachedFloor:
-        r = (n + stride - 1) & -stride
-        sb = floor_lists.get(floor_h)
-        if sb is None:
-            sb = floor_lists[floor_h] = {}
-        blocks = sb.get(r)
-        if blocks is None:
-            blocks = sb[r] = []
-        b = CachedFloor()
-        b.blocks = blocks
-        if blocks:
-            b.d = blocks.pop()
-        else:
-            err, b.d = alloc(r, cupool, cus)
-            if err:
-                raise RuntimeError(err)
-        return b
+    cached_floor_allocate, floor_lists = cached_floor(
+        floor_h, stride, lambda r: alloc(r, cupool, cus))
 
     def floor_cached(k: int) -> None:
         for _ in range(k):
@@ -347,23 +318,7 @@ def main() -> None:
     # checks, no numpy view, no ledger. Not memkit: a yardstick.
     floor_blocks = [check(raw.cuMemHostAlloc(small, 0)) for _ in range(4)]
 
-    class FloorHost:
-        __slots__ = ("ptr",)
-
-        def close(self) -> None:
-            floor_blocks.append(self.ptr)
-            self.__class__ = FloorHost
-
-    class LiveFloorHost(FloorHost):
-        __slots__ = ()
-
-        def __del__(self) -> None:
-            floor_blocks.append(self.ptr)
-
-    def floor_pooled(n: int) -> FloorHost:
-        b = LiveFloorHost()
-        b.ptr = floor_blocks.pop()
-        return b
+    floor_pooled = pinned_floor(floor_blocks)
 
     def floor_pinned(k: int) -> None:
         for _ in range(k):

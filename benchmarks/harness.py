@@ -76,3 +76,76 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
             sync()
             times[key].append((time.perf_counter() - t0) / n)
     return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
+
+
+# -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
+
+
+class CachedFloor:
+    """A block lent by :func:`cached_floor`: ``free()`` and collection give it back."""
+
+    __slots__ = ("blocks", "d")
+
+    def free(self) -> None:
+        d, self.d = self.d, None
+        self.blocks.append(d)
+
+    def __del__(self) -> None:
+        if self.d is not None:
+            self.blocks.append(self.d)
+
+
+def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any]]
+                 ) -> tuple[Callable[..., CachedFloor], dict[int, dict[int, list[Any]]]]:
+    """A cache floor: a free list per (stream, size rounded to ``stride``), one fixed stream.
+
+    ``alloc(rounded)`` returns ``(err, block)`` on a miss. Returns the allocate function
+    (``allocate(n, stream=...)``; the stream is ignored) and the free lists, for cleanup.
+    Not memkit: the yardstick of the cached rows (no checks, no ledger).
+    """
+    lists: dict[int, dict[int, list[Any]]] = {}
+
+    def allocate(n: int, *, stream: object = None) -> CachedFloor:
+        r = (n + stride - 1) & -stride
+        sb = lists.get(handle)
+        if sb is None:
+            sb = lists[handle] = {}
+        blocks = sb.get(r)
+        if blocks is None:
+            blocks = sb[r] = []
+        b = CachedFloor()
+        b.blocks = blocks
+        if blocks:
+            b.d = blocks.pop()
+        else:
+            err, b.d = alloc(r)
+            if err:
+                raise RuntimeError(err)
+        return b
+
+    return allocate, lists
+
+
+def pinned_floor(blocks: list[Any]) -> Callable[[int], Any]:
+    """A pinned-cache floor over ``blocks``: an object holding one, ``close()`` or collection
+    puts it back (``close()`` swaps the class so that ``__del__`` does not run twice)."""
+
+    class FloorHost:
+        __slots__ = ("ptr",)
+
+        def close(self) -> None:
+            blocks.append(self.ptr)
+            self.__class__ = FloorHost
+
+    class LiveFloorHost(FloorHost):
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            blocks.append(self.ptr)
+
+    def take(n: int) -> FloorHost:
+        b = LiveFloorHost()
+        b.ptr = blocks.pop()
+        return b
+
+    return take

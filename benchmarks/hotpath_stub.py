@@ -31,7 +31,10 @@ from typing import Any
 os.environ.setdefault("CUDA_MEMKIT_BACKEND", "sim")
 sys.path.insert(0, os.getcwd())
 
-import cuda_memkit as cm
+import cuda_memkit as cm  # the checkout in the working directory (see --against)
+
+# isort: split
+from harness import cached_floor, pinned_floor  # after cuda_memkit: it adds its own root
 
 N = 10000
 SAMPLES = 11
@@ -94,38 +97,9 @@ def measure() -> dict[str, float]:
         for _ in range(k):
             allocate(MiB, stream=s).free()
 
-    floor_lists: dict[int, dict[int, list[Any]]] = {}
-
-    class CachedFloor:
-        __slots__ = ("blocks", "d")
-
-        def free(self) -> None:
-            d, self.d = self.d, None
-            self.blocks.append(d)
-
-        def __del__(self) -> None:
-            if self.d is not None:
-                self.blocks.append(self.d)
-
     floor_h = s.handle
-
-    def cached_floor_allocate(n: int, *, stream: object) -> CachedFloor:
-        r = (n + 511) & -512
-        sb = floor_lists.get(floor_h)
-        if sb is None:
-            sb = floor_lists[floor_h] = {}
-        blocks = sb.get(r)
-        if blocks is None:
-            blocks = sb[r] = []
-        b = CachedFloor()
-        b.blocks = blocks
-        if blocks:
-            b.d = blocks.pop()
-        else:
-            err, b.d = alloc(r, cupool, cus)
-            if err:
-                raise RuntimeError(err)
-        return b
+    cached_floor_allocate, _lists = cached_floor(
+        floor_h, 512, lambda r: alloc(r, cupool, cus))
 
     def floor_cached(k: int) -> None:
         for _ in range(k):
@@ -176,23 +150,7 @@ def measure() -> dict[str, float]:
 
     floor_blocks = [object() for _ in range(4)]
 
-    class FloorHost:
-        __slots__ = ("ptr",)
-
-        def close(self) -> None:
-            floor_blocks.append(self.ptr)
-            self.__class__ = FloorHost
-
-    class LiveFloorHost(FloorHost):
-        __slots__ = ()
-
-        def __del__(self) -> None:
-            floor_blocks.append(self.ptr)
-
-    def floor_pooled_alloc(n: int) -> FloorHost:
-        b = LiveFloorHost()
-        b.ptr = floor_blocks.pop()
-        return b
+    floor_pooled_alloc = pinned_floor(floor_blocks)
 
     def floor_pinned(k: int) -> None:
         for _ in range(k):
