@@ -246,6 +246,36 @@ def test_racing_frees_free_once(where: str, stream: cm.Stream,
     stream.synchronize()
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_close_after_a_racing_free_frees_nothing(cached: bool, stream: cm.Stream,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() and the finalizer claim the ledger entry first, as free() does.
+
+    A close() that read the pointer before a racing free() claimed it reaches the
+    release with an entry already gone: it must free nothing (no second
+    cuMemFreeAsync, no block put back in the cache twice).
+    """
+    from cuda_memkit._pools import _pool_buffer
+
+    pool = cm.MemoryPool(0, cache=cached)
+    try:
+        buf = pool.allocate(4096, stream=stream)
+        d, sref, acct = buf._dptr, buf._sref, buf._acct
+        cache = buf._cache
+        blocks, size = (buf._blocks, buf._size) if cached else (None, 0)
+        buf.free()  # the winner: claims the entry, frees (or caches) the block
+        calls: list[object] = []
+        real = _pool_buffer.FREE
+        monkeypatch.setattr(_pool_buffer, "FREE", lambda *a: calls.append(a) or real(*a))
+        cached_before = pool.cached_bytes
+        _pool_buffer._release(d, sref, buf._pool, acct, cache, blocks, size)  # the loser
+        assert calls == [] and pool.cached_bytes == cached_before
+        assert d not in acct.live
+    finally:
+        stream.synchronize()
+        pool.close()
+
+
 # -- hole 5: Tracker.save deletes a file it did not create -------------------------------------
 
 _SAVE_UNDER_LIMIT = """

@@ -118,33 +118,39 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
              cache: BlockCache | None, blocks: Any, size: int) -> None:
     """Free one pool allocation, stream-ordered: the path of close() and the finalizer.
 
-    A cached buffer's block goes back to its cache while its stream is open;
-    the ledger entry leaves first (once cached, the block may be lent again).
+    The ledger entry is claimed first, as ``free()`` claims it, so a ``close()``
+    racing a ``free()`` frees once. A cached buffer's block goes back to its cache
+    while its stream is open (once cached, the block may be lent again).
     """
+    n = acct.live.pop(dptr, None)  # the claim, as in free(): one atomic pop, one free
+    if n is None:  # another thread's free() claimed it first: nothing left to do
+        return
+    acct.current -= n
     cus = sref._custream
     if cache is not None and cus is not None and not stream_destroyed(sref):
-        n = acct.live.pop(dptr, None)
-        if n is not None:
-            acct.current -= n
-            if watchers:
-                notify(acct, dptr, n, False, int(cus))
+        if watchers:
+            notify(acct, dptr, n, False, int(cus))
         cache.put(dptr, size, blocks, cus)
         return
-    if cus is None or stream_destroyed(sref):
-        # The allocation stream is closed (or was collected together with the
-        # buffer, in one garbage cycle) and work queued on it may still use
-        # the memory: wait for the device, then free on the legacy stream.
-        with primary_pushed(pool.device or 0):
-            _driver.call("cuCtxSynchronize")
-            cus = custream(STREAM_LEGACY)
+    try:
+        if cus is None or stream_destroyed(sref):
+            # The allocation stream is closed (or was collected together with the
+            # buffer, in one garbage cycle) and work queued on it may still use
+            # the memory: wait for the device, then free on the legacy stream.
+            with primary_pushed(pool.device or 0):
+                _driver.call("cuCtxSynchronize")
+                cus = custream(STREAM_LEGACY)
+                res = FREE(dptr, cus)
+        else:
             res = FREE(dptr, cus)
-    else:
-        res = FREE(dptr, cus)
-    if res[0]:
-        cus = free_failed(res, dptr, cus, pool.device)
-    # (the key is the driver's CUdeviceptr object, unique to this allocation: a
-    # new allocation at the same address cannot be mistaken for it)
-    acct.remove(dptr, int(cus) if watchers else None)
+        if res[0]:
+            cus = free_failed(res, dptr, cus, pool.device)
+    except BaseException:
+        acct.live[dptr] = n  # still allocated: back in the ledger
+        acct.current += n
+        raise
+    if watchers:
+        notify(acct, dptr, n, False, int(cus))
     if pending_pools:
         destroy_unused()
 
