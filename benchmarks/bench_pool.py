@@ -44,7 +44,7 @@ import json
 import sys
 from typing import Any
 
-from harness import Loop, backend, cached_floor, check, measure, pinned_floor
+from harness import Loop, backend, cached_floor, check, measure, pinned_floor, uncached_floor
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -165,28 +165,7 @@ def main() -> None:
     # The least any pure-Python wrapper with this API can cost: allocate() makes an
     # object that owns the memory, free() frees it, garbage collection frees it
     # otherwise; no argument checks, one slot, a fixed stream. Not memkit: a yardstick.
-    class FloorBuffer:
-        __slots__ = ("ptr",)
-
-        def free(self) -> None:
-            (err,) = free(self.ptr, cus)
-            if err:
-                raise RuntimeError(err)
-            self.__class__ = FloorBuffer  # freed: no finalizer left
-
-    class LiveFloorBuffer(FloorBuffer):
-        __slots__ = ()
-
-        def __del__(self) -> None:
-            free(self.ptr, cus)
-
-    def floor_allocate(n: int, *, stream: object) -> FloorBuffer:
-        err, ptr = alloc(n, cupool, cus)
-        if err:
-            raise RuntimeError(err)
-        b = LiveFloorBuffer()
-        b.ptr = ptr
-        return b
+    floor_allocate = uncached_floor(alloc, free, cupool, cus)
 
     def floor_device(k: int) -> None:
         for _ in range(k):

@@ -81,6 +81,40 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
 # -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
 
 
+def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any) -> Callable[..., Any]:
+    """The uncached floor: ``allocate(n, stream=...)`` makes a one-slot object owning
+    ``alloc(n, cupool, cus)``; ``free()`` frees it on ``cus``, collection frees it otherwise
+    (``free()`` swaps the class so that no finalizer is left). No checks, a fixed stream.
+    Not memkit: the yardstick of the uncached rows. The driver calls are made directly,
+    as an allocator would, so the floor pays nothing a wrapper would not.
+    """
+
+    class FloorBuffer:
+        __slots__ = ("ptr",)
+
+        def free(self) -> None:
+            (err,) = free(self.ptr, cus)
+            if err:
+                raise RuntimeError(err)
+            self.__class__ = FloorBuffer  # freed: no finalizer left
+
+    class LiveFloorBuffer(FloorBuffer):
+        __slots__ = ()
+
+        def __del__(self) -> None:
+            free(self.ptr, cus)
+
+    def allocate(n: int, *, stream: object = None) -> FloorBuffer:
+        err, ptr = alloc(n, cupool, cus)
+        if err:
+            raise RuntimeError(err)
+        b = LiveFloorBuffer()
+        b.ptr = ptr
+        return b
+
+    return allocate
+
+
 class CachedFloor:
     """A block lent by :func:`cached_floor`: ``free()`` and collection give it back."""
 

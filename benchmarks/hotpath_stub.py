@@ -34,7 +34,11 @@ sys.path.insert(0, os.getcwd())
 import cuda_memkit as cm  # the checkout in the working directory (see --against)
 
 # isort: split
-from harness import cached_floor, pinned_floor  # after cuda_memkit: it adds its own root
+from harness import (  # after cuda_memkit: it adds its own root
+    cached_floor,
+    pinned_floor,
+    uncached_floor,
+)
 
 N = 10000
 SAMPLES = 11
@@ -105,28 +109,7 @@ def measure() -> dict[str, float]:
         for _ in range(k):
             cached_floor_allocate(MiB, stream=s).free()
 
-    class FloorBuffer:
-        __slots__ = ("ptr",)
-
-        def free(self) -> None:
-            (err,) = free(self.ptr, cus)
-            if err:
-                raise RuntimeError(err)
-            self.__class__ = FloorBuffer
-
-    class LiveFloorBuffer(FloorBuffer):
-        __slots__ = ()
-
-        def __del__(self) -> None:
-            free(self.ptr, cus)
-
-    def floor_allocate(n: int, *, stream: object) -> FloorBuffer:
-        err, ptr = alloc(n, cupool, cus)
-        if err:
-            raise RuntimeError(err)
-        b = LiveFloorBuffer()
-        b.ptr = ptr
-        return b
+    floor_allocate = uncached_floor(alloc, free, cupool, cus)
 
     def floor_device(k: int) -> None:
         for _ in range(k):
