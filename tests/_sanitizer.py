@@ -1,14 +1,14 @@
-"""Frames that CuPy keeps alive under compute-sanitizer, and letting go of them.
+"""Frames that memcheck keeps alive, and letting go of them.
 
-Seen on the H100 (compute-sanitizer 2025.3.1 memcheck, CuPy 14.2.0, Python
-3.12, 2026-11-25; reproduced by ``scripts/cupy_frames_under_sanitizer.py``,
-which does not import cuda_memkit): under the sanitizer, calling some CuPy
-functions (``cupy.arange``, the FFTs) leaves the calling function's frame
-alive after it returns, held by one reference that the garbage collector
-cannot see. Every array in that frame's locals stays alive with it. Without
-the sanitizer nothing is kept. So the checks that CuPy gave every allocation
-back (the CuPy adaptor tests, notebook 05) cannot hold under the sanitizer
-unless those frames let go of their locals.
+Seen on the H100 (compute-sanitizer 2025.3.1 memcheck, CuPy 14.2.0, Python 3.12,
+2026-11-25): under memcheck with host backtraces on (its default), a function that
+launches a kernel (``cupy.arange``, the FFTs, cuda_memkit's block-copy kernel) stays
+alive after it returns, held by one reference that the garbage collector cannot see,
+and every array in its locals with it; ``scripts/cupy_frames_under_sanitizer.py``
+shows it with CuPy alone. Without the sanitizer, or with ``--show-backtrace no``
+(what ``scripts/gpu-check sanitize`` passes), nothing is kept. So the checks that
+everything was given back cannot hold under a sanitizer run with backtraces unless
+those frames let go of their locals.
 
 ``scripts/gpu-check sanitize`` sets ``CUDA_MEMKIT_SANITIZER=1``. Only then
 does :func:`release` clear such frames; anywhere else it does nothing, so the

@@ -29,7 +29,7 @@ import cuda_memkit as cm
 
 from . import _bad_cases_a, _bad_cases_b, _bad_cases_c  # noqa: F401  (they fill CASES)
 from ._bad_cases_b import CLOSED
-from ._bad_input_table import CASES, Case, N, closed_fd
+from ._bad_input_table import CASES, Case, N, closed_fd, page_aligned_zeros
 from ._nothing import nothing_allocated
 
 
@@ -44,9 +44,9 @@ def o() -> Iterator[SimpleNamespace]:
     ns.host = cm.HostBuffer.zeros(N)
     ns.host_f32 = cm.HostBuffer.zeros(N // 4, np.float32)
     ns.host0d = cm.HostBuffer.zeros(())
-    ns.reg_array = np.zeros(N, np.uint8)
+    ns.reg_array = page_aligned_zeros(N)
     ns.reg = cm.register_host(ns.reg_array)
-    ns.ro_array = np.zeros(N, np.uint8)
+    ns.ro_array = page_aligned_zeros(N)
     ns.ro_array.flags.writeable = False
     ns.reg_ro = cm.register_host(ns.ro_array, flags=cm.HostRegisterFlags.READ_ONLY)
     ns.dev = cm.DeviceBuffer.empty(N)
@@ -73,7 +73,7 @@ def o() -> Iterator[SimpleNamespace]:
     for name, make in {
         "HostBuffer": lambda: cm.HostBuffer.empty(N),
         "HostBuffer.pooled": lambda: cm.HostBuffer.pooled(N),
-        "RegisteredHost": lambda: cm.register_host(np.zeros(N, np.uint8)),
+        "RegisteredHost": lambda: cm.register_host(page_aligned_zeros(N)),
         "DeviceBuffer": lambda: cm.DeviceBuffer.empty(N),
         "ManagedBuffer": lambda: cm.ManagedBuffer.zeros(N),
         "Stream": cm.Stream,

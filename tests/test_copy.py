@@ -443,6 +443,7 @@ def test_copy_into_a_closed_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
             cm.copy_async(d2, h, stream=None)
 
 
+@pytest.mark.framework_kernels  # CuPy loads its kernel modules into device memory
 def test_cupy_interop(backend: str) -> None:
     if backend != "cuda":
         pytest.skip("CuPy needs a real GPU")
@@ -465,3 +466,16 @@ def test_sync_copies_are_complete_on_return(dev: cm.DeviceBuffer, data: np.ndarr
         del calls[:]
         cm.copy(h, dev)  # into host memory: cuMemcpy returns when done
         assert "cuStreamSynchronize" not in [c[0] for c in calls]
+
+
+@pytest.mark.uses_managed_memory
+def test_a_sync_copy_into_a_view_of_managed_memory_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A numpy view of a managed buffer is memory the device addresses: cuMemcpy into it
+    may return before the bytes land (the H100 under compute-sanitizer), so copy() waits."""
+    with cm.ManagedBuffer.zeros(64) as m:
+        view = np.asarray(m)
+        with record_calls(monkeypatch) as calls:
+            cm.copy(view, np.full(64, 9, np.uint8))
+        assert [c[0] for c in calls][-2:] == ["cuMemcpy", "cuStreamSynchronize"]
+        assert (view == 9).all()
+        del view

@@ -303,3 +303,23 @@ def test_async_copies_accept_registered_arrays() -> None:
         s.synchronize()
         s.close()
     np.testing.assert_array_equal(back, src)
+
+
+@pytest.mark.parametrize("first", [0, cm.HostRegisterFlags.READ_ONLY])
+def test_a_shared_page_with_the_other_read_only_setting_is_refused_clearly(first: int) -> None:
+    """Two small arrays on one page: the driver refuses mixed READ_ONLY (the H100 says
+    only CUDA_ERROR_INVALID_VALUE); register_host names the reason before calling it."""
+    base = np.zeros(4 * 4096, np.uint8)
+    start = -base.ctypes.data % 4096
+    a, b = base[start:start + 1024], base[start + 2048:start + 3072]
+    if first:
+        a.flags.writeable = False
+    with cm.register_host(a, flags=first):
+        other = 0 if first else cm.HostRegisterFlags.READ_ONLY
+        if other:
+            b.flags.writeable = False
+        with pytest.raises(ValueError, match="shares a memory page with a"):
+            cm.register_host(b, flags=other)
+        if not first:
+            with cm.register_host(base[start + 3072:start + 4096]):  # same flags: fine
+                pass

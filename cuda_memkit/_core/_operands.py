@@ -51,6 +51,7 @@ __all__ = [
     "mark_pinned_class",
     "memory_type",
     "operand",
+    "page_sharing_registration",
     "pending_count",
     "pending_operands",
     "reap_pending",
@@ -108,6 +109,23 @@ def registered_flags(ptr: int, nbytes: int) -> int | None:
     for start, (stop, flags) in list(_registered.items()):
         if start <= ptr and end <= stop:
             return flags
+    return None
+
+
+def page_sharing_registration(ptr: int, nbytes: int, page: int) -> tuple[int, int, int] | None:
+    """A live registration on a page that ``[ptr, ptr+nbytes)`` also touches, or None.
+
+    Returns its ``(start, end, flags)``. The driver registers whole pages, so small
+    arrays sharing a page share its mapping.
+    """
+    if not _registered:
+        return None
+    first = ptr - ptr % page
+    last = ptr + nbytes - 1
+    last += page - last % page
+    for start, (stop, flags) in list(_registered.items()):
+        if start < last and first < stop:
+            return start, stop, flags
     return None
 
 
@@ -350,10 +368,11 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
         return
     ensure_any_context()
     _driver.call("cuMemcpy", d[0], s[0], n)
-    if d[3] != HOST and d[3] != PINNED:
+    if (d[3] != HOST and d[3] != PINNED) or (d[3] == HOST and view_owner(d[4]) is not None):
         # cuMemcpy returns before a copy into device memory is done (device to
-        # device, or staged from pageable memory): wait, so that "synchronous"
-        # holds for work on any stream.
+        # device, or staged from pageable memory; a numpy view of a managed
+        # buffer counts: seen under compute-sanitizer): wait, so that
+        # "synchronous" holds for work on any stream.
         _driver.call("cuStreamSynchronize", 0)
 
 

@@ -11,6 +11,7 @@ memory by them) and in the allocation ledger (kind ``"registered"``).
 from __future__ import annotations
 
 import enum
+import mmap
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
@@ -23,6 +24,7 @@ from .._core._operands import (
     mapped_device_ptr,
     mark_pinned_class,
     note_registration,
+    page_sharing_registration,
     view_owner,
 )
 from .._core._resource import Resource, account, array_protocol, make_finalizer
@@ -284,6 +286,17 @@ def register_host(
         self._open(None)
         return self
     ptr = _address(arr)
+    shared = page_sharing_registration(ptr, self._nbytes, mmap.PAGESIZE)
+    if shared is not None and (shared[2] ^ fl) & HostRegisterFlags.READ_ONLY:
+        # The driver registers whole pages and refuses (CUDA_ERROR_INVALID_VALUE) a
+        # page that would be both read-only and writable: say so before it does.
+        which = "read-only" if shared[2] & HostRegisterFlags.READ_ONLY else "writable"
+        raise ValueError(
+            f"this array shares a memory page with a {which} registration "
+            f"(0x{shared[0]:x}..0x{shared[1]:x}); the driver registers whole pages, and a "
+            "page cannot be both read-only and writable. Give the array pages of its own "
+            "(a larger array, or HostBuffer) or register both with the same flags"
+        )
     ensure_context()
     _driver.call("cuMemHostRegister", ptr, self._nbytes, fl)
     self._ptr = ptr

@@ -56,6 +56,11 @@ REPORTED_REGISTER_FLAGS = 0x1 | 0x2
 REGISTER_PINNED: R = R.CUDA_ERROR_INVALID_VALUE
 #: ``cuMemHostRegister`` of ordinary RAM with CU_MEMHOSTREGISTER_IOMEMORY.
 REGISTER_IOMEMORY_RAM: R | None = R.CUDA_ERROR_INVALID_VALUE
+#: The host page size registrations are made of.
+HOST_PAGE = 4096
+#: ``cuMemHostRegister`` of bytes on a page that a registration with the other
+#: READ_ONLY setting also uses.
+SHARED_PAGE_READ_ONLY_MISMATCH: R = R.CUDA_ERROR_INVALID_VALUE
 #: ``cuMemHostUnregister`` of an address the driver knows but that is not the base
 #: of a registration (interior pointer, cuMemHostAlloc memory, NULL).
 UNREGISTER_KNOWN: R = R.CUDA_ERROR_INVALID_VALUE
@@ -188,6 +193,13 @@ def cuMemHostRegister(p: Any, bytesize: Any, Flags: Any) -> None:
         if a.kind in ("pinned", "host_pool"):
             raise Fail(REGISTER_PINNED)
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    # Disjoint bytes on a page another registration uses: the H100 accepts them
+    # when both agree on READ_ONLY and refuses them otherwise (the page's mapping
+    # cannot be both).
+    first, last = addr // HOST_PAGE, (addr + size - 1) // HOST_PAGE
+    for a in _overlapping(m, first * HOST_PAGE, (last - first + 1) * HOST_PAGE):
+        if a.kind == "registered" and (a.flags ^ flags) & REGISTER_READ_ONLY:
+            raise Fail(SHARED_PAGE_READ_ONLY_MISMATCH)
     if flags & REGISTER_IOMEMORY and REGISTER_IOMEMORY_RAM is not None:
         raise Fail(REGISTER_IOMEMORY_RAM)
     _charge_host(m, size)

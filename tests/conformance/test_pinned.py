@@ -261,6 +261,39 @@ def test_register_twice_and_overlapping() -> None:
     del arr
 
 
+@pytest.mark.parametrize(("first", "second", "ok"), [
+    (0, 0, True), (8, 8, True),  # same flags: disjoint bytes on one page register
+    (0, 8, False), (8, 0, False),  # READ_ONLY differs: the shared page refuses
+])
+def test_register_disjoint_bytes_on_a_shared_page(first: int, second: int, ok: bool) -> None:
+    """Two registrations of disjoint bytes on one page (small heap arrays do this).
+
+    The H100 (scripts/probes/register_same_page_probe.py): accepted when the flags
+    agree on READ_ONLY, CUDA_ERROR_INVALID_VALUE when they do not, also when only
+    the last page of the first registration is shared.
+    """
+    arr, addr = host_buf(4 * PAGE)
+    _driver.call("cuMemHostRegister", addr, 1024, first)
+    try:
+        if ok:
+            _driver.call("cuMemHostRegister", addr + 2048, 1024, second)
+            _driver.call("cuMemHostUnregister", addr + 2048)
+        else:
+            expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+                   "cuMemHostRegister", addr + 2048, 1024, second)
+    finally:
+        _driver.call("cuMemHostUnregister", addr)
+    _driver.call("cuMemHostRegister", addr + 1024, PAGE, 0)  # ends on the second page
+    try:
+        expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+               "cuMemHostRegister", addr + PAGE + 2048, 100, 8)
+        _driver.call("cuMemHostRegister", addr + PAGE + 2048, 100, 0)
+        _driver.call("cuMemHostUnregister", addr + PAGE + 2048)
+    finally:
+        _driver.call("cuMemHostUnregister", addr + 1024)
+    del arr
+
+
 def test_register_size_zero_null_and_device_memory(dptr: int) -> None:
     arr, addr = host_buf(REG_N)
     inval = (cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE)
