@@ -58,6 +58,7 @@ def M() -> S.Machine:
     return S.MACHINE
 
 
+# Not shared with the library's host_numa_nodes: the simulator sits below the library's layers.
 def _numa_nodes() -> frozenset[int]:
     try:
         names = os.listdir("/sys/devices/system/node")
