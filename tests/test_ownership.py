@@ -519,3 +519,97 @@ def test_growable_refuses_to_shrink_under_a_consumer() -> None:
         del cap
         buf.resize(g)
         assert buf.nbytes == g
+
+
+# -- close() while an asynchronous copy still uses the memory --------------------------------
+
+COPYABLE = ["HostBuffer", "HostBuffer.pooled", "RegisteredHost", "DeviceBuffer",
+            "ManagedBuffer", "PoolBuffer", "GrowableBuffer"]
+
+
+@pytest.fixture
+def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Copies stay "running" (their events answer not ready) until the returned call."""
+    from cuda_memkit._core import _operands
+
+    running = [True]
+    done = _operands._event_done
+    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
+
+    def finish() -> None:
+        running[0] = False
+
+    yield finish
+    finish()
+    _operands.reap_pending()
+
+
+@pytest.mark.parametrize("kind", kind_params(COPYABLE))
+@pytest.mark.parametrize("role", ["source", "destination"])
+def test_close_during_an_async_copy_releases_after_it(
+        kind: str, role: str, stream: cm.Stream,
+        copies_in_flight: Callable[[], None]) -> None:
+    """close() under a copy in flight: the memory is neither freed nor lent again until the
+    copy is done (a pooled block reused at once would be written by the host under the
+    DMA); then it goes, without the buffer object having to die."""
+    buf = KINDS[kind](Env(stream))
+    other = cm.DeviceBuffer.empty(buf.nbytes) if kind in (
+        "HostBuffer", "HostBuffer.pooled", "RegisteredHost") else cm.HostBuffer.empty(buf.nbytes)
+    try:
+        ptr = buf.ptr
+        if role == "source":
+            cm.copy_async(other, buf, stream=stream)
+        else:
+            cm.copy_async(buf, other, stream=stream)
+        buf.close()
+        assert buf.closed and ptr in live_keys()
+        if kind == "HostBuffer.pooled":
+            again = cm.HostBuffer.pooled(buf.nbytes)
+            assert again.ptr != ptr  # not lent again under the copy
+            again.close()
+        copies_in_flight()
+        stream.synchronize()  # lets go of the finished copy's operands
+        assert ptr not in live_keys()  # `buf` is still referenced here
+    finally:
+        other.close()
+
+
+def test_close_during_copies_on_two_streams_waits_for_both(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    from cuda_memkit._core import _operands
+
+    h = cm.HostBuffer.pooled(4096)
+    d1, d2 = cm.DeviceBuffer.empty(4096), cm.DeviceBuffer.empty(4096)
+    with cm.Stream() as s2:
+        try:
+            ptr = h.ptr
+            cm.copy_async(d1, h, stream=stream)
+            cm.copy_async(d2, h, stream=s2)
+            h.close()
+            first = _operands.pending_operands.pop(stream.handle)  # the first copy is done:
+            _driver.call("cuEventDestroy", first[0][0])  # its operands are let go of
+            del first
+            assert ptr in live_keys()  # the second still reads it
+            copies_in_flight()
+            s2.synchronize()
+            assert ptr not in live_keys()
+        finally:
+            d1.close()
+            d2.close()
+
+
+def test_close_during_a_copy_batch_releases_after_it(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    h = cm.HostBuffer.pooled(8192)
+    d = cm.DeviceBuffer.empty(8192)
+    try:
+        ptr = h.ptr
+        cm.copy_batch(d, h, dst_offsets=[4096, 0], src_offsets=[0, 4096], sizes=4096,
+                      stream=stream)
+        h.close()
+        assert ptr in live_keys()
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+    finally:
+        d.close()

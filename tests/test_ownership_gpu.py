@@ -150,3 +150,27 @@ def test_cupy_allocator_memory_refuses_copy() -> None:
         del x, mem
     _sanitizer.release()
     gc.collect()
+
+
+def test_a_pooled_block_closed_under_a_copy_is_not_lent_again(stream: cm.Stream) -> None:
+    """The real race behind test_ownership's close-during-copy tests: a pooled block closed
+    while a queued copy still reads it must not be handed to the next ``pooled()``, whose
+    host write would land in the copy."""
+    big = 256 << 20
+    with cm.HostBuffer.empty(big) as slow_src, cm.DeviceBuffer.empty(big) as slow_dst, \
+            cm.DeviceBuffer.empty(1 << 20) as dev:
+        h = cm.HostBuffer.pooled(1 << 20)
+        h.array[:] = 1
+        cm.copy_async(slow_dst, slow_src, stream=stream)  # ~5 ms: our copy waits behind it
+        cm.copy_async(dev, h, stream=stream)
+        ptr = h.ptr
+        h.close()
+        again = cm.HostBuffer.pooled(1 << 20)
+        try:
+            assert again.ptr != ptr
+            again.array[:] = 2  # the host writes the block it was given, at once
+            stream.synchronize()
+            assert (dev.to_numpy() == 1).all()
+        finally:
+            again.close()
+    assert ptr not in live_keys()

@@ -32,7 +32,7 @@ from ._checks import MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
 from ._device import ensure_any_context, ensure_context, sync_hooks
 from ._errors import CudaError
-from ._resource import ArrayHolder, Resource
+from ._resource import ArrayHolder, Resource, release_hooks
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,6 +57,7 @@ __all__ = [
     "reap_pending",
     "refuse_pageable",
     "registered_flags",
+    "release_after_copies",
     "wait_pending",
 ]
 
@@ -426,6 +427,47 @@ def wait_pending() -> None:
     for ev in last:
         _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
     reap_pending()
+
+
+class _ReleaseWhenCopied:
+    """Releases a closed owner when the last asynchronous copy holding it is let go of.
+
+    One object for all the copies in flight that hold the owner: it is dropped
+    (and the owner released) when the last of their entries is reaped.
+    """
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: Resource) -> None:
+        self.owner = owner
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            self.owner._release_deferred()
+
+
+def release_after_copies(owner: Resource) -> bool:
+    """Whether asynchronous copies in flight still use ``owner`` (then it waits for them).
+
+    If they do, ``owner`` is released once the last of them has finished, not
+    now, under the copy.
+    """
+    if not pending_operands:
+        return False
+    reap_pending()
+    with _pending_lock:
+        holding = [(q, i) for q in pending_operands.values()
+                   for i, (_ev, refs) in enumerate(q) if any(r is owner for r in refs)]
+        if not holding:
+            return False
+        stand_in = _ReleaseWhenCopied(owner)
+        for q, i in holding:
+            ev, refs = q[i]
+            q[i] = (ev, (*refs, stand_in))
+    return True
+
+
+release_hooks.append(release_after_copies)
 
 
 def pending_count() -> int:

@@ -176,6 +176,9 @@ class Resource(Unshareable):
         views = self._views
         if views is not None and views() is not None:
             return  # released by the Exports record once the last export is gone
+        for hook in release_hooks:
+            if hook(self):
+                return  # an asynchronous copy still uses the memory: released after it
         self._release_deferred()
 
     def _release_deferred(self) -> None:
@@ -232,7 +235,16 @@ class Exports:
     def __del__(self) -> None:
         owner = self.owner
         if owner.closed and not sys.is_finalizing():
+            for hook in release_hooks:
+                if hook(owner):
+                    return
             owner._release_deferred()
+
+
+#: Asked before a closed resource's memory is released, in order: a hook that returns
+#: True has taken the release over (``_operands`` registers one that waits for the
+#: asynchronous copies still using the memory; this module cannot import it).
+release_hooks: list[Callable[[Resource], bool]] = []
 
 
 _exports_lock = threading.Lock()

@@ -39,6 +39,7 @@ from .._core._operands import (
     mark_pinned_class,
     pending_operands,
     reap_pending,
+    release_after_copies,
 )
 from .._core._resource import (
     CLOSED,
@@ -400,7 +401,9 @@ class HostBuffer(TypedBufferMixin, Resource):
         Costs about a microsecond, where :meth:`empty` pays ``cuMemHostAlloc``
         (hundreds of microseconds per pair): use it for many small or short-lived
         buffers. Closing the buffer returns its block to the pool for the
-        next one; synchronize the GPU work that uses it first.
+        next one, once the asynchronous copies cuda_memkit queued on it have
+        finished; synchronize other GPU work that uses it (your kernels)
+        first.
 
         Parameters
         ----------
@@ -556,6 +559,8 @@ class PooledHostBuffer(HostBuffer):
         views = self._views
         if views is not None and views() is not None:
             return  # the Exports record gives the block back once the last export is gone
+        if pending_operands and release_after_copies(self):
+            return  # a copy in flight still uses the block: it goes back after the copy
         block: Any = self._block
         if block is None:
             return

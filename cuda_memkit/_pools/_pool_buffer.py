@@ -34,6 +34,7 @@ from .._core._device import (
 )
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
+from .._core._operands import pending_operands, release_after_copies
 from .._core._resource import Account, Resource, array_protocol, host_array, notify, watchers
 from . import _cache, _pool_ipc
 from ._cache import BlockCache, free_failed
@@ -302,7 +303,8 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         """Free the buffer on its allocation stream; calling it again does nothing.
 
         With numpy views of the memory alive (:attr:`array`), the free
-        happens once they and the buffer are gone.
+        happens once they and the buffer are gone; under an asynchronous
+        copy cuda_memkit queued (on any stream), once that copy has finished.
         """
         d = self._dptr
         if d is None:
@@ -311,6 +313,9 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         views = self._views
         if views is not None and views() is not None:
             self._deferred = d  # freed by the Exports record once the last export is gone
+            return
+        if pending_operands and release_after_copies(self):
+            self._deferred = d  # a copy in flight (maybe on another stream) still uses it
             return
         try:
             cache = self._cache
