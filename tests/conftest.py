@@ -126,6 +126,9 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
                  else GPU_TOLERANCE)
     before: Snapshot = snapshot()
     yield
+    operands = sys.modules.get("cuda_memkit._core._operands")
+    if operands is not None and operands.pending_operands:  # copies still running hold
+        operands.wait_pending()  # their operands, and closed owners are released after them
     staging = sys.modules.get("cuda_memkit._transfer._staging")
     if staging is not None:  # the staging ring is a cache kept across copies: give it back
         staging.release_staging()

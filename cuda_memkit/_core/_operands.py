@@ -454,6 +454,7 @@ def release_after_copies(owner: Resource) -> bool:
     """
     if not pending_operands:
         return False
+    ensure_any_context()  # close() may run on a thread with none: the event queries need one
     reap_pending()
     with _pending_lock:
         holding = [(q, i) for q in pending_operands.values()
