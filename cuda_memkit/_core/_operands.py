@@ -58,6 +58,7 @@ __all__ = [
     "refuse_pageable",
     "registered_flags",
     "release_after_copies",
+    "wait_for_copies",
     "wait_pending",
 ]
 
@@ -469,6 +470,23 @@ def release_after_copies(owner: Resource) -> bool:
 
 
 release_hooks.append(release_after_copies)
+
+
+def wait_for_copies(owner: Resource) -> None:
+    """Wait until the asynchronous copies in flight that use ``owner`` have finished.
+
+    For changes that cannot wait for the copies' own end (a growable buffer
+    unmapping its tail): the copies' events are waited on, never their streams.
+    """
+    if not pending_operands:
+        return
+    with _pending_lock:
+        last = [entries[-1] for entries in (
+            [ev for ev, refs in q if any(r is owner for r in refs)]
+            for q in pending_operands.values()) if entries]
+    for ev in last:
+        _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
+    reap_pending()
 
 
 def pending_count() -> int:

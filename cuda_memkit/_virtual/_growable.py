@@ -25,6 +25,7 @@ from .._core._device import (
 )
 from .._core._errors import CudaError
 from .._core._interop import OneDeviceMixin
+from .._core._operands import wait_for_copies
 from .._core._resource import (
     Account,
     Resource,
@@ -230,7 +231,9 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         Growing maps (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) the
         chunks needed; if any step fails, the chunks this call added are
         removed again and the buffer is as before. Shrinking unmaps and
-        releases the chunks past the new size (their contents are lost).
+        releases the chunks past the new size (their contents are lost),
+        after the asynchronous copies cuda_memkit queued on the buffer have
+        finished.
 
         Parameters
         ----------
@@ -265,6 +268,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
                     raise BufferError("DLPack consumers of this buffer are alive: shrinking "
                                       "would unmap memory they use; drop them first")
                 need_ctx()
+                wait_for_copies(self)  # an unmap under a running copy faults the device
                 _shrink_to(gs, need)
             self._nbytes = n
 
