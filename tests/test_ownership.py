@@ -650,3 +650,34 @@ def test_shrinking_a_growable_buffer_waits_for_its_copies_first(
         stream.synchronize()
         for b in (buf, other, host):
             b.close()
+
+
+def test_a_pool_closes_after_the_copies_its_closed_buffers_were_in(
+        stream: cm.Stream, copies_in_flight: Callable[[], None],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every buffer closed, one still under a copy in flight: close() of the pool waits for
+    the copy instead of refusing with "live allocations"."""
+    from cuda_memkit._pools import _pool
+
+    pool = cm.MemoryPool(0)
+    host = cm.HostBuffer.empty(4096)
+    try:
+        buf = pool.allocate(4096, stream=stream)
+        cm.copy_async(buf, host, stream=stream)
+        buf.close()
+        waited = []
+        real_wait = _pool.wait_pending
+
+        def wait() -> None:  # on the simulator the copy ends when it is waited for
+            waited.append(True)
+            copies_in_flight()
+            real_wait()
+
+        monkeypatch.setattr(_pool, "wait_pending", wait)
+        pool.close()
+        assert pool.closed and waited
+    finally:
+        copies_in_flight()
+        stream.synchronize()
+        host.close()
+        pool.close(force=True)
