@@ -1,0 +1,197 @@
+"""Review of close() under an asynchronous copy in flight (58bc6d9, 3ba32e5, cbba41e, 12e68c0).
+
+Copies are held "running" on the simulator by making ``_operands._event_done``
+answer False (the ``copies_in_flight`` idea of ``tests/test_ownership.py``):
+the memory must stay allocated (in the ledger) while a copy uses it, and be
+released exactly once after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cuda_memkit as cm
+from cuda_memkit._core import _operands, _resource
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
+
+
+def live_keys() -> set[int]:
+    """Addresses (ids) of every allocation the ledger holds now."""
+    return {int(key) for _acct, key, _n in _resource.live_allocations()}  # type: ignore[call-overload]
+
+
+@pytest.fixture
+def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Copies stay "running" (their events answer not ready) until the returned call."""
+    running = [True]
+    done = _operands._event_done
+    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
+
+    def finish() -> None:
+        running[0] = False
+
+    yield finish
+    finish()
+    _operands.reap_pending()
+
+
+# -- defects ----------------------------------------------------------------------------------
+
+
+def test_closing_the_range_keeps_a_mapping_under_a_copy_mapped(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    """AddressRange.close() unmaps the mappings still in it: one a copy in flight uses must
+    stay mapped until the copy is done (as one DLPack consumers use does)."""
+    g = cm.granularity(0)
+    vr = cm.AddressRange.reserve(2 * g)
+    pm = cm.PhysicalMemory.create(g)
+    m = vr.map(pm, offset=g)
+    m.set_access(0, cm.Access.READWRITE)
+    host = cm.HostBuffer.empty(g)
+    try:
+        ptr = m.ptr
+        cm.copy_async(m, host, stream=stream)
+        vr.close()
+        assert m.closed
+        assert ptr in live_keys(), "the range's close() unmapped a mapping under a copy"
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+    finally:
+        copies_in_flight()
+        stream.synchronize()
+        pm.close()
+        host.close()
+
+
+def test_closing_the_range_after_the_mapping_was_closed_under_a_copy(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    """The mapping's own close() waits for the copy; the range's close() must not undo that."""
+    g = cm.granularity(0)
+    vr = cm.AddressRange.reserve(2 * g)
+    pm = cm.PhysicalMemory.create(g)
+    m = vr.map(pm, offset=g)
+    m.set_access(0, cm.Access.READWRITE)
+    host = cm.HostBuffer.empty(g)
+    try:
+        ptr = m.ptr
+        cm.copy_async(host, m, stream=stream)
+        m.close()
+        assert ptr in live_keys()  # deferred by the mapping's own close()
+        vr.close()
+        assert ptr in live_keys(), "the range's close() unmapped a mapping under a copy"
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+    finally:
+        copies_in_flight()
+        stream.synchronize()
+        pm.close()
+        host.close()
+
+
+def test_the_leak_report_at_exit_lets_go_of_finished_copies(tmp_path: Path) -> None:
+    """A buffer closed under a copy that has finished by exit, with no synchronize() since,
+    is not a leak: the report at exit must reap the finished copies before it lists."""
+    script = tmp_path / "closed_under_copy.py"
+    script.write_text(textwrap.dedent("""
+        import cuda_memkit as cm
+        from cuda_memkit._core import _operands
+
+        done = _operands._event_done
+        _operands._event_done = lambda ev: False   # the copy is still running at close()
+        s = cm.Stream()
+        h = cm.HostBuffer.empty(4096)
+        d = cm.DeviceBuffer.empty(4096)
+        cm.copy_async(d, h, stream=s)
+        h.close()
+        d.close()
+        _operands._event_done = done               # ... and has finished by exit
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
+    env.update(CUDA_MEMKIT_BACKEND="sim", CUDA_MEMKIT_LEAK_REPORT="1",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no memory left at exit" in proc.stderr, proc.stderr
+
+
+def test_a_release_that_reaps_inside_reap_pending_does_not_break_it(
+        stream: cm.Stream, copies_in_flight: Callable[[], None],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exports.__del__ now asks release_after_copies, which reaps: a garbage collection
+    inside reap_pending's loop (here: during an event query) that collects the last numpy
+    view of a closed buffer reaps re-entrantly, under the outer loop's feet."""
+    h = cm.HostBuffer.empty(4096)
+    src1, src2 = cm.HostBuffer.empty(4096), cm.HostBuffer.empty(4096)
+    d1, d2 = cm.DeviceBuffer.empty(4096), cm.DeviceBuffer.empty(4096)
+    s2 = cm.Stream()
+    gc.disable()
+    try:
+        ptr = h.ptr
+        cycle: list[Any] = [h.array]
+        cycle.append(cycle)  # the view dies only in a garbage collection
+        h.close()
+        cm.copy_async(d1, src1, stream=stream)
+        cm.copy_async(d2, src2, stream=s2)
+        del cycle
+        copies_in_flight()
+        real = _operands._event_done
+        collected = []
+
+        def query(ev: Any) -> bool:
+            if not collected:
+                collected.append(gc.collect())  # what an allocation in the loop may trigger
+            return bool(real(ev))
+
+        monkeypatch.setattr(_operands, "_event_done", query)
+        _operands.reap_pending()
+        assert collected and ptr not in live_keys()
+        assert not _operands.pending_operands
+    finally:
+        gc.enable()
+        monkeypatch.undo()
+        _operands.reap_pending()
+        s2.close()
+        for b in (src1, src2, d1, d2):
+            b.close()
+
+
+def test_fill_on_a_stream_keeps_a_pool_buffer_until_the_memset_ran(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    """fill(stream=) is an asynchronous cuMemsetD*Async cuda_memkit queued: closing a cached
+    pool buffer under it gives the block to the next allocation on its stream while another
+    stream's memset still writes it (the hazard the copies are now guarded from)."""
+    pool = cm.MemoryPool(0, cache=True)
+    try:
+        with cm.Stream() as other:
+            buf = pool.allocate(4096, stream=stream)
+            ptr = buf.ptr
+            buf.fill(7, stream=other)
+            buf.close()
+            again = pool.allocate(4096, stream=stream)
+            try:
+                assert again.ptr != ptr, "a block lent again under a memset in flight"
+            finally:
+                again.close()
+                copies_in_flight()
+                other.synchronize()
+    finally:
+        stream.synchronize()
+        pool.close(force=True)
