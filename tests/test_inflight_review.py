@@ -195,3 +195,213 @@ def test_fill_on_a_stream_keeps_a_pool_buffer_until_the_memset_ran(
     finally:
         stream.synchronize()
         pool.close(force=True)
+
+
+# -- scenarios that held ----------------------------------------------------------------------
+
+#: Owners the tests of test_ownership.py leave out: pool buffers of every location, cached
+#: and not, and HostBuffers on a pinned host pool.
+POOL_KINDS = ["device", "device cached", "host", "host cached", "managed",
+              "HostBuffer(pool=)", "HostBuffer.pooled(pool=)"]
+
+
+def _make(kind: str, stream: cm.Stream) -> tuple[Any, cm.MemoryPool]:
+    where = kind.split()[0]
+    if where.startswith("HostBuffer"):
+        pool = cm.MemoryPool(location=cm.Location.host())
+        make = cm.HostBuffer.pooled if "pooled" in kind else cm.HostBuffer.empty
+        return make(4096, pool=pool), pool
+    loc = {"device": {}, "host": {"location": cm.Location.host()},
+           "managed": {"managed": True}}[where]
+    pool = cm.MemoryPool(**loc, cache="cached" in kind)  # type: ignore[arg-type]
+    return pool.allocate(4096, stream=stream), pool
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.uses_managed_memory)
+                                  if k == "managed" else k for k in POOL_KINDS])
+def test_every_pool_kind_is_released_once_after_the_copy(
+        kind: str, stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    buf, pool = _make(kind, stream)
+    other = cm.DeviceBuffer.empty(4096)
+    try:
+        ptr = buf.ptr
+        before = cm.memory_stats().by_kind
+        cm.copy_async(other, buf, stream=stream)
+        buf.close()
+        buf.close()  # again: nothing
+        if hasattr(buf, "free"):
+            buf.free()  # after a deferred close: nothing
+        assert ptr in live_keys() and cm.memory_stats().by_kind == before
+        again = (pool.allocate(4096, stream=stream) if hasattr(buf, "free")
+                 else cm.HostBuffer.pooled(4096, pool=pool))
+        assert again.ptr != ptr  # not lent again under the copy
+        again.close()
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+        del buf
+        gc.collect()
+        assert ptr not in live_keys()
+    finally:
+        other.close()
+        stream.synchronize()
+        pool.close()
+
+
+def test_a_deferred_pool_buffer_whose_stream_closed_first(
+        copies_in_flight: Callable[[], None]) -> None:
+    """The allocation stream is closed before the copy is reaped: freed once, after it."""
+    pool = cm.MemoryPool(0, cache=True)
+    other = cm.HostBuffer.empty(4096)
+    try:
+        s = cm.Stream()
+        buf = pool.allocate(4096, stream=s)
+        ptr = buf.ptr
+        cm.copy_async(buf, other, stream=s)
+        buf.close()
+        s.close()
+        assert ptr in live_keys()
+        copies_in_flight()
+        _operands.wait_pending()
+        assert ptr not in live_keys() and pool.stats().used_current == 0
+    finally:
+        other.close()
+        pool.close()
+
+
+def test_an_export_dropped_under_the_copy_then_the_copy_ends(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    """close() with a view alive, the view dropped while the copy runs: one release, after
+    the copy (the Exports record hands it to the copy's stand-in)."""
+    h = cm.HostBuffer.pooled(4096)
+    d = cm.DeviceBuffer.empty(4096)
+    try:
+        ptr = h.ptr
+        view = h.array
+        cm.copy_async(d, h, stream=stream)
+        h.close()
+        with pytest.raises(cm.ClosedError):
+            h.array  # noqa: B018  (no new export of a closed buffer, so no second release)
+        del view
+        gc.collect()
+        assert ptr in live_keys()
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+        again = cm.HostBuffer.pooled(4096)  # the block went back to the cache once
+        assert _operands.pending_count() == 0
+        again.close()
+    finally:
+        d.close()
+
+
+def test_close_on_a_thread_without_a_context_and_the_reap_on_another(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    bufs = [cm.HostBuffer.pooled(4096), cm.DeviceBuffer.empty(4096),
+            cm.MemoryPool.default(0).allocate(4096, stream=stream)]
+    other = cm.HostBuffer.empty(4096)
+    d = cm.DeviceBuffer.empty(4096)
+    try:
+        ptrs = [b.ptr for b in bufs]
+        for b in bufs:
+            cm.copy_async(d if b is bufs[0] else other, b, stream=stream)
+        errors: list[BaseException] = []
+
+        def close_all() -> None:
+            try:
+                for b in bufs:
+                    b.close()
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        t = threading.Thread(target=close_all)
+        t.start()
+        t.join()
+        assert not errors and all(p in live_keys() for p in ptrs)
+        copies_in_flight()
+        t = threading.Thread(target=_operands.reap_pending)
+        t.start()
+        t.join()
+        assert not any(p in live_keys() for p in ptrs)
+    finally:
+        other.close()
+        d.close()
+
+
+def test_track_records_one_free_after_the_copy(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    d = cm.DeviceBuffer.empty(4096)
+    try:
+        with cm.track() as t:
+            h = cm.HostBuffer.pooled(4096)
+            ptr = h.ptr
+            cm.copy_async(d, h, stream=stream)
+            h.close()
+            assert [e.action for e in t.events() if e.address == ptr] == ["alloc"]
+            copies_in_flight()
+            stream.synchronize()
+        assert [e.action for e in t.events() if e.address == ptr] == ["alloc", "free"]
+    finally:
+        d.close()
+
+
+def test_copy_batch_descriptors_outlive_close_until_the_launch_ran(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    h = cm.HostBuffer.zeros(8 * 4096)
+    d = cm.DeviceBuffer.zeros(8 * 4096)
+    try:
+        b = cm.CopyBatch()
+        b.add(d, h, dst_offsets=np.arange(8)[::-1] * 4096, src_offsets=np.arange(8) * 4096,
+              sizes=4096)
+        b.execute(stream=stream, method="kernel")
+        desc = b._memo.resident.buf.ptr
+        b.close()
+        assert desc in live_keys()
+        copies_in_flight()
+        stream.synchronize()
+        assert desc not in live_keys()
+    finally:
+        h.close()
+        d.close()
+
+
+def test_a_growable_buffer_closed_under_a_copy_then_its_copy_reaped(
+        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    g = cm.granularity(0)
+    buf = cm.GrowableBuffer(4 * g, chunk=g)
+    buf.resize(2 * g)
+    host = cm.HostBuffer.empty(g)
+    try:
+        ptr = buf.ptr
+        cm.copy_async(buf, host, nbytes=g, stream=stream)
+        buf.close()
+        assert ptr in live_keys()
+        copies_in_flight()
+        stream.synchronize()
+        assert ptr not in live_keys()
+    finally:
+        host.close()
+
+
+def test_exit_with_a_buffer_closed_under_a_running_copy_is_quiet(tmp_path: Path) -> None:
+    """At interpreter exit the copy's stand-in and the pooled buffer are collected after
+    module teardown: neither may print "Exception ignored" (sys and the ledger are None)."""
+    script = tmp_path / "exit_under_copy.py"
+    script.write_text(textwrap.dedent("""
+        import cuda_memkit as cm
+        from cuda_memkit._core import _operands
+
+        _operands._event_done = lambda ev: False   # still running at exit
+        s = cm.Stream()
+        d = cm.DeviceBuffer.empty(4096)
+        h = cm.HostBuffer.pooled(4096)
+        cm.copy_async(d, h, stream=s)
+        h.close()
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
+    env.update(CUDA_MEMKIT_BACKEND="sim", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
