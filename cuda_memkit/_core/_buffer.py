@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, _ProtocolMeta, runtime_checkabl
 from . import _driver
 from ._device import StreamLike, ensure_any_context, stream_handle
 from ._interop import normalize_view
-from ._operands import copy_sync, operand
+from ._operands import copy_sync, keep_alive, operand
 from ._resource import Resource
 
 if TYPE_CHECKING:
@@ -289,6 +289,7 @@ class BufferMixin:
             _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
         else:
             _driver.call(_MEMSET[width] + "Async", ptr, pattern, n // width, h)
+            keep_alive(h, (self,))  # as a copy's operand: close() frees after the memset
 
     def copy_from(self, src: Any, *, stream: StreamLike = None) -> None:
         """Copy ``src`` into this buffer, as :func:`cuda_memkit.copy` ``(self, src)``.

@@ -398,18 +398,27 @@ def _destroy_event(ev: Any) -> None:
         pass  # the context (or the simulated machine) is gone with it
 
 
+#: Set while this thread changes the queues: a reap from a finalizer run meanwhile (a garbage
+#: collection collecting a closed buffer's last export) is left to the change under way.
+_changing = threading.local()
+
+
 def reap_pending() -> None:
     """Drop the operands of asynchronous copies that have finished."""
-    if not pending_operands:
+    if not pending_operands or getattr(_changing, "on", False):
         return
     done: list[tuple[Any, tuple[Any, ...]]] = []
     with _pending_lock:
-        for stream in list(pending_operands):
-            q = pending_operands[stream]
-            while q and _event_done(q[0][0]):
-                done.append(q.popleft())
-            if not q:
-                del pending_operands[stream]
+        _changing.on = True
+        try:
+            for stream in list(pending_operands):
+                q = pending_operands[stream]
+                while q and _event_done(q[0][0]):
+                    done.append(q.popleft())
+                if not q:
+                    del pending_operands[stream]
+        finally:
+            _changing.on = False
     for ev, _refs in done:
         _destroy_event(ev)
     # the references in `done` go here, outside the lock
@@ -442,8 +451,9 @@ class _ReleaseWhenCopied:
     def __init__(self, owner: Resource) -> None:
         self.owner = owner
 
-    def __del__(self) -> None:
-        if not sys.is_finalizing():
+    # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit)
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+        if not _finalizing():
             self.owner._release_deferred()
 
 
@@ -458,14 +468,19 @@ def release_after_copies(owner: Resource) -> bool:
     ensure_any_context()  # close() may run on a thread with none: the event queries need one
     reap_pending()
     with _pending_lock:
-        holding = [(q, i) for q in pending_operands.values()
-                   for i, (_ev, refs) in enumerate(q) if any(r is owner for r in refs)]
-        if not holding:
-            return False
-        stand_in = _ReleaseWhenCopied(owner)
-        for q, i in holding:
-            ev, refs = q[i]
-            q[i] = (ev, (*refs, stand_in))
+        was = getattr(_changing, "on", False)
+        _changing.on = True  # the indices below hold while nothing reaps
+        try:
+            holding = [(q, i) for q in pending_operands.values()
+                       for i, (_ev, refs) in enumerate(q) if any(r is owner for r in refs)]
+            if not holding:
+                return False
+            stand_in = _ReleaseWhenCopied(owner)
+            for q, i in holding:
+                ev, refs = q[i]
+                q[i] = (ev, (*refs, stand_in))
+        finally:
+            _changing.on = was
     return True
 
 

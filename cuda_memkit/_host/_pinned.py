@@ -588,8 +588,12 @@ class PooledHostBuffer(HostBuffer):
             warn_free_failed("pinned pool block", ptr, exc)
 
     # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit)
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
-        """A buffer collected unclosed (CuPy's pinned adaptor drops them): close()'s tail."""
+    def __del__(self, _finalizing: Any = sys.is_finalizing,
+                _acct: Any = _POOLED_ACCOUNT) -> None:  # (the ledger too, for the same reason)
+        """A buffer collected unclosed (CuPy's pinned adaptor drops them): close()'s tail.
+
+        Or closed under a copy still running at interpreter exit (the copy holds it).
+        """
         try:
             block: Any = self._block
         except AttributeError:  # never fully made
@@ -601,7 +605,7 @@ class PooledHostBuffer(HostBuffer):
         self._block = None
         block.busy = False
         ptr = block.ptr
-        acct = _POOLED_ACCOUNT
+        acct = _acct
         n = acct.live.pop(ptr, 0)
         acct.current -= n
         if watchers:

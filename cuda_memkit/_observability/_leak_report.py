@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import atexit
 import sys
+import weakref
 from typing import TextIO
 
+from .._core._operands import pending_operands, wait_pending
 from .._core._resource import LEDGER, Account, live_allocations
 from ._observe import Allocation, format_bytes, where
 from ._tracking import Tracker
@@ -43,6 +45,9 @@ def install() -> None:
     recorder()
     if not _at_exit:
         _at_exit = True
+        # weakref's exit hook (which disables every finalizer) registered first, so that it
+        # runs after the report (atexit is last in, first out): the report's reap still frees.
+        weakref.finalize(report_at_exit, int).detach()
         atexit.register(report_at_exit)
 
 
@@ -107,6 +112,8 @@ def format_leaks(title: str, entries: list[tuple[Account, object, int]], *, limi
 def report_at_exit(file: TextIO | None = None) -> None:
     """Print every allocation still alive (the atexit handler of :func:`install`)."""
     out = file if file is not None else sys.stderr
+    if pending_operands:  # buffers closed under a copy are released after it: wait for it
+        wait_pending()
     entries = live_allocations()
     if not entries:
         print("cuda_memkit leak report: no memory left at exit", file=out, flush=True)

@@ -48,6 +48,7 @@ from .._core._checks import nonneg, positive
 from .._core._device import Location, LocationType, as_location, check_exists, ensure_context
 from .._core._errors import ClosedError
 from .._core._interop import OneDeviceMixin
+from .._core._operands import pending_operands, release_after_copies
 from .._core._resource import (
     CLOSED,
     Account,
@@ -191,6 +192,9 @@ def _fin_range(rs: _RangeState) -> None:
                 # DLPack consumers still use it: closed now, unmapped (and the
                 # range freed) by its Exports record when the last one goes.
                 m._state = CLOSED
+                continue
+            if isinstance(m, Resource) and pending_operands and release_after_copies(m):
+                m._state = CLOSED  # a copy in flight uses it: unmapped (range freed) after it
                 continue
             _unmap(ms)
             phys.append(ms.ps)
