@@ -10,7 +10,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -146,3 +146,21 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
             time.sleep(0.05)
             problems = before.leaks(snapshot(), tolerance)
     assert not problems, "leaked: " + "; ".join(problems)
+
+
+@pytest.fixture
+def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+    """Asynchronous copies stay "running" (their events answer not ready) until the returned
+    call: the simulator completes every copy at once, a GPU only sometimes."""
+    from cuda_memkit._core import _operands
+
+    running = [True]
+    done = _operands._event_done
+    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
+
+    def finish() -> None:
+        running[0] = False
+
+    yield finish
+    finish()
+    _operands.reap_pending()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +32,6 @@ pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 def live_keys() -> set[int]:
     """Addresses (ids) of every allocation the ledger holds now."""
     return {int(key) for _acct, key, _n in _resource.live_allocations()}  # type: ignore[call-overload]
-
-
-@pytest.fixture
-def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
-    """Copies stay "running" (their events answer not ready) until the returned call."""
-    running = [True]
-    done = _operands._event_done
-    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
-
-    def finish() -> None:
-        running[0] = False
-
-    yield finish
-    finish()
-    _operands.reap_pending()
 
 
 # -- defects ----------------------------------------------------------------------------------

@@ -527,23 +527,6 @@ COPYABLE = ["HostBuffer", "HostBuffer.pooled", "RegisteredHost", "DeviceBuffer",
             "ManagedBuffer", "PoolBuffer", "GrowableBuffer"]
 
 
-@pytest.fixture
-def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
-    """Copies stay "running" (their events answer not ready) until the returned call."""
-    from cuda_memkit._core import _operands
-
-    running = [True]
-    done = _operands._event_done
-    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
-
-    def finish() -> None:
-        running[0] = False
-
-    yield finish
-    finish()
-    _operands.reap_pending()
-
-
 @pytest.mark.parametrize("kind", kind_params(COPYABLE))
 @pytest.mark.parametrize("role", ["source", "destination"])
 def test_close_during_an_async_copy_releases_after_it(
@@ -575,7 +558,8 @@ def test_close_during_an_async_copy_releases_after_it(
 
 
 def test_close_during_copies_on_two_streams_waits_for_both(
-        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+        stream: cm.Stream, copies_in_flight: Callable[[], None],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from cuda_memkit._core import _operands
 
     h = cm.HostBuffer.pooled(4096)
@@ -586,9 +570,10 @@ def test_close_during_copies_on_two_streams_waits_for_both(
             cm.copy_async(d1, h, stream=stream)
             cm.copy_async(d2, h, stream=s2)
             h.close()
-            first = _operands.pending_operands.pop(stream.handle)  # the first copy is done:
-            _driver.call("cuEventDestroy", first[0][0])  # its operands are let go of
-            del first
+            first = _operands.pending_operands[stream.handle][0][0]
+            with monkeypatch.context() as m:  # the first copy is done, the second is not
+                m.setattr(_operands, "_event_done", lambda ev, first=first: ev is first)
+                _operands.reap_pending()
             assert ptr in live_keys()  # the second still reads it
             copies_in_flight()
             s2.synchronize()
@@ -681,3 +666,27 @@ def test_a_pool_closes_after_the_copies_its_closed_buffers_were_in(
         stream.synchronize()
         host.close()
         pool.close(force=True)
+
+
+def test_closing_a_buffer_no_copy_uses_asks_nothing_of_the_copies_in_flight(
+        stream: cm.Stream, copies_in_flight: Callable[[], None],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With many copies in flight, close() of a buffer none of them uses neither queries
+    their events nor scans them (a loop of copy_async + close stays linear)."""
+    from ._helpers import no_driver_calls
+
+    dev = cm.DeviceBuffer.empty(4096)
+    hosts = [cm.HostBuffer.pooled(4096) for _ in range(50)]
+    try:
+        for h in hosts:
+            cm.copy_async(dev, h, stream=stream)
+        mine = cm.HostBuffer.pooled(4096)
+        with no_driver_calls(monkeypatch):
+            mine.close()
+        assert mine.closed
+    finally:
+        copies_in_flight()
+        stream.synchronize()
+        for h in hosts:
+            h.close()
+        dev.close()

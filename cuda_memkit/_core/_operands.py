@@ -58,6 +58,7 @@ __all__ = [
     "refuse_pageable",
     "registered_flags",
     "release_after_copies",
+    "releases_waiting",
     "wait_for_copies",
     "wait_pending",
 ]
@@ -381,8 +382,12 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
 # -- keeping operands alive until the stream is done -------------------------------------
 
 #: Operands of asynchronous copies still in flight, per stream handle: (event, references).
-pending_operands: dict[int, collections.deque[tuple[Any, tuple[Any, ...]]]] = {}
+#: An entry is ``[event, references]`` (a list: a close() under the copy adds to it).
+pending_operands: dict[int, collections.deque[list[Any]]] = {}
 _pending_lock = threading.RLock()
+#: id() of each object the entries hold -> those entries, so that close() finds its own
+#: copies without scanning every copy in flight (the ids stay valid: the entries hold them).
+_holders: dict[int, list[list[Any]]] = {}
 
 
 def _event_done(ev: Any) -> bool:
@@ -407,14 +412,16 @@ def reap_pending() -> None:
     """Drop the operands of asynchronous copies that have finished."""
     if not pending_operands or getattr(_changing, "on", False):
         return
-    done: list[tuple[Any, tuple[Any, ...]]] = []
+    done: list[list[Any]] = []
     with _pending_lock:
         _changing.on = True
         try:
             for stream in list(pending_operands):
                 q = pending_operands[stream]
                 while q and _event_done(q[0][0]):
-                    done.append(q.popleft())
+                    entry = q.popleft()
+                    _unindex(entry)
+                    done.append(entry)
                 if not q:
                     del pending_operands[stream]
         finally:
@@ -422,6 +429,19 @@ def reap_pending() -> None:
     for ev, _refs in done:
         _destroy_event(ev)
     # the references in `done` go here, outside the lock
+
+
+def _unindex(entry: list[Any]) -> None:
+    """Take a reaped entry out of :data:`_holders` (under the lock)."""
+    for r in entry[1]:
+        entries = _holders.get(id(r))
+        if entries is not None:  # not there: a stand-in (never indexed)
+            for k, e in enumerate(entries):
+                if e is entry:
+                    del entries[k]
+                    break
+            if not entries:
+                del _holders[id(r)]
 
 
 sync_hooks.append(reap_pending)
@@ -448,13 +468,25 @@ class _ReleaseWhenCopied:
 
     __slots__ = ("owner",)
 
+    #: Stand-ins alive: releases waiting for copies (MemoryPool.close() waits only then).
+    alive = 0
+
     def __init__(self, owner: Resource) -> None:
         self.owner = owner
+        _ReleaseWhenCopied.alive += 1
 
     # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit)
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+    def __del__(self, _finalizing: Any = sys.is_finalizing,
+                _lock: Any = _pending_lock) -> None:
+        with _lock:  # made under it (release_after_copies): counted under it
+            type(self).alive -= 1
         if not _finalizing():
             self.owner._release_deferred()
+
+
+def releases_waiting() -> int:
+    """How many closed owners wait for copies in flight before they are released."""
+    return _ReleaseWhenCopied.alive
 
 
 def release_after_copies(owner: Resource) -> bool:
@@ -463,22 +495,20 @@ def release_after_copies(owner: Resource) -> bool:
     If they do, ``owner`` is released once the last of them has finished, not
     now, under the copy.
     """
-    if not pending_operands:
+    if id(owner) not in _holders:
         return False
     ensure_any_context()  # close() may run on a thread with none: the event queries need one
     reap_pending()
     with _pending_lock:
         was = getattr(_changing, "on", False)
-        _changing.on = True  # the indices below hold while nothing reaps
+        _changing.on = True  # a finalizer run meanwhile must not reap under this loop
         try:
-            holding = [(q, i) for q in pending_operands.values()
-                       for i, (_ev, refs) in enumerate(q) if any(r is owner for r in refs)]
-            if not holding:
+            entries = _holders.get(id(owner))
+            if not entries:
                 return False
             stand_in = _ReleaseWhenCopied(owner)
-            for q, i in holding:
-                ev, refs = q[i]
-                q[i] = (ev, (*refs, stand_in))
+            for entry in list(entries):
+                entry[1] = (*entry[1], stand_in)
         finally:
             _changing.on = was
     return True
@@ -493,13 +523,11 @@ def wait_for_copies(owner: Resource) -> None:
     For changes that cannot wait for the copies' own end (a growable buffer
     unmapping its tail): the copies' events are waited on, never their streams.
     """
-    if not pending_operands:
+    if id(owner) not in _holders:
         return
     with _pending_lock:
-        last = [entries[-1] for entries in (
-            [ev for ev, refs in q if any(r is owner for r in refs)]
-            for q in pending_operands.values()) if entries]
-    for ev in last:
+        events = [entry[0] for entry in _holders.get(id(owner), ())]
+    for ev in events:
         _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
     reap_pending()
 
@@ -529,8 +557,15 @@ def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
     if _event_done(ev):
         _destroy_event(ev)
         return
+    entry = [ev, refs]
     with _pending_lock:
         q = pending_operands.get(stream)
         if q is None:
             q = pending_operands[stream] = collections.deque()
-        q.append((ev, refs))
+        q.append(entry)
+        for r in refs:
+            entries = _holders.get(id(r))
+            if entries is None:
+                _holders[id(r)] = [entry]
+            else:
+                entries.append(entry)

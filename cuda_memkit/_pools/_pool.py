@@ -69,7 +69,7 @@ from .._core._device import (
     ensure_context,
 )
 from .._core._errors import CudaNotSupportedError, MemkitWarning
-from .._core._operands import pending_operands, wait_pending
+from .._core._operands import releases_waiting, wait_pending
 from .._core._resource import (
     CLOSED,
     LEDGER,
@@ -672,7 +672,7 @@ class MemoryPool(PoolAttributes, Resource):
         if self.closed or self is _pinned_default:
             return
         live = self._in_use() if self._owned else ""
-        if live and pending_operands:  # buffers closed under a copy in flight go after it
+        if live and releases_waiting():  # buffers closed under a copy in flight go after it
             wait_pending()
             live = self._in_use()
         if live and not force:
