@@ -372,3 +372,47 @@ def test_exit_with_a_buffer_closed_under_a_running_copy_is_quiet(tmp_path: Path)
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.uses_managed_memory
+@pytest.mark.parametrize(("kind", "how"), [
+    *[("ManagedBuffer", h) for h in ("prefetch", "discard", "discard_and_prefetch", "hints",
+                                     "hints discard", "plan")],
+    ("managed PoolBuffer", "plan")])
+def test_a_queued_prefetch_or_discard_holds_its_buffer_like_a_copy(
+        how: str, kind: str, stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
+    """A managed pool buffer closed on its own stream after a prefetch queued on another
+    would be freed under the migration: prefetches, discards and plans hold their
+    buffers until their stream ran them, as copies do."""
+    pool = cm.MemoryPool(managed=True) if kind != "ManagedBuffer" else None
+    with cm.Stream() as other:
+        buf: Any = (cm.ManagedBuffer.zeros(1 << 16) if pool is None
+                    else pool.allocate(1 << 16, stream=other))
+        try:
+            ptr = buf.ptr
+            if how == "plan":
+                cm.PrefetchPlan().add(buf, 0).execute(stream)
+            elif how.startswith("hints"):
+                hints = cm.ManagedMemoryHints.for_buffer(buf)
+                if how == "hints":
+                    hints.prefetch_to(0, stream)
+                else:
+                    hints.discard(stream)
+                del hints
+            elif how == "prefetch":
+                buf.prefetch(0, stream=stream)
+            elif how == "discard":
+                buf.discard(stream=stream)
+            else:
+                buf.discard_and_prefetch(0, stream=stream)
+            buf.close()
+            assert ptr in live_keys()
+            copies_in_flight()
+            stream.synchronize()
+            assert ptr not in live_keys()
+        finally:
+            copies_in_flight()
+            stream.synchronize()
+            other.synchronize()
+            if pool is not None:
+                pool.close()

@@ -26,6 +26,7 @@ from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._device import StreamLike, stream_handle
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
+from .._core._operands import keep_alive
 from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
 from . import _managed_ranges as _ranges
 from ._managed_ranges import MemAdvice, RangeInfo
@@ -345,6 +346,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         h = stream_handle(stream)
         _device.ensure_context()
         _ranges.issue_prefetch(ptr, n, loc, h)
+        keep_alive(h, (self,))  # queued: close() frees after it, as after a copy
 
     def discard(self, *, stream: StreamLike = None, offset: int = 0,
                 nbytes: int | None = None) -> None:
@@ -369,6 +371,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         h = stream_handle(stream)
         _device.ensure_context()
         _ranges.issue_step("discard", [(ptr, n, None)], h)
+        keep_alive(h, (self,))
 
     def discard_and_prefetch(self, to: LocationLike, *, stream: StreamLike = None,
                              offset: int = 0, nbytes: int | None = None) -> None:
@@ -389,6 +392,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         h = stream_handle(stream)
         _device.ensure_context()
         _ranges.issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
+        keep_alive(h, (self,))
 
     def range_info(self, offset: int = 0, nbytes: int | None = None) -> RangeInfo:
         """Return the driver's view of the buffer or a sub-range (:class:`RangeInfo`).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from .._core import _device
 from .._core._checks import span
 from .._core._device import Location, LocationType, StreamLike, as_location, stream_handle
+from .._core._operands import keep_alive
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
     ACCESS_KINDS,
@@ -443,6 +444,7 @@ class ManagedMemoryHints:
         h = stream_handle(stream)
         ptr, n = self._target()
         issue_prefetch(ptr, n, loc, h)
+        self._hold(h)
         return self
 
     def prefetch_range(self, offset: int, nbytes: int, location: LocationLike,
@@ -466,6 +468,7 @@ class ManagedMemoryHints:
         h = stream_handle(stream)
         ptr, n = self._sub(offset, nbytes)
         issue_prefetch(ptr, n, loc, h)
+        self._hold(h)
         return self
 
     def discard(self, stream: StreamLike = None) -> Self:
@@ -479,7 +482,13 @@ class ManagedMemoryHints:
         h = stream_handle(stream)
         ptr, n = self._target()
         issue_step("discard", [(ptr, n, None)], h)
+        self._hold(h)
         return self
+
+    def _hold(self, stream: int) -> None:
+        """The buffer (if any) is held until ``stream`` ran the call: close() frees after it."""
+        if self._buffer is not None:
+            keep_alive(stream, (self._buffer,))
 
     def range_info(self) -> RangeInfo:
         """The driver's view of the range (:class:`RangeInfo`)."""

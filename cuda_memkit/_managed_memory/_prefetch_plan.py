@@ -24,6 +24,7 @@ from .._core import _device
 from .._core._checks import as_index, span, u64
 from .._core._device import Location, StreamLike, as_location, stream_handle
 from .._core._errors import ClosedError, CudaError
+from .._core._operands import keep_alive
 from .._core._resource import Resource
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
@@ -646,6 +647,8 @@ class PrefetchPlan:
         for kind, ranges in c.steps:
             if not issue_step(kind, ranges, h, batch):
                 batch = False
+        if c.buffers:  # queued: closing a buffer of the plan frees it after the plan ran
+            keep_alive(h, c.buffers)
 
     def __repr__(self) -> str:
         n = self._count
