@@ -332,24 +332,6 @@ def test_copy_batch_descriptors_outlive_close_until_the_launch_ran(
         d.close()
 
 
-def test_a_growable_buffer_closed_under_a_copy_then_its_copy_reaped(
-        stream: cm.Stream, copies_in_flight: Callable[[], None]) -> None:
-    g = cm.granularity(0)
-    buf = cm.GrowableBuffer(4 * g, chunk=g)
-    buf.resize(2 * g)
-    host = cm.HostBuffer.empty(g)
-    try:
-        ptr = buf.ptr
-        cm.copy_async(buf, host, nbytes=g, stream=stream)
-        buf.close()
-        assert ptr in live_keys()
-        copies_in_flight()
-        stream.synchronize()
-        assert ptr not in live_keys()
-    finally:
-        host.close()
-
-
 def test_exit_with_a_buffer_closed_under_a_running_copy_is_quiet(tmp_path: Path) -> None:
     """At interpreter exit the copy's stand-in and the pooled buffer are collected after
     module teardown: neither may print "Exception ignored" (sys and the ledger are None)."""
