@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, measure
+from harness import Loop, backend, cupy_cached_floor, measure
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -189,42 +189,9 @@ def main() -> None:
 
         cases["alloc: floor"] = through_alloc(floor_allocator)
 
-        # The pure-Python cached floor (the probe): free lists keyed by stream and
-        # size rounded to 512 B, the memory object gives its block back in __del__; one
-        # fixed device, no checks, no ledger. Not memkit: the yardstick of the cached rows.
-        floor_lists: dict[int, dict[int, list[Any]]] = {}
-        get_stream = cupy.cuda.get_current_stream
-
-        class CachedFloorMemory(unowned):  # type: ignore[misc, valid-type]
-            __slots__ = ("blocks", "d")
-
-            def __del__(self) -> None:
-                self.blocks.append(self.d)
-
-        floor_custreams: dict[int, Any] = {}
-
-        def cached_floor_allocator(size: int) -> Any:
-            st = get_stream()
-            h = st.ptr
-            r = (size + 511) & -512
-            sb = floor_lists.get(h)
-            if sb is None:
-                sb = floor_lists[h] = {}
-                floor_custreams[h] = cu.CUstream(h)
-            blocks = sb.get(r)
-            if blocks is None:
-                blocks = sb[r] = []
-            if blocks:
-                d = blocks.pop()
-            else:
-                err, d = alloc_fn(r, floor_pool, floor_custreams[h])
-                if err:
-                    raise RuntimeError(err)
-            m = CachedFloorMemory(int(d), size, st, 0)
-            m.d = d
-            m.blocks = blocks
-            return pointer(m, 0)
-
+        # The pure-Python cached floor (the probe; harness.cupy_cached_floor).
+        cached_floor_allocator, release_floor = cupy_cached_floor(cupy, alloc_fn, free_fn,
+                                                                  floor_pool)
         adaptors["floor cached"] = cached_floor_allocator
         cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
         cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
@@ -302,10 +269,7 @@ def main() -> None:
         del x
         gc.collect()
         sync()
-        for fsb in floor_lists.values():
-            for fblocks in fsb.values():
-                while fblocks:
-                    free_fn(fblocks.pop(), cus)
+        release_floor()
         for hp in floor_hostallocs:
             cupy.cuda.runtime.freeHost(hp)
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")

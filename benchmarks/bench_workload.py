@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, measure
+from harness import Loop, backend, cupy_cached_floor, measure
 
 SIZES = {"small": (64, 256, 512), "medium": (256, 1024, 2048), "large": (1024, 4096, 4096)}
 
@@ -101,41 +101,9 @@ def main() -> None:
     previous = cupy.cuda.get_allocator()
     cupy_pool = cupy.cuda.MemoryPool()
 
-    # The pure-Python cached floor (not memkit): as in bench_frameworks.
-    unowned, pointer = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer
-    alloc_fn, free_fn = raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync
-    floor_pool = cu.CUmemoryPool(default.handle)
-    floor_lists: dict[int, dict[int, list[Any]]] = {}
-    floor_custreams: dict[int, Any] = {}
-    get_stream = cupy.cuda.get_current_stream
-
-    class FloorMemory(unowned):  # type: ignore[misc, valid-type]
-        __slots__ = ("blocks", "d")
-
-        def __del__(self) -> None:
-            self.blocks.append(self.d)
-
-    def floor_allocator(size: int) -> Any:
-        st = get_stream()
-        h = st.ptr
-        r = (size + 511) & -512
-        sb = floor_lists.get(h)
-        if sb is None:
-            sb = floor_lists[h] = {}
-            floor_custreams[h] = cu.CUstream(h)
-        blocks = sb.get(r)
-        if blocks is None:
-            blocks = sb[r] = []
-        if blocks:
-            d = blocks.pop()
-        else:
-            err, d = alloc_fn(r, floor_pool, floor_custreams[h])
-            if err:
-                raise RuntimeError(err)
-        m = FloorMemory(int(d), size, st, 0)
-        m.d = d
-        m.blocks = blocks
-        return pointer(m, 0)
+    # The pure-Python cached floor (not memkit): harness.cupy_cached_floor.
+    floor_allocator, release_floor = cupy_cached_floor(
+        cupy, raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync, cu.CUmemoryPool(default.handle))
 
     allocs: dict[str, Callable[[int], Any]] = {
         "malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
@@ -164,10 +132,7 @@ def main() -> None:
     cupy.cuda.set_allocator(previous)
     cupy.cuda.Stream.null.use()
     sync()
-    for h, fsb in floor_lists.items():
-        for fblocks in fsb.values():
-            while fblocks:
-                free_fn(fblocks.pop(), floor_custreams[h])
+    release_floor()
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
     if cache_mod is not None:
         cache_mod.empty_all()

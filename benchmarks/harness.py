@@ -160,6 +160,59 @@ def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any
     return allocate, lists
 
 
+def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any
+                      ) -> tuple[Callable[[int], Any], Callable[[], None]]:
+    """The pure-Python cached floor of a CuPy allocator (the issue's probe).
+
+    Free lists keyed by the current stream and the size rounded to 512 B; the memory
+    object gives its block back in ``__del__``; one fixed device, no checks, no ledger.
+    Not memkit: the yardstick of the cached adaptor rows. Returns the allocator
+    (``cupy.cuda.set_allocator``) and a call that frees every cached block on its stream.
+    """
+    from cuda.bindings import driver as cu
+
+    unowned, pointer = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer
+    get_stream = cupy.cuda.get_current_stream
+    lists: dict[int, dict[int, list[Any]]] = {}
+    custreams: dict[int, Any] = {}
+
+    class FloorMemory(unowned):  # type: ignore[misc, valid-type]
+        __slots__ = ("blocks", "d")
+
+        def __del__(self) -> None:
+            self.blocks.append(self.d)
+
+    def allocator(size: int) -> Any:
+        st = get_stream()
+        h = st.ptr
+        r = (size + 511) & -512
+        sb = lists.get(h)
+        if sb is None:
+            sb = lists[h] = {}
+            custreams[h] = cu.CUstream(h)
+        blocks = sb.get(r)
+        if blocks is None:
+            blocks = sb[r] = []
+        if blocks:
+            d = blocks.pop()
+        else:
+            err, d = alloc(r, cupool, custreams[h])
+            if err:
+                raise RuntimeError(err)
+        m = FloorMemory(int(d), size, st, 0)
+        m.d = d
+        m.blocks = blocks
+        return pointer(m, 0)
+
+    def release() -> None:
+        for h, sb in lists.items():
+            for blocks in sb.values():
+                while blocks:
+                    free(blocks.pop(), custreams[h])
+
+    return allocator, release
+
+
 def pinned_floor(blocks: list[Any]) -> Callable[[int], Any]:
     """A pinned-cache floor over ``blocks``: an object holding one, ``close()`` or collection
     puts it back (``close()`` swaps the class so that ``__del__`` does not run twice)."""
