@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
 
 KiB = 1 << 10
 N = 4 * KiB
@@ -37,13 +34,3 @@ def closed_fd() -> int:
     os.close(r)
     os.close(w)
     return r
-
-
-def page_aligned_zeros(nbytes: int) -> np.ndarray:
-    """Zeroed bytes on pages of their own: the driver registers whole pages, and two
-    small heap arrays sharing a page cannot be registered with different flags
-    (the H100 refuses the second one)."""
-    page = mmap.PAGESIZE
-    base = np.zeros(nbytes + 2 * page, np.uint8)
-    start = -base.ctypes.data % page
-    return base[start:start + nbytes]

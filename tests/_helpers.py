@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import mmap
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,16 @@ def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     with monkeypatch.context() as m:
         m.setattr(_driver, "call", spy)
         yield calls
+
+
+def page_aligned_zeros(nbytes: int) -> np.ndarray:
+    """Zeroed bytes starting a page, on pages of their own: the driver registers whole
+    pages, and two small heap arrays sharing a page cannot be registered with different
+    flags (the H100 refuses the second one)."""
+    page = mmap.PAGESIZE
+    base = np.zeros(nbytes + 2 * page, np.uint8)
+    start = -base.ctypes.data % page
+    return base[start:start + nbytes]
 
 
 def without_hold(names: list[str]) -> list[str]:

@@ -29,7 +29,8 @@ import cuda_memkit as cm
 
 from . import _bad_cases_a, _bad_cases_b, _bad_cases_c  # noqa: F401  (they fill CASES)
 from ._bad_cases_b import CLOSED
-from ._bad_input_table import CASES, Case, N, closed_fd, page_aligned_zeros
+from ._bad_input_table import CASES, Case, N, closed_fd
+from ._helpers import page_aligned_zeros
 from ._nothing import nothing_allocated
 
 

@@ -14,7 +14,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit._core import _driver, _operands
 
-from ._helpers import no_driver_calls, record_calls
+from ._helpers import no_driver_calls, page_aligned_zeros, record_calls
 
 RF = cm.HostRegisterFlags
 N = 64 * 1024
@@ -309,9 +309,8 @@ def test_async_copies_accept_registered_arrays() -> None:
 def test_a_shared_page_with_the_other_read_only_setting_is_refused_clearly(first: int) -> None:
     """Two small arrays on one page: the driver refuses mixed READ_ONLY (the H100 says
     only CUDA_ERROR_INVALID_VALUE); register_host names the reason before calling it."""
-    base = np.zeros(4 * 4096, np.uint8)
-    start = -base.ctypes.data % 4096
-    a, b = base[start:start + 1024], base[start + 2048:start + 3072]
+    page = page_aligned_zeros(4096)
+    a, b = page[:1024], page[2048:3072]
     if first:
         a.flags.writeable = False
     with cm.register_host(a, flags=first):
@@ -321,5 +320,5 @@ def test_a_shared_page_with_the_other_read_only_setting_is_refused_clearly(first
         with pytest.raises(ValueError, match="shares a memory page with a"):
             cm.register_host(b, flags=other)
         if not first:
-            with cm.register_host(base[start + 3072:start + 4096]):  # same flags: fine
+            with cm.register_host(page[3072:]):  # same flags: fine
                 pass
