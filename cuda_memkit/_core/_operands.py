@@ -371,7 +371,7 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
         return
     ensure_any_context()
     _driver.call("cuMemcpy", d[0], s[0], n)
-    if (d[3] != HOST and d[3] != PINNED) or (d[3] == HOST and view_owner(d[4]) is not None):
+    if d[3] != PINNED and (d[3] != HOST or view_owner(d[4]) is not None):
         # cuMemcpy returns before a copy into device memory is done (device to
         # device, or staged from pageable memory; a numpy view of a managed
         # buffer counts: seen under compute-sanitizer): wait, so that
@@ -381,8 +381,8 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
 
 # -- keeping operands alive until the stream is done -------------------------------------
 
-#: Operands of asynchronous copies still in flight, per stream handle: (event, references).
-#: An entry is ``[event, references]`` (a list: a close() under the copy adds to it).
+#: Operands of asynchronous copies still in flight, per stream handle: entries
+#: ``[event, references]`` (lists: a close() under the copy adds its stand-in).
 pending_operands: dict[int, collections.deque[list[Any]]] = {}
 _pending_lock = threading.RLock()
 #: id() of each object the entries hold -> those entries, so that close() finds its own
@@ -454,7 +454,12 @@ def wait_pending() -> None:
     """
     with _pending_lock:
         last = [q[-1][0] for q in pending_operands.values() if q]
-    for ev in last:
+    _wait_events(last)
+
+
+def _wait_events(events: list[Any]) -> None:
+    """Wait on ``events`` (never on their streams, which may be gone), then reap."""
+    for ev in events:
         _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
     reap_pending()
 
@@ -527,9 +532,7 @@ def wait_for_copies(owner: Resource) -> None:
         return
     with _pending_lock:
         events = [entry[0] for entry in _holders.get(id(owner), ())]
-    for ev in events:
-        _driver.function("cuEventSynchronize")(ev)  # a failed wait: the reap decides
-    reap_pending()
+    _wait_events(events)
 
 
 def pending_count() -> int:
