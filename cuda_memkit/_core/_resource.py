@@ -176,9 +176,8 @@ class Resource(Unshareable):
         views = self._views
         if views is not None and views() is not None:
             return  # released by the Exports record once the last export is gone
-        for hook in release_hooks:
-            if hook(self):
-                return  # an asynchronous copy still uses the memory: released after it
+        if any(hook(self) for hook in release_hooks):
+            return  # an asynchronous copy still uses the memory: released after it
         self._release_deferred()
 
     def _release_deferred(self) -> None:
@@ -235,9 +234,8 @@ class Exports:
     def __del__(self) -> None:
         owner = self.owner
         if owner.closed and not sys.is_finalizing():
-            for hook in release_hooks:
-                if hook(owner):
-                    return
+            if any(hook(owner) for hook in release_hooks):
+                return
             owner._release_deferred()
 
 
