@@ -1,7 +1,7 @@
 """copy_batch / CopyBatch: calls of the measured size, attributes, the duplex fork, refusals.
 
 The constants tested here come from the H100's ``copy_batch_probe`` run (see
-``cuda_memkit/_copy_batch.py``).
+``cuda_memkit/_transfer/_copy_batch.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Self-contained (numpy, threads and cuda.bindings; torch and CuPy as peers when
 importable), independent of cuda_memkit, so its numbers choose the library's
-defaults in ``cuda_memkit/_staging.py``.
+defaults in ``cuda_memkit/_transfer/_staging.py``.
 
 The pipeline, per direction (1 GiB by default):
 
