@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuda_memkit._core import _device, _driver
+from cuda_memkit._host import _pinned_pool
 from cuda_memkit._transfer import _kernels
 
 GPU_TOLERANCE = 4 << 20
@@ -63,8 +64,11 @@ def snapshot() -> Snapshot:
         from cuda_memkit.sim._kernels import MODULES as KERNEL_MODULES
 
         m = machine()
+        # The default pinned pool and its cache's stream are made on first use and
+        # kept for the process, like a context (copy_batch's kernel path uses them).
+        default = _pinned_pool.default_exists()
         snap.counts["allocations"] = len(m.allocs)
-        snap.counts["streams"] = len(m.streams)
+        snap.counts["streams"] = len(m.streams) - default
         snap.counts["events"] = len(m.events)
         for i, d in enumerate(m.devices):
             snap.counts[f"device {i} bytes in use"] = d.used
@@ -73,6 +77,8 @@ def snapshot() -> Snapshot:
             if n is not None:
                 if key == KERNEL_MODULES:  # loaded once per context and kept, like the context
                     n -= _kernels.loaded_modules()
+                elif key == "pool.pools":
+                    n -= default
                 snap.counts[f"sim.{key}"] = n
         return snap
     if not _driver.is_loaded():

@@ -331,8 +331,9 @@ def test_the_launch_arguments(host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
     assert values[7] == _kernels.lanes_for(B)
 
 
-@pytest.mark.parametrize(("size", "lanes"), [(1, 32), (512, 32), (513, 64), (1024, 64),
-                                             (4096, 256), (1 << 20, 256)])
+@pytest.mark.parametrize(("size", "lanes"), [(1, 32), (4096, 32), (4097, 64), (8192, 64),
+                                             (16384, 128), (32768, 256),
+                                             (1 << 20, 256)])
 def test_lanes_per_block(size: int, lanes: int) -> None:
     assert _kernels.lanes_for(size) == lanes
 

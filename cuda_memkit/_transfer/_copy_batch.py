@@ -703,12 +703,12 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
         rest = [g for g in groups if id(g) not in taken]
     main, side = _duplex(rest)
     done = False
-    hold: tuple[Any, ...] = ()
+    held: list[Any] = []  # what the stream reads besides the operands: the descriptors
     try:
         if memo is not None and picked:
-            hold = (memo.resident.launch(picked, issue_on, sync),)
+            held.append(memo.resident.launch(picked, issue_on, sync))
         else:
-            _kernels.launch(picked, issue_on)
+            _kernels.launch(picked, issue_on, held)
         try:
             if side:
                 _issue_forked(main, side, issue_on)
@@ -722,7 +722,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     finally:
         # Also when the driver refused a later call (int addresses): the calls
         # before it are in flight and read or write the operands.
-        _settle(groups, issue_on, sync, done, hold)
+        _settle(groups, issue_on, sync, done, tuple(held))
 
 
 def _settle(groups: list[_Group], stream: int, sync: bool, done: bool,

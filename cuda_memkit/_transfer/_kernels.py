@@ -18,10 +18,10 @@
   kernel cannot reach with ``ValueError`` before anything runs.
 * :func:`launch` copies those pairs' blocks in one launch: their descriptors
   (:func:`prepare`: one pair's offsets with the operands as kernel bases, or
-  absolute addresses, built in a per-thread array reused from call to call)
-  go to a stream-ordered device allocation (``cuMemAllocAsync``, filled by
-  one ``cuMemcpyHtoDAsync``, freed by ``cuMemFreeAsync`` after the launch,
-  all on the batch's stream), and the
+  absolute addresses, written into a pooled pinned buffer) go to a
+  stream-ordered device allocation (``cuMemAllocAsync``, filled by one
+  ``cuMemcpyHtoDAsync`` that the host does not wait for, freed by
+  ``cuMemFreeAsync`` after the launch, all on the batch's stream), and the
   kernel walks them (pinned host memory is read or written through its
   mapping, whatever the blocks' density: staging a dense span through one DMA
   measured slower, see docs/decisions.md). :class:`Resident` keeps a ``CopyBatch``'s
@@ -235,8 +235,13 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
 
 
 def lanes_for(max_block: int) -> int:
-    """Threads that copy one block: 16 bytes per lane, a power of two from 32 to THREADS."""
-    want = max(1, -(-max_block // 16))
+    """Threads that copy one block: 128 bytes per lane, a power of two from 32 to THREADS.
+
+    Eight 16-byte vectors per lane rather than one: 4 KiB device-to-device
+    blocks copied by one warp each ran at 0.94x a contiguous copy on the
+    H100, by 256 lanes each at 0.83x (docs/decisions.md).
+    """
+    want = max(1, -(-max_block // 128))
     return min(THREADS, max(32, 1 << (want - 1).bit_length()))
 
 
@@ -342,76 +347,49 @@ def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
                  prep.params(base), 0)
 
 
-class _Scratch(threading.local):
-    """A per-thread host array the descriptors of :func:`launch` are built in, reused.
-
-    A fresh array of 65536 blocks' descriptors (1 MiB) is new memory faulted in
-    page by page at every call; the upload from it is from pageable memory,
-    which the driver has copied when ``cuMemcpyHtoDAsync`` returns, so the
-    next call may rewrite it.
-    """
-
-    #: Arrays above this many words are not kept (a huge batch frees its own).
-    KEEP_MAX = 1 << 22
-
-    def __init__(self) -> None:
-        self.words: Any = None
-        self.busy = False
-
-    def get(self, words: int) -> Any:
-        """An uninitialised uint64 array of ``words`` entries."""
-        import numpy as np
-
-        if self.busy:  # re-entered on this thread (a finalizer): a fresh one
-            return np.empty(words, np.uint64)
-        a = self.words
-        if a is None or len(a) < words:
-            a = np.empty(max(words, 1024), np.uint64)
-            if words <= self.KEEP_MAX:
-                self.words = a
-        return a[:words]
-
-
-_scratch = _Scratch()
-
-
-def launch(picked: Sequence[tuple[Any, int, int]], stream: int) -> None:
+def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any]) -> None:
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
+
+    The descriptors are written into a pooled pinned buffer, appended to
+    ``held`` before any copy reads it: the caller holds it until the stream
+    has run the upload (an upload from pageable memory would make the host
+    wait for the driver's staging copy, about 0.2 ms per 65536 blocks).
 
     Raises
     ------
     CudaError
-        The failing call's error: loading the module, the descriptor
-        allocation or upload, or ``cuLaunchKernel``. A fault inside the kernel
-        surfaces at the next synchronisation instead.
+        The failing call's error: loading the module, the pinned buffer, the
+        descriptor allocation or upload, or ``cuLaunchKernel``. A fault inside
+        the kernel surfaces at the next synchronisation instead.
     """
     if not picked:
         return
+    import numpy as np
+
+    from .._host._pinned import HostBuffer
+
     _fn, sms = copy_function()
-    sc = _scratch
-    mine = not sc.busy
-    sc.busy = True
+
+    def pinned(words: int) -> Any:
+        buf = HostBuffer.pooled(words * 8)
+        held.append(buf)
+        return buf.array.view(np.uint64)
+
+    prep = prepare(picked, sms, pinned)
+    desc = prep.desc
+    call = _driver.call
+    base = int(call("cuMemAllocAsync", desc.nbytes, stream))
+    done = False
     try:
-        prep = prepare(picked, sms, sc.get if mine else None)
-        desc = prep.desc
-        call = _driver.call
-        base = int(call("cuMemAllocAsync", desc.nbytes, stream))
-        done = False
-        try:
-            # From pageable memory: the driver has taken the bytes when the call
-            # returns, so the scratch array may be rewritten by the next call.
-            call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-            launch_prepared(prep, base, stream)
-            done = True
-        finally:
-            try:
-                call("cuMemFreeAsync", base, stream)
-            except CudaError:
-                if done:
-                    raise
+        call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
+        launch_prepared(prep, base, stream)
+        done = True
     finally:
-        if mine:
-            sc.busy = False
+        try:
+            call("cuMemFreeAsync", base, stream)
+        except CudaError:
+            if done:
+                raise
 
 
 class Resident:

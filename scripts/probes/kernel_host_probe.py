@@ -89,7 +89,7 @@ def host_phases(dst: Any, src: Any, d_off: Any, s_off: Any, b: int, h: int,
         picked = _kernels.kernel_groups([g], "kernel", h)
         t3 = time.perf_counter()
         _fn, sms = _kernels.copy_function()
-        prep = _kernels.prepare(picked, sms, _kernels._scratch.get)  # as launch() does
+        prep = _kernels.prepare(picked, sms)
         t4 = time.perf_counter()
         for k, v in zip(HOST_PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             samples[k].append(v)
