@@ -214,9 +214,16 @@ def int64_array(value: object, what: str, *, nonnegative: bool = False,
         raise ValueError(f"{what}[{i}] is above 2**63 - 1")
     a = np.array(a, dtype=np.int64) if copy else a.astype(np.int64, copy=False)
     if nonnegative and a.size and int(a.min()) < 0:
-        i = int(np.flatnonzero(a < 0)[0])
-        raise ValueError(f"{what}[{i}] is negative ({int(a[i])})")
+        refuse_negative(a, what)
     return a
+
+
+def refuse_negative(a: np.ndarray[Any, Any], what: str) -> None:
+    """Raise ``ValueError`` naming the first negative entry of ``a`` (one is known to be)."""
+    import numpy as np
+
+    i = int(np.flatnonzero(a < 0)[0])
+    raise ValueError(f"{what}[{i}] is negative ({int(a[i])})")
 
 
 def shape_nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:

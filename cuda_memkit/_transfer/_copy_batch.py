@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
 from .._core._checks import INT64_MAX as _I64_MAX
-from .._core._checks import int64_array
+from .._core._checks import int64_array, refuse_negative
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._device import (
     StreamLike,
@@ -124,7 +124,11 @@ def _scalar_size(value: Any) -> int | None:
 
 def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
                   ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """The three int64 arrays (dst offsets, src offsets, sizes) of a batch, checked."""
+    """The three int64 arrays (dst offsets, src offsets, sizes) of a batch, checked.
+
+    With one size for every block (an int ``sizes``) the offsets' signs are
+    left to the caller, whose bounds pass finds their minimum anyway.
+    """
     import numpy as np
 
     if blocks is not None:
@@ -144,11 +148,11 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
         return flat[:, 0], flat[:, 1], flat[:, 2]
     if dst_offsets is None or src_offsets is None or sizes is None:
         raise TypeError("copy_batch needs dst_offsets=, src_offsets= and sizes= (or blocks=)")
-    d = int64_array(dst_offsets, "dst_offsets", nonnegative=True)
-    s = int64_array(src_offsets, "src_offsets", nonnegative=True)
+    one = _scalar_size(sizes)
+    d = int64_array(dst_offsets, "dst_offsets", nonnegative=one is None)
+    s = int64_array(src_offsets, "src_offsets", nonnegative=one is None)
     if len(d) != len(s):
         raise ValueError(f"dst_offsets has {len(d)} entries, src_offsets {len(s)}")
-    one = _scalar_size(sizes)
     if one is not None:
         # One read-only int broadcast over the blocks: no n-entry array to build.
         z = np.broadcast_to(np.int64(one), (len(d),))
@@ -198,9 +202,15 @@ class _Group:
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
         one = _scalar_size(sizes) if blocks is None else None
         span = None
+        if one is not None and len(d):
+            # One size for every block: signs and bounds are two min/max passes per side.
+            d0, s0 = int(d.min()), int(s.min())
+            if d0 < 0:
+                refuse_negative(d, "dst_offsets")
+            if s0 < 0:
+                refuse_negative(s, "src_offsets")
         if one is not None and one > 0 and len(d):
-            # One size for every block: the bounds are two min/max passes per side.
-            d0, d1, s0, s1 = int(d.min()), int(d.max()) + one, int(s.min()), int(s.max()) + one
+            d1, s1 = int(d.max()) + one, int(s.max()) + one
             lim_d, lim_s = self.dst_op[1], self.src_op[1]
             if not (d1 <= (_I64_MAX if lim_d is None else lim_d)
                     and s1 <= (_I64_MAX if lim_s is None else lim_s)):
@@ -226,7 +236,8 @@ class _Group:
         # distinct slots with nothing to merge (the common scattered case) skip
         # the sort, whose cost the kernel path would otherwise wait for.
         # (sorted False: no overlap and nothing to merge, kept in the caller's order)
-        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z, one if span else None))
+        self.sorted = not (len(d) > 1 and _distinct_slots(
+            d, s, z, one if span else None, span[1] - one if span and one else None))
         if self.sorted and len(d) > 1:
             if not (d[1:] >= d[:-1]).all():
                 order = np.argsort(d)
@@ -345,7 +356,8 @@ _scratch = _Scratch()
 
 
 def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
-                    z: np.ndarray[Any, Any], size: int | None = None) -> bool:
+                    z: np.ndarray[Any, Any], size: int | None = None,
+                    d_max: int | None = None) -> bool:
     """Whether equal blocks sit in distinct slots with (almost) nothing to merge.
 
     Blocks of one size ``b`` at multiples of ``b`` overlap only when two share
@@ -356,7 +368,8 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
     left unmerged. False when the blocks are not of that form, share a slot,
     merge more often, or the slot table would be much larger than the blocks:
     the sort then decides (and names the overlap). ``size``: every block is
-    known to be that size (``z`` is not read). The work arrays are the
+    known to be that size (``z`` is not read); ``d_max``: the largest
+    destination offset, when the caller knows it. The work arrays are the
     thread's :class:`_Scratch` ones (a fresh set when re-entered).
     """
     import numpy as np
@@ -382,25 +395,26 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
             if slot.any():
                 return False
             np.floor_divide(d, b, out=slot)
-        top = int(slot.max())
+        top = int(slot.max()) if d_max is None else d_max // b
         if top > 4 * n + 1024:
             return False
-        # The source offset of the block in each slot (-1: none); one scatter, then
-        # every test reads the table in order (random gathers cost far more).
+        # The source offset of the block in each slot (INT64_MIN: none); one scatter,
+        # then every test reads the table in order (random gathers cost far more).
+        # An empty slot plus b stays negative, so it never equals a source offset:
+        # the merge test needs no mask of the taken slots.
+        empty = np.iinfo(np.int64).min
         src_of = sc.get("table", top + 2, np.int64)
-        src_of.fill(-1)
+        src_of.fill(empty)
         src_of[slot] = s
-        here = src_of[:-1]  # the last entry is past the top slot: always -1
-        taken = sc.get("taken", top + 1, np.bool_)
-        np.greater_equal(here, 0, out=taken)
-        if int(np.count_nonzero(taken)) != n:
+        here = src_of[:-1]  # the last entry is past the top slot: always empty
+        flags = sc.get("flags", top + 1, np.bool_)
+        np.not_equal(here, empty, out=flags)
+        if int(np.count_nonzero(flags)) != n:
             return False  # two blocks share a slot: the sort names them
         nxt = sc.get("next", top + 1, np.int64)
         np.add(here, b, out=nxt)
-        merge = sc.get("merge", top + 1, np.bool_)
-        np.equal(src_of[1:], nxt, out=merge)
-        np.logical_and(merge, taken, out=merge)
-        merges = int(np.count_nonzero(merge))
+        np.equal(src_of[1:], nxt, out=flags)
+        merges = int(np.count_nonzero(flags))
         return merges * MERGE_WORTH_SORT <= n  # a stray pair or two is not worth the sort
     finally:
         sc.busy = False
