@@ -453,8 +453,11 @@ class Account:
         """The most bytes those caches held at once (exact for the usual single cache)."""
         return sum(c.peak for c in list(self.caches))
 
-    def add(self, key: object, nbytes: int, stream: int | None = None) -> None:
-        """Register allocation ``key`` of ``nbytes`` bytes (ordered on ``stream``, if any)."""
+    def add(self, key: object, nbytes: int, stream: Any = None) -> None:
+        """Register allocation ``key`` of ``nbytes`` bytes (ordered on ``stream``, if any).
+
+        ``stream`` is a handle (int) or a ``CUstream``: the watchers get its int.
+        """
         self.live[key] = nbytes
         c = self.current = self.current + nbytes
         if c > self.peak:
@@ -509,8 +512,13 @@ watchers: list[Callable[[Account, object, int, bool, int | None], None]] = []
 
 
 def notify(acct: Account, key: object, nbytes: int, allocated: bool,
-           stream: int | None = None) -> None:
-    """Tell every watcher of an allocation (``allocated``) or a free (on ``stream``, if any)."""
+           stream: Any = None) -> None:
+    """Tell every watcher of an allocation (``allocated``) or a free (on ``stream``, if any).
+
+    ``stream`` is a handle (int) or a ``CUstream``; the watchers get its int.
+    """
+    if stream is not None:
+        stream = int(stream)
     for w in list(watchers):
         w(acct, key, nbytes, allocated, stream)
 

@@ -79,14 +79,15 @@ class HostCache:
         lists in ``blocks``.
     """
 
-    __slots__ = ("bins", "blocks", "cus", "owns", "stream")
+    __slots__ = ("bins", "blocks", "cus", "handle", "owns", "stream")
 
     def __init__(self, blocks: BlockCache, owns: bool) -> None:
         self.blocks = blocks
         self.owns = owns  # made here (closed here), or the pool's own cache=True cache
         self.stream: Stream | None = Stream()
         self.cus = self.stream._custream
-        self.bins = blocks.bins(self.stream._handle, self.cus)
+        self.handle = self.stream._handle
+        self.bins = blocks.bins(self.handle, self.cus)
 
     @property
     def cached(self) -> int:
@@ -253,27 +254,18 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
             cache = _refresh_default()
     if nbytes <= 0:
         return None
+    if not cache.open:  # before lend(), which would make the closed stream's lists again
+        raise ClosedError("MemoryPool is closed; it cannot be used any more")
     bc = cache.blocks
+    block: HostBlock | None
     blocks: list[HostBlock] | None
     if nbytes <= HOST_CACHE_MAX_BLOCK and nbytes <= bc.max_block:
         size = round_size(nbytes)
-        blocks = cache.bins.get(size)
-        if blocks is None:
-            blocks = cache.bins.setdefault(size, [])
+        block, blocks = bc.lend(size, cache.handle, cache.cus)
     else:
         size = nbytes
-        blocks = None
-    block = None
-    if blocks:
-        try:
-            block = blocks.pop()
-        except IndexError:  # another thread took the last one
-            pass
-        else:
-            bc.cached -= size
+        block = blocks = None
     if block is None:
-        if not cache.open:
-            raise ClosedError("MemoryPool is closed; it cannot be used any more")
         d = bc.miss(size, cache.cus)  # the context and out-of-memory retries
         block = _new_object(HostBlock)
         block.bin = blocks

@@ -61,6 +61,8 @@ from .._core import _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
 from .._core._device import (
     CONTEXT_ERRORS,
+    Stream,
+    StreamRef,
     custream,
     ensure_context,
     primary_pushed,
@@ -280,13 +282,18 @@ class BlockCache:
     def bins(self, handle: int, cus: Any, owner: object = None) -> dict[int, list[Any]]:
         """The free lists of stream ``handle`` (made on first use).
 
-        ``owner`` is a stream object that must outlive the blocks cached for it
-        (a CuPy or torch stream): the cache keeps it until the stream's lists
-        are dropped. A cuda_memkit :class:`Stream` needs none: its close and
-        its collection empty its lists first.
+        ``owner`` is the stream object given, which must outlive the blocks
+        cached for it (a CuPy or torch stream, or the ``StreamRef`` holding
+        one): the cache keeps it until the stream's lists are dropped. A
+        cuda_memkit :class:`Stream` needs none: its close and its collection
+        empty its lists first.
         """
         sb = self.streams.get(handle)
         if sb is None:
+            if type(owner) is StreamRef:
+                owner = owner.obj
+            elif isinstance(owner, Stream):
+                owner = None
             with self.lock:
                 sb = self.streams.get(handle)
                 if sb is None:
@@ -296,31 +303,34 @@ class BlockCache:
                     sb = self.streams[handle] = {}
         return sb
 
-    def take(self, size: int, handle: int) -> Any:
-        """A cached block of rounded ``size`` for stream ``handle``, or ``None``."""
+    def lend(self, size: int, handle: int, cus: Any, owner: object = None
+             ) -> tuple[Any, list[Any]]:
+        """A free block of rounded ``size`` for stream ``handle``, and the list it goes back to.
+
+        The block is ``None`` on a miss: the caller allocates one (:meth:`miss`)
+        and gives it back to that list later. ``cus`` and ``owner`` make the
+        stream's lists on first use (see :meth:`bins`). The one lending path of
+        the pools, the CuPy adaptor and the pinned cache.
+        """
         sb = self.streams.get(handle)
-        if sb is not None:
-            blocks = sb.get(size)
-            if blocks:
-                try:
-                    block = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    return None
-                self.cached -= size
-                return block
-        return None
+        if sb is None:
+            sb = self.bins(handle, cus, owner)
+        blocks = sb.get(size)
+        if blocks is None:  # the first block of this size on this stream
+            blocks = sb.setdefault(size, [])
+        if blocks:
+            try:
+                block = blocks.pop()
+            except IndexError:  # another thread took the last one
+                return None, blocks
+            self.cached -= size
+            return block, blocks
+        return None, blocks
 
     def miss(self, size: int, cus: Any) -> Any:
         """Allocate a block of rounded ``size`` from the driver pool on ``cus`` (a miss)."""
         self.misses += 1
         return alloc_block(size, self.cupool, cus, self.device, self)
-
-    def blocks(self, sb: dict[int, list[Any]], size: int) -> list[Any]:
-        """The free list of rounded ``size`` in a stream's lists ``sb`` (made on first use)."""
-        blocks = sb.get(size)
-        if blocks is None:
-            blocks = sb.setdefault(size, [])
-        return blocks
 
     def put(self, block: Any, size: int, blocks: list[Any], cus: Any) -> None:
         """Take ``block`` of rounded ``size`` back into free list ``blocks`` (of stream ``cus``).

@@ -459,22 +459,9 @@ def _cached(CachedMemory: type, pointer: Any, null: Callable[[int], Any],
             m = CachedMemory(int(d), size, st, dev)
             m._r = 1 << 62
             m._b = None
-        else:  # BlockCache.take written out: a hit is a dict lookup and a list.pop
+        else:
             r = (size + 511) & -512 if size <= _SMALL else round_size(size)
-            bins = cache.streams.get(h)
-            if bins is None:
-                bins = cache.bins(h, cus, st)
-            d = None
-            blocks = bins.get(r)
-            if blocks is None:  # the first block of this size on this stream
-                blocks = cache.blocks(bins, r)
-            if blocks:
-                try:
-                    d = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    pass
-                else:
-                    cache.cached -= r
+            d, blocks = cache.lend(r, h, cus, st)
             if d is None:
                 d = cache.miss(r, cus)
             m = CachedMemory(int(d), size, st, dev)
