@@ -68,7 +68,7 @@ def _holders(acct: Any) -> str:
     """Who keeps the CuPy memory objects of ``acct`` alive (for the failure message)."""
     out = []
     for obj in gc.get_objects():
-        if type(obj).__qualname__ in ("CupyMemory", "CupyPoolMemory") and obj._d in acct.live:
+        if type(obj).__qualname__ == "CupyMemory" and obj._d in acct.live:
             refs = [type(r).__name__ for r in gc.get_referrers(obj)][:4]
             out.append(f"{obj!r} held by {refs}")
     return "; ".join(out) or "no CuPy memory object found"

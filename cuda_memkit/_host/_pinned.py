@@ -428,14 +428,7 @@ class HostBuffer(TypedBufferMixin, Resource):
                     block.cache.cached -= block.size
                     block.busy = True
                     ptr = block.ptr
-                    acct = _POOLED_ACCOUNT  # Account.add written out (PooledHostBuffer.close)
-                    acct.live[ptr] = shape
-                    c = acct.current = acct.current + shape
-                    if c > acct.peak:
-                        acct.peak = c
-                    acct.total += 1
-                    if watchers:
-                        notify(acct, ptr, shape, True)
+                    _POOLED_ACCOUNT.add(ptr, shape)
                     self = _new_object(PooledHostBuffer)
                     self._ptr = ptr
                     self._nbytes = shape

@@ -78,8 +78,6 @@ from .._core._resource import (
     account,
     forget_account,
     make_finalizer,
-    notify,
-    watchers,
 )
 from .._virtual._vmm_base import Access
 from . import _cache, _pool_ipc
@@ -544,14 +542,7 @@ class MemoryPool(PoolAttributes, Resource):
         acct = buf._acct = self._acct
         buf._views = None
         buf._deferred = None
-        # Account.add written out: the call costs about 5 % of a pair.
-        acct.live[dptr] = nbytes
-        c = acct.current = acct.current + nbytes
-        if c > acct.peak:
-            acct.peak = c
-        acct.total += 1
-        if watchers:
-            notify(acct, dptr, nbytes, True, int(cus))
+        acct.add(dptr, nbytes, cus)
         return buf
 
     # -- the cache ---------------------------------------------------------------------

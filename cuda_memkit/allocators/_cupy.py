@@ -98,12 +98,12 @@ def _memory_pool_class() -> type[MemoryPool]:
 
 # -- the memory objects CuPy holds ------------------------------------------------------
 
-_MEMORY_CLASSES: dict[type, tuple[type, type, type]] = {}
+_MEMORY_CLASSES: dict[type, tuple[type, type]] = {}
 _warned_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _memory_classes(base: type) -> tuple[type, type, type]:
-    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (default, given pool, cached).
+def _memory_classes(base: type) -> tuple[type, type]:
+    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (driver-freed, cached).
 
     Made with ``(ptr, size, cupy_stream, device_id)``: the stream is the
     ``UnownedMemory``'s owner, kept alive as long as the memory.
@@ -115,14 +115,16 @@ def _memory_classes(base: type) -> tuple[type, type, type]:
     class Memory(Unshareable, base):  # type: ignore[misc]
         """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it.
 
-        Refuses ``copy.copy`` and pickling (:class:`Unshareable` first in the
+        Memory of a given pool (``_pool``) warns if it is freed after the pool's
+        close. Refuses ``copy.copy`` and pickling (:class:`Unshareable` first in the
         bases, before CuPy's own): a copy would free the memory a second time.
         """
 
         _share_hint = ("share the CuPy array (or its memory pointer); CuPy copies arrays "
                        "into new memory")
 
-        __slots__ = ("_a", "_d", "_s")  # ledger account, the CUdeviceptr and CUstream
+        # ledger account, the CUdeviceptr and CUstream, the given pool (None: a default pool)
+        __slots__ = ("_a", "_d", "_pool", "_s")
 
         def __del__(self) -> None:
             if _exiting:
@@ -131,32 +133,20 @@ def _memory_classes(base: type) -> tuple[type, type, type]:
             res = _FREE(d, self._s)
             if res[0]:
                 _free_failed(self, res)
+            else:
+                pool = self._pool
+                if pool is not None and pool.closed:
+                    _freed_after_close(pool)
             self._a.remove(d)
 
         def __repr__(self) -> str:
             return (f"<cuda_memkit CuPy memory 0x{self.ptr:x} size={self.size} "
                     f"device={self.device_id}>")
 
-    class PoolMemory(Memory):
-        """Memory from a given :class:`~cuda_memkit.MemoryPool`: warns if freed after its close."""
-
-        __slots__ = ("_pool",)
-
-        def __del__(self) -> None:
-            if _exiting:
-                return
-            d = self._d
-            res = _FREE(d, self._s)
-            if res[0]:
-                _free_failed(self, res)
-            elif self._pool.closed:
-                _freed_after_close(self._pool)
-            self._a.remove(d)
-
     class CachedMemory(Memory):
         """Memory lent by a block cache: CuPy's drop gives the block back to its free list."""
 
-        __slots__ = ("_b", "_c", "_pool", "_r")  # its free list, cache, pool, rounded size
+        __slots__ = ("_b", "_c", "_r")  # its free list, cache, rounded size
 
         def __del__(self) -> None:
             if _exiting:
@@ -193,10 +183,9 @@ def _memory_classes(base: type) -> tuple[type, type, type]:
             if res[0]:
                 _free_failed(self, res)
 
-    Memory.__module__ = PoolMemory.__module__ = CachedMemory.__module__ = __name__
-    Memory.__qualname__, PoolMemory.__qualname__ = "CupyMemory", "CupyPoolMemory"
-    CachedMemory.__qualname__ = "CupyCachedMemory"
-    classes = _MEMORY_CLASSES[base] = (Memory, PoolMemory, CachedMemory)
+    Memory.__module__ = CachedMemory.__module__ = __name__
+    Memory.__qualname__, CachedMemory.__qualname__ = "CupyMemory", "CupyCachedMemory"
+    classes = _MEMORY_CLASSES[base] = (Memory, CachedMemory)
     return classes
 
 
@@ -341,7 +330,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     alloc, _FREE = driver_pair()
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
-    Memory, PoolMemory, CachedMemory = _memory_classes(unowned)
+    Memory, CachedMemory = _memory_classes(unowned)
     get_stream = cupy.cuda.get_current_stream
     custreams: dict[int, Any] = {}
 
@@ -377,6 +366,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
             m = Memory(int(d), size, st, dev)
             m._d = d
             m._s = cus
+            m._pool = None
             m._a = acct = accounts[dev]
             acct.add(d, size, h)
             return pointer(m, 0)
@@ -411,7 +401,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         err, d = alloc(size, cupool, cus)
         if err:
             d = _alloc_failed(size, cupool, cus, dev, given)
-        m = PoolMemory(int(d), size, st, dev)
+        m = Memory(int(d), size, st, dev)
         m._d = d
         m._s = cus
         m._pool = given
@@ -471,14 +461,8 @@ def _cached(CachedMemory: type, pointer: Any, null: Callable[[int], Any],
         m._s = cus
         m._c = cache
         m._pool = given
-        acct = m._a = cache.account  # Account.add written out
-        acct.live[d] = size
-        c = acct.current = acct.current + size
-        if c > acct.peak:
-            acct.peak = c
-        acct.total += 1
-        if watchers:
-            notify(acct, d, size, True, h)
+        acct = m._a = cache.account
+        acct.add(d, size, h)
         return pointer(m, 0)
 
     return allocate
