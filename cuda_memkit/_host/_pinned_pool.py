@@ -37,13 +37,13 @@ from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._constants import STREAM_LEGACY
 from .._core._device import Stream, custream, stream_destroyed
 from .._core._errors import ClosedError, CudaError
-from .._core._resource import OPEN, Unshareable, account
+from .._core._resource import Unshareable, account
 from .._pools import _pool
 from .._pools._cache import BlockCache, round_size
 from .._pools._pool import MemoryPool
 from .._pools._pool_buffer import destroy_unused, pending_pools
 from . import _pinned
-from ._pinned import HostBuffer, PooledHostBuffer
+from ._pinned import HostBuffer
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
 
@@ -282,15 +282,6 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
 # -- HostBuffer.pooled(n) ---------------------------------------------------------------
 
 
-_u8: Any = None  # numpy's uint8 dtype, kept here once made (numpy loads on first use)
-
-
-def _first_uint8() -> Any:
-    global _u8
-    _u8 = _pinned.uint8()
-    return _u8
-
-
 def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
     """``HostBuffer.pooled(shape, dtype, pool=pool)`` past its hit path: a block from ``take``.
 
@@ -302,16 +293,8 @@ def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostB
             or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
         return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
     block = take(pool, shape)  # checks the pool; a miss, another pool
-    self = _new_object(PooledHostBuffer)
-    self._ptr = block.ptr  # type: ignore[union-attr]
-    self._nbytes = shape
-    self._shape = (shape,)
-    self._dtype = _u8 if _u8 is not None else _first_uint8()
-    self._dptr = None
-    self._views = None
-    self._block = block
-    self._state = OPEN
-    return self
+    assert block is not None  # shape > 0
+    return _pinned.pooled_buffer(block, shape)
 
 
 class _Source:
