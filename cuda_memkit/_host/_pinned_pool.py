@@ -55,7 +55,6 @@ HOST_CACHE_LIMIT = 32 << 20
 #: Ledger account of buffers lent from pinned pools (host memory: no device).
 _ACCOUNT = account("pinned_pooled")
 _lock = threading.Lock()
-_new_object = object.__new__
 _UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
 
 
@@ -158,6 +157,16 @@ class HostBlock(Unshareable):
     ptr: int  # the block's address
     size: int  # bytes, rounded (round_size) up to HOST_CACHE_MAX_BLOCK
 
+    def __init__(self, dptr: Any, size: int, bin: list[HostBlock] | None, cache: BlockCache,
+                 host: HostCache) -> None:
+        self.bin = bin
+        self.cache = cache
+        self.host = host
+        self.dptr = dptr
+        self.size = size
+        self.ptr = int(dptr)
+        self.busy = True
+
     def release(self) -> None:
         """Give the block back (the buffer on it was closed or collected)."""
         if self.busy:
@@ -171,10 +180,7 @@ class HostBlock(Unshareable):
                 return
         except AttributeError:  # never fully made
             return
-        heir = _new_object(HostBlock)
-        heir.bin, heir.cache, heir.host, heir.dptr, heir.ptr, heir.size = (
-            self.bin, self.cache, self.host, self.dptr, self.ptr, self.size)
-        heir.busy = True
+        heir = HostBlock(self.dptr, self.size, self.bin, self.cache, self.host)
         self.busy = False
         try:
             heir.release()
@@ -265,16 +271,10 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
     else:
         size = nbytes
         block = blocks = None
-    if block is None:
-        d = bc.miss(size, cache.cus)  # the context and out-of-memory retries
-        block = _new_object(HostBlock)
-        block.bin = blocks
-        block.cache = bc
-        block.host = cache
-        block.dptr = d
-        block.size = size
-        block.ptr = int(d)
-    block.busy = True
+    if block is None:  # a miss: the context and out-of-memory retries
+        block = HostBlock(bc.miss(size, cache.cus), size, blocks, bc, cache)
+    else:
+        block.busy = True
     _ACCOUNT.add(block.ptr, nbytes)
     return block
 
