@@ -332,109 +332,35 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     Memory, CachedMemory = _memory_classes(unowned)
     get_stream = cupy.cuda.get_current_stream
-    custreams: dict[int, Any] = {}
 
     def null(device: int) -> Any:
         """The pointer for a 0-byte request: null, no driver call (cuFFT asks for these)."""
         return pointer(unowned(0, 0, None, device), 0)
 
-    if pool is None:
-        import cuda_memkit as cm
+    import cuda_memkit as cm
 
-        defaults = [cm.MemoryPool.default(i) for i in range(cm.device_count())]
-        if cache:
-            return _cached(CachedMemory, pointer, null, get_device, get_stream, custreams,
-                           [_pool.cache_for(p) for p in defaults], None)
-        cupools = [_cu.CUmemoryPool(p.handle) for p in defaults]
-        accounts = [account("pool", i, p.handle) for i, p in enumerate(defaults)]
-
-        def allocate(size: int) -> Any:
-            dev = get_device()
-            if type(size) is not int or size <= 0:
-                size = _size_arg(size)
-                if not size:
-                    return null(dev)
-            st = get_stream(dev)
-            h = st.ptr
-            cus = custreams.get(h)
-            if cus is None:
-                cus = _custream(custreams, h)
-            cupool = cupools[dev]
-            err, d = alloc(size, cupool, cus)
-            if err:
-                d = _alloc_failed(size, cupool, cus, dev, None)
-            m = Memory(int(d), size, st, dev)
-            m._d = d
-            m._s = cus
-            m._pool = None
-            m._a = acct = accounts[dev]
-            acct.add(d, size, h)
-            return pointer(m, 0)
-
-        return allocate
-
-    given = pool
+    # Per device ordinal: the pools (their driver handles, accounts and caches) to use.
+    ndev = cm.device_count()
+    pools = [cm.MemoryPool.default(i) for i in range(ndev)] if pool is None else [pool] * ndev
     if cache:
-        return _cached(CachedMemory, pointer, null, get_device, get_stream, custreams,
-                       None, given)
-    cupool = _cu.CUmemoryPool(given.handle)
-    given_acct = account("pool", given.device, given.handle)
-    pool_device = -1 if given.device is None else given.device  # managed pools: any device
-
-    def allocate_from_pool(size: int) -> Any:
-        dev = get_device()
-        if dev != pool_device and pool_device >= 0:
-            raise ValueError(f"CuPy's current device is {dev}, but this allocator's pool holds "
-                             f"memory of device {pool_device}")
-        if type(size) is not int or size <= 0:
-            size = _size_arg(size)
-            if not size:
-                return null(dev)
-        if given.closed:  # before the driver: a destroyed pool must never reach it
-            raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
-                              "another pool (allocators.use_with_cupy(pool))")
-        st = get_stream(dev)
-        h = st.ptr
-        cus = custreams.get(h)
-        if cus is None:
-            cus = _custream(custreams, h)
-        err, d = alloc(size, cupool, cus)
-        if err:
-            d = _alloc_failed(size, cupool, cus, dev, given)
-        m = Memory(int(d), size, st, dev)
-        m._d = d
-        m._s = cus
-        m._pool = given
-        m._a = given_acct
-        given_acct.add(d, size, h)
-        return pointer(m, 0)
-
-    return allocate_from_pool
-
-
-def _cached(CachedMemory: type, pointer: Any, null: Callable[[int], Any],
-            get_device: Callable[[], int], get_stream: Callable[[int], Any],
-            custreams: dict[int, Any], caches: list[BlockCache] | None,
-            given: MemoryPool | None) -> Callable[[int], Any]:
-    """The caching allocator: each device's default cache (``caches``), or ``given``'s."""
-    one: BlockCache | None = None
-    pool_device = -1
-    if given is not None:
-        one = _pool.cache_for(given)
-        pool_device = -1 if given.device is None else given.device
+        caches: list[BlockCache] | None = [_pool.cache_for(p) for p in pools]
+    else:
+        caches = None
+    cupools = [_cu.CUmemoryPool(p.handle) for p in pools]
+    accounts = [account("pool", p.device, p.handle) for p in pools]
+    custreams: dict[int, Any] = {}
+    given = pool
+    pool_device = -1 if given is None or given.device is None else given.device  # managed: any
 
     def allocate(size: int) -> Any:
         dev = get_device()
-        if caches is None:
+        if given is not None:
             if dev != pool_device and pool_device >= 0:
                 raise ValueError(f"CuPy's current device is {dev}, but this allocator's pool "
                                  f"holds memory of device {pool_device}")
-            if given.closed:  # type: ignore[union-attr]  # a destroyed pool must never be used
+            if given.closed:  # before the driver: a destroyed pool must never reach it
                 raise ClosedError("the MemoryPool behind this CuPy allocator was closed; "
                                   "install another pool (allocators.use_with_cupy(pool))")
-            cache: BlockCache = one  # type: ignore[assignment]
-        else:
-            cache = caches[dev]
         if type(size) is not int or size <= 0:
             size = _size_arg(size)
             if not size:
@@ -444,24 +370,32 @@ def _cached(CachedMemory: type, pointer: Any, null: Callable[[int], Any],
         cus = custreams.get(h)
         if cus is None:
             cus = _custream(custreams, h)
-        if size > cache.max_block:  # not cached: r past any limit sends it to the driver
-            d = alloc_block(size, cache.cupool, cus, dev)
-            m = CachedMemory(int(d), size, st, dev)
-            m._r = 1 << 62
-            m._b = None
+        if caches is None:  # every allocation from the driver
+            cupool = cupools[dev]
+            err, d = alloc(size, cupool, cus)
+            if err:
+                d = _alloc_failed(size, cupool, cus, dev, given)
+            m = Memory(int(d), size, st, dev)
         else:
-            r = (size + 511) & -512 if size <= _SMALL else round_size(size)
-            d, blocks = cache.lend(r, h, cus, st)
-            if d is None:
-                d = cache.miss(r, cus)
-            m = CachedMemory(int(d), size, st, dev)
-            m._r = r
-            m._b = blocks
+            cache = caches[dev]
+            if size > cache.max_block:  # not cached: r past any limit sends it to the driver
+                d = alloc_block(size, cache.cupool, cus, dev)
+                m = CachedMemory(int(d), size, st, dev)
+                m._r = 1 << 62
+                m._b = None
+            else:
+                r = (size + 511) & -512 if size <= _SMALL else round_size(size)
+                d, blocks = cache.lend(r, h, cus, st)
+                if d is None:
+                    d = cache.miss(r, cus)
+                m = CachedMemory(int(d), size, st, dev)
+                m._r = r
+                m._b = blocks
+            m._c = cache
         m._d = d
         m._s = cus
-        m._c = cache
         m._pool = given
-        acct = m._a = cache.account
+        acct = m._a = accounts[dev]
         acct.add(d, size, h)
         return pointer(m, 0)
 
