@@ -272,7 +272,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
         else:
             cus = custream(stream)
             cache = None  # a block freed on another stream goes to the driver, on that stream
-        acct = self._acct  # Account.remove written out, as in allocate()
+        acct = self._acct  # Account.remove written out: the pop below is the claim
         n = acct.live.pop(d, None)  # the claim: one atomic pop, so nothing frees it twice
         if n is None:  # another thread's free() or close() claimed it: a second free
             self._dptr = None
