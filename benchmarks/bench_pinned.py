@@ -89,7 +89,7 @@ def main() -> None:
     reg = cm.register_host(reg_arr)
     for buf in (hb.array, wc.array):
         buf[:] = 1
-    ctypes.fill(raw_pinned, 1, nbytes)  # every host buffer touched alike
+    ctypes.memset(raw_pinned, 1, nbytes)  # every host buffer touched alike
     check(raw.cuMemsetD8(dptr, 1, nbytes))
     dev.fill(1)
 

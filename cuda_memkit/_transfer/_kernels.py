@@ -18,10 +18,8 @@
   kernel cannot reach with ``ValueError`` before anything runs.
 * :func:`launch` copies those pairs' blocks in one launch: their descriptors
   (:func:`prepare`: one pair's offsets with the operands as kernel bases, or
-  absolute addresses, written into a pooled pinned buffer) go to a
-  stream-ordered device allocation (``cuMemAllocAsync``, filled by one
-  ``cuMemcpyHtoDAsync`` that the host does not wait for, freed by
-  ``cuMemFreeAsync`` after the launch, all on the batch's stream), and the
+  absolute addresses) are written into a pooled pinned buffer, which the
+  kernel reads in place (held until the stream has run it), and the
   kernel walks them (pinned host memory is read or written through its
   mapping, whatever the blocks' density: staging a dense span through one DMA
   measured slower, see docs/decisions.md). :class:`Resident` keeps a ``CopyBatch``'s
@@ -268,11 +266,11 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int,
             alloc: Callable[[int], Any] | None = None) -> Prepared:
     """The descriptors of ``picked`` (from :func:`kernel_groups`) and the launch geometry.
 
-    One pair (the common case) uploads its offsets as they are, with the two
-    operand addresses as the kernel's bases; several pairs upload absolute
+    One pair (the common case) gives its offsets as they are, with the two
+    operand addresses as the kernel's bases; several pairs give absolute
     addresses (bases 0). Equal sizes are one kernel parameter, not an array.
     ``alloc(words)`` gives the uint64 array the descriptors are written to
-    (default: a new numpy array); blocks cut into pieces get a new array.
+    (default: a new numpy array), also for the pieces of blocks cut up.
     """
     import numpy as np
 
@@ -301,7 +299,7 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int,
     if not uniform:
         desc[2 * n:] = z
     if n < sms * CTAS_PER_SM and int(z.max()) > SPLIT_MIN:
-        desc, z = _split(desc, z, n, uniform, sms)
+        desc, z = _split(desc, z, n, uniform, sms, alloc)
         n = len(z)
         first = int(z[0])
         uniform = bool((z == first).all())
@@ -310,13 +308,14 @@ def prepare(picked: Sequence[tuple[Any, int, int]], sms: int,
     return Prepared(desc, n, first if uniform else 0, lanes, grid, bases)
 
 
-def _split(desc: Any, z: Any, n: int, uniform: bool, sms: int) -> tuple[Any, Any]:
+def _split(desc: Any, z: Any, n: int, uniform: bool, sms: int,
+           alloc: Callable[[int], Any] | None = None) -> tuple[Any, Any]:
     """Few large blocks cut into pieces, so that every CTA of the grid has work.
 
     Pieces are a multiple of 16 bytes (each keeps its block's alignment
     modulo 16, so the kernel still moves 16-byte vectors) and at least
-    :data:`SPLIT_MIN`; about two per CTA. Returns the new descriptors (sizes
-    always as an array) and sizes.
+    :data:`SPLIT_MIN`; about two per CTA. Returns the new descriptors (from
+    ``alloc`` when given; sizes only where they differ) and the sizes.
     """
     import numpy as np
 
@@ -331,12 +330,12 @@ def _split(desc: Any, z: Any, n: int, uniform: bool, sms: int) -> tuple[Any, Any
     off = (np.arange(len(idx)) - np.repeat(first, k.astype(np.int64))).astype(u) * u(piece)
     m = len(idx)
     zz = np.minimum(u(piece), z[idx] - off)
-    out = np.empty(3 * m, u)
+    out = np.empty(3 * m, u) if alloc is None else alloc(3 * m)
     out[:m] = desc[:n][idx] + off
     out[m:2 * m] = desc[n:2 * n][idx] + off
     out[2 * m:] = zz
     if bool((zz == zz[0]).all()):
-        out = out[:2 * m].copy()
+        out = out[:2 * m]  # one size: a parameter, the sizes part unused
     return out, zz
 
 
@@ -351,16 +350,19 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any])
     """Copy the blocks of ``picked`` (from :func:`kernel_groups`) in one launch on ``stream``.
 
     The descriptors are written into a pooled pinned buffer, appended to
-    ``held`` before any copy reads it: the caller holds it until the stream
-    has run the upload (an upload from pageable memory would make the host
-    wait for the driver's staging copy, about 0.2 ms per 65536 blocks).
+    ``held`` before the launch, which the kernel reads in place (pool memory
+    of ``Location.host()`` has one address on the host and every device): the
+    caller holds it until the stream has run the kernel. No device copy of
+    them is made: its stream-ordered allocation and upload cost ~0.15 ms per
+    call for 65536 blocks on the H100, and reading them over PCIe costs the
+    kernel under 1 % (docs/decisions.md).
 
     Raises
     ------
     CudaError
-        The failing call's error: loading the module, the pinned buffer, the
-        descriptor allocation or upload, or ``cuLaunchKernel``. A fault inside
-        the kernel surfaces at the next synchronisation instead.
+        The failing call's error: loading the module, the pinned buffer, or
+        ``cuLaunchKernel``. A fault inside the kernel surfaces at the next
+        synchronisation instead.
     """
     if not picked:
         return
@@ -376,20 +378,7 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any])
         return buf.array.view(np.uint64)
 
     prep = prepare(picked, sms, pinned)
-    desc = prep.desc
-    call = _driver.call
-    base = int(call("cuMemAllocAsync", desc.nbytes, stream))
-    done = False
-    try:
-        call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, stream)
-        launch_prepared(prep, base, stream)
-        done = True
-    finally:
-        try:
-            call("cuMemFreeAsync", base, stream)
-        except CudaError:
-            if done:
-                raise
+    launch_prepared(prep, int(prep.desc.ctypes.data), stream)
 
 
 class Resident:

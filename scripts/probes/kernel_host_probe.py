@@ -11,10 +11,14 @@ permutation of the whole buffer on each side), interleaved, median of
   overlap, merge test), ``hazards`` (across pairs), ``pick`` (the kernel's
   reachability queries), ``prepare`` (the descriptor array) -- with no copy
   and no launch;
-* ``upload``: the descriptor upload alone (``cuMemAllocAsync``, one
-  ``cuMemcpyHtoDAsync`` from pageable memory, ``cuMemFreeAsync``, waited for);
+* ``upload``: a device copy of the descriptors alone (``cuMemAllocAsync``, one
+  ``cuMemcpyHtoDAsync`` from pinned memory, ``cuMemFreeAsync``, waited for),
+  which ``copy_batch`` no longer makes;
 * ``direct``: the kernel alone, launched over descriptors already on the
   device, reading and writing host memory through its mapping, waited for;
+* ``zerocopy``: the same kernel reading the descriptors from pinned host
+  memory in place, as ``copy_batch`` does;
+* ``nolaunch``: the whole ``copy_batch`` call with the launch left out, waited for;
 * ``call``: the whole ``copy_batch(method="kernel", stream=s)`` and the wait;
 * ``execute``: a prebuilt ``CopyBatch.execute(stream=s, method="kernel")``
   and the wait (descriptors resident on the device);
@@ -120,10 +124,27 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
             desc = prep.desc
             resident = cm.DeviceBuffer.from_array(desc.view(np.uint8))
 
-            def upload(desc: Any = desc) -> None:
-                base = int(call("cuMemAllocAsync", desc.nbytes, h))
-                call("cuMemcpyHtoDAsync", base, desc, desc.nbytes, h)
+            pinned = cm.HostBuffer.pooled(desc.nbytes)
+            pinned.array[:] = desc.view(np.uint8)
+
+            def upload(src: Any = pinned) -> None:  # as launch() does: from pinned memory
+                base = int(call("cuMemAllocAsync", src.nbytes, h))
+                call("cuMemcpyHtoDAsync", base, src.ptr, src.nbytes, h)
                 call("cuMemFreeAsync", base, h)
+
+            def zerocopy(prep: Any = prep, base: int = pinned.ptr) -> None:
+                # the kernel reads the descriptors from pinned host memory, no device copy
+                _kernels.launch_prepared(prep, base, h)
+
+            def nolaunch(dst: Any = dst, src: Any = src, d_off: Any = d_off,
+                         s_off: Any = s_off, b: int = b) -> None:
+                real = _kernels.launch_prepared
+                _kernels.launch_prepared = lambda *a: None
+                try:
+                    cm.copy_batch(dst, src, dst_offsets=d_off, src_offsets=s_off, sizes=b,
+                                  stream=s, method="kernel")
+                finally:
+                    _kernels.launch_prepared = real
 
             def direct(prep: Any = prep, base: int = resident.ptr) -> None:
                 _kernels.launch_prepared(prep, base, h)
@@ -142,28 +163,31 @@ def measure(repeat: int, div: int) -> list[dict[str, Any]]:
                 call("cuMemcpyAsync", dst.ptr, src.ptr, nbytes, h)
 
             cases: dict[str, Callable[[], None]] = {
-                "upload": upload, "direct": direct, "call": whole,
+                "upload": upload, "direct": direct, "zerocopy": zerocopy,
+                "nolaunch": nolaunch, "call": whole,
                 "execute": execute, "contig": contig}
             for key, fn in cases.items():
                 t[key] = _med(fn, repeat, s.synchronize) * 1e6
             s.synchronize()
             batch.close()
             resident.close()
+            pinned.close()
             t["host"] = sum(t[k] for k in HOST_PHASES)
             row: dict[str, Any] = {"direction": direction, "block": b, "blocks": n,
                                    "nbytes": nbytes, "us": t}
             row["gbps"] = {k: nbytes / (t[k] * 1e-6) / 1e9
-                           for k in ("direct", "call", "execute", "contig")}
+                           for k in ("direct", "zerocopy", "call", "execute", "contig")}
             rows.append(row)
             print(f"{direction} {b // KiB:3d} KiB x {n:6d}: host " + " + ".join(
                 f"{k} {t[k]:7.1f}" for k in HOST_PHASES) + f" = {t['host']:7.1f} us; upload "
                 f"{t['upload']:7.1f}; direct {t['direct']:7.1f}; "
+                f"zerocopy {t['zerocopy']:7.1f}; call without the launch {t['nolaunch']:7.1f}; "
                 f"call {t['call']:7.1f}; execute {t['execute']:7.1f}; "
                 f"contig {t['contig']:7.1f} us", flush=True)
             print("      GB/s: " + "  ".join(f"{k} {v:8.2f}" for k, v in row["gbps"].items())
                   + "   /contig: " + "  ".join(
                       f"{k} {row['gbps'][k] / row['gbps']['contig']:.3f}"
-                      for k in ("direct", "call", "execute")),
+                      for k in ("direct", "zerocopy", "call", "execute")),
                   flush=True)
     finally:
         s.synchronize()
