@@ -235,9 +235,9 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
 def lanes_for(max_block: int) -> int:
     """Threads that copy one block: 128 bytes per lane, a power of two from 32 to THREADS.
 
-    Eight 16-byte vectors per lane rather than one: 4 KiB device-to-device
-    blocks copied by one warp each ran at 0.94x a contiguous copy on the
-    H100, by 256 lanes each at 0.83x (docs/decisions.md).
+    Eight 16-byte vectors per lane rather than one: small blocks copied by
+    one warp each ran faster than by 256 lanes each, which wait together on
+    each block's descriptor (docs/decisions.md).
     """
     want = max(1, -(-max_block // 128))
     return min(THREADS, max(32, 1 << (want - 1).bit_length()))
@@ -353,9 +353,8 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any])
     ``held`` before the launch, which the kernel reads in place (pool memory
     of ``Location.host()`` has one address on the host and every device): the
     caller holds it until the stream has run the kernel. No device copy of
-    them is made: its stream-ordered allocation and upload cost ~0.15 ms per
-    call for 65536 blocks on the H100, and reading them over PCIe costs the
-    kernel under 1 % (docs/decisions.md).
+    them is made: the stream would wait for its allocation and upload longer
+    than the kernel spends reading them over PCIe (docs/decisions.md).
 
     Raises
     ------
