@@ -73,13 +73,20 @@ def main() -> None:
     from cuda_memkit import allocators
 
     backend_name, simulated, raw = backend()
+
+    def not_measured(why: str) -> None:
+        print(f"bench_workload on backend {backend_name}: {why}; not measured")
+        if args.json:  # the summary still finds the benchmark, with the reason
+            with open(args.json, "w") as f:
+                json.dump({"backend": backend_name, "rows": [], "not_measured": why}, f)
+
     if simulated:
-        print(f"bench_workload on backend {backend_name}: needs CuPy on a GPU; not measured")
+        not_measured("needs CuPy on a GPU")
         return
     try:
         import cupy
     except Exception as exc:  # absent or broken: nothing to measure
-        print(f"bench_workload: CuPy not usable: {exc!r}")
+        not_measured(f"CuPy not usable: {exc!r}")
         return
     from cuda.bindings import driver as cu
 
