@@ -379,6 +379,50 @@ def test_a_kernel_fault_is_illegal_address(host: cm.HostBuffer) -> None:
         target.close()
 
 
+def test_a_host_pool_without_device_access_is_not_the_kernels(
+        monkeypatch: pytest.MonkeyPatch, dev_out: cm.DeviceBuffer) -> None:
+    """A pinned pool gives a device no access until set_access (the H100: access 0, then 3):
+    the kernel there would fault, so "kernel" refuses it and "auto" leaves it to the driver."""
+    pool = cm.MemoryPool(location=cm.Location.host())
+    h = cm.HostBuffer.empty(N * B, pool=pool)
+    try:
+        h.array[:] = pattern(N * B)
+        assert pool.access(0) == cm.Access.NONE
+        with pytest.raises(ValueError, match="no access"):
+            copy_batch(dev_out, h, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+        with pytest.raises(ValueError, match="no access"):
+            copy_batch(h, dev_out, dst_offsets=[0], src_offsets=[0], sizes=B, method="kernel")
+        with record_calls(monkeypatch) as calls:
+            copy_batch(dev_out, h, dst_offsets=[0], src_offsets=[B], sizes=B, method="auto")
+        assert launches(calls) == 0
+        assert (dev_out.to_numpy()[:B] == pattern(N * B)[B:2 * B]).all()
+        pool.set_access(0, cm.Access.READWRITE)
+        with record_calls(monkeypatch) as calls:
+            copy_batch(dev_out, h, dst_offsets=[B], src_offsets=[0], sizes=B, method="kernel")
+        assert launches(calls) == 1
+        assert (dev_out.to_numpy()[B:2 * B] == pattern(N * B)[:B]).all()
+    finally:
+        h.close()
+        pool.close()
+
+
+@pytest.mark.sim_only
+def test_the_simulated_kernel_faults_on_a_host_pool_without_access(
+        host: cm.HostBuffer, dev_out: cm.DeviceBuffer) -> None:
+    """The kernel reads its descriptors from the default pinned pool: only because that pool
+    gives every device access (the simulator faults as the H100 would without it)."""
+    pool = cm.MemoryPool.default_pinned()
+    assert all(pool.access(i) == cm.Access.READWRITE for i in range(cm.device_count()))
+    pool.set_access(0, cm.Access.NONE)
+    try:
+        with pytest.raises(cm.CudaError) as info:
+            copy_batch(dev_out, host, dst_offsets=[0], src_offsets=[0], sizes=B,
+                       method="kernel")
+        assert info.value.code == int(cu.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS)
+    finally:
+        pool.set_access(0, cm.Access.READWRITE)
+
+
 @pytest.mark.sim_only
 def test_module_load_failures_leave_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from cuda_memkit.sim import machine

@@ -27,8 +27,9 @@ dimensions); the tests of the others are marked ``provisional``.
 Execution is immediate (simulated streams complete at once). An access the
 GPU would fault on -- an address in no allocation (pageable or freed memory),
 a range past its allocation's end, memory of another device, a write into a
-READ_ONLY registration or a VMM mapping without access -- makes the launch
-return ``CUDA_ERROR_ILLEGAL_ADDRESS`` and copies nothing. On the GPU the launch
+READ_ONLY registration, a VMM mapping without access, or a pinned pool's
+memory on a device the pool gave no access -- makes the launch return
+``CUDA_ERROR_ILLEGAL_ADDRESS`` and copies nothing. On the GPU the launch
 itself succeeds and the fault is reported by the next synchronising call
 (with the same code), the context is unusable afterwards, and which blocks
 landed before the fault is unknown; the simulator reports it at the launch
@@ -204,12 +205,27 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
         raise _fault()  # pageable, freed or never allocated
     if a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device):
         raise _fault()  # another device's memory
+    if a.kind == "host_pool" and not _pool_grants(a, device, write):
+        raise _fault()  # a pinned pool's memory is mapped only on devices given access
     if write and a.kind == "registered" and a.flags & _READ_ONLY:
         raise _fault()
     try:
         return real_runs(addr, n, write)
     except Fail:
         raise _fault() from None
+
+
+def _pool_grants(a: Allocation, device: int, write: bool) -> bool:
+    """Whether ``device`` may read (``write``: and write) host pool allocation ``a``.
+
+    The H100 gives a device no access to a ``Location.host()`` pool's memory
+    until ``cuMemPoolSetAccess`` (h100_probe: host_pool_access_dev0 0, then 3).
+    """
+    from ._pool import _PROT_RW, _lookup
+
+    pool = _lookup(int(a.extra.get("pool", 0)))
+    flags = 0 if pool is None else pool.access.get(device, 0)
+    return flags == _PROT_RW or (not write and bool(flags & 1))
 
 
 def _read_u64(addr: int, n: int, device: int) -> np.ndarray[Any, Any]:
