@@ -39,15 +39,10 @@ import threading
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from cuda.bindings.driver import (
-    CUdevice_attribute,
-    CUmemAccess_flags,
-    CUmemoryPool,
-    CUpointer_attribute,
-)
+from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
-from .._core._device import Location, ensure_any_context
+from .._core._device import ensure_any_context
 from .._core._errors import CudaError
 from .._core._operands import HOST, MEMORYTYPE_HOST, PINNED, RAW, is_pinned_host, memory_type
 
@@ -81,9 +76,6 @@ CTAS_PER_SM = 8
 ENTRY = b"memkit_copy_blocks"
 _SM_COUNT_ATTR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 _DEVICE_ORDINAL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-_MEMPOOL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
-_READ = int(CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ)
-_READWRITE = int(CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 _PARAM_TYPES = (ctypes.c_void_p,) * 5 + (ctypes.c_uint64,) * 3
 
 _lock = threading.Lock()
@@ -155,9 +147,6 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
         return None, (f"the {role} is memory the driver does not know (pageable host "
                       "memory)"), True
     if mt == MEMORYTYPE_HOST:
-        if not _pool_access(ptr, device, role == "destination"):
-            return None, (f"the {role} is memory of a pinned host pool that device {device} "
-                          "has no access to (pool.set_access)"), True
         try:
             return int(_driver.call("cuMemHostGetDevicePointer", ptr, 0)), "", True
         except CudaError as e:
@@ -171,23 +160,6 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
         return None, (f"the {role} is memory of device {ordinal}, but the current "
                       f"context's device is {device}"), False
     return ptr, "", False
-
-
-def _pool_access(ptr: int, device: int, write: bool) -> bool:
-    """Whether ``device`` may read (``write``: and write) pinned memory ``ptr``.
-
-    False only for memory of a host pool that has not given ``device`` that
-    access: the device has no mapping of it, and a kernel there faults.
-    """
-    try:
-        pool = int(_driver.call("cuPointerGetAttribute", _MEMPOOL_ATTR, ptr))
-    except CudaError:  # not pool memory
-        return True
-    if not pool:
-        return True
-    loc = Location.device(device).to_cu()
-    flags = int(_driver.call("cuMemPoolGetAccess", CUmemoryPool(pool), loc))
-    return flags == _READWRITE or (not write and bool(flags & _READ))
 
 
 def check_method(method: Any) -> str:

@@ -154,6 +154,8 @@ def cuMemHostGetDevicePointer(p: Any, Flags: Any) -> cu.CUdeviceptr:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     addr = host_address(p)
     a = _host_range(addr)
+    if a.kind == "host_pool":  # the H100 answers INVALID_VALUE for pool memory (conformance)
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     if not a.flags & 0x2 and UNMAPPED_DEVICE_POINTER is not None:
         raise Fail(UNMAPPED_DEVICE_POINTER)
     base = int(a.extra.get("device_ptr", a.start))

@@ -409,6 +409,22 @@ def test_host_pool_access() -> None:
         _driver.call("cuMemPoolDestroy", handle)
 
 
+def test_host_pool_memory_has_no_mapped_device_pointer(stream: Any) -> None:
+    """``cuMemHostGetDevicePointer`` is for cuMemHostAlloc / registered memory: the H100
+    answers INVALID_VALUE for pinned pool memory, with or without device access."""
+    handle = make_pool(props(L.CU_MEM_LOCATION_TYPE_HOST))
+    try:
+        ptr = _driver.call("cuMemAllocFromPoolAsync", 4096, handle, stream)
+        _driver.call("cuStreamSynchronize", stream)
+        expect(INVALID, "cuMemHostGetDevicePointer", int(ptr), 0)
+        _driver.call("cuMemPoolSetAccess", handle, [desc(0)], 1)
+        expect(INVALID, "cuMemHostGetDevicePointer", int(ptr), 0)
+        _driver.call("cuMemFreeAsync", ptr, stream)
+        _driver.call("cuStreamSynchronize", stream)
+    finally:
+        _driver.call("cuMemPoolDestroy", handle)
+
+
 def test_peer_access_default_none(two_devices: None) -> None:
     handle = make_pool(props(ident=1))
     try:
