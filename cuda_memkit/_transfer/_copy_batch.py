@@ -236,8 +236,10 @@ class _Group:
         # distinct slots with nothing to merge (the common scattered case) skip
         # the sort, whose cost the kernel path would otherwise wait for.
         # (sorted False: no overlap and nothing to merge, kept in the caller's order)
-        self.sorted = not (len(d) > 1 and _distinct_slots(
-            d, s, z, one if span else None, span[1] - one if span and one else None))
+        # (with one size, the slot test takes the largest offset from the bounds pass)
+        size, d_max = (one, span[1] - one) if span is not None and one is not None else (
+            None, None)
+        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z, size, d_max))
         if self.sorted and len(d) > 1:
             if not (d[1:] >= d[:-1]).all():
                 order = np.argsort(d)
