@@ -9,8 +9,9 @@ asynchronous; see :func:`cuda_memkit.copy`.
 Buffers from a pinned :class:`~cuda_memkit.MemoryPool` (:meth:`HostBuffer.pooled`,
 ``HostBuffer.empty(pool=...)``) come from the pinned block cache in
 :mod:`cuda_memkit._host._pinned_pool`. That module builds on this one and on the
-pools, so this one cannot import it: it plugs in through :data:`pool_source`
-when it loads (the package loads it together with this module).
+pools, so this one cannot import it at load time: it plugs in through
+:data:`pool_source` when it loads (the package loads it together with this
+module, and the first pooled buffer asked for without it loads it).
 
 Lifetime: a buffer holds the owner of its memory, a :class:`PinnedAlloc` for
 ``cuMemHostAlloc`` memory or a pool's block; ``close()`` calls its
@@ -208,8 +209,13 @@ _POOLED_ACCOUNT = account("pinned_pooled")
 
 def _pool_source() -> PoolSource:
     if pool_source is None:
-        raise RuntimeError("the pinned pool (cuda_memkit._host._pinned_pool) is not loaded; "
-                           "use the classes through `import cuda_memkit`")
+        # Reached without `cuda_memkit.HostBuffer` loading it (an internal import, such as
+        # the copy kernel's descriptors): the pinned pool plugs itself in as it loads.
+        import importlib
+
+        importlib.import_module(f"{__package__}._pinned_pool")
+    if pool_source is None:  # pragma: no cover - the module sets it at import
+        raise RuntimeError("the pinned pool (cuda_memkit._host._pinned_pool) did not load")
     return pool_source
 
 
