@@ -213,11 +213,26 @@ def test_auto_picks_the_driver_above_the_threshold(host: cm.HostBuffer, dev_out:
         copy_batch(dev_out, host, dst_offsets=[0, 2 * B], src_offsets=[B, 0],
                    sizes=2 * KiB - 1)
     assert launches(calls) == 1
-    # contiguous blocks merge into one 2 KiB copy: not below the threshold
+    # the blocks as given decide, before any merge: two contiguous 1 KiB blocks are the kernel's
     with record_calls(monkeypatch) as calls:
         copy_batch(dev_out, host, dst_offsets=[0, KiB], src_offsets=[0, KiB], sizes=KiB)
-    assert launches(calls) == 0
+    assert launches(calls) == 1 and batches(calls) == 0
     assert (dev_out.to_numpy()[: 2 * KiB] == host.array[: 2 * KiB]).all()
+
+
+def test_small_blocks_the_kernel_refuses_still_merge_for_the_driver(
+        host: cm.HostBuffer, host_out: cm.HostBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinned host to pinned host: small equal blocks, so the merge test waits for the
+    # kernel's pick, which refuses host to host; the driver then gets one merged copy.
+    n, b = 16, 256
+    with record_calls(monkeypatch) as calls:
+        copy_batch(host_out, host, dst_offsets=np.arange(n) * b, src_offsets=np.arange(n) * b,
+                   sizes=b)
+    assert launches(calls) == 0
+    copies = sum(int(args[3]) if api == "cuMemcpyBatchAsync" else 1
+                 for api, args in calls if api in ("cuMemcpyBatchAsync", "cuMemcpyAsync"))
+    assert copies == 1  # the 16 blocks, merged
+    assert (host_out.array[: n * b] == host.array[: n * b]).all()
 
 
 def test_auto_leaves_pageable_raw_and_host_to_host_to_the_driver(

@@ -137,14 +137,22 @@ def release_call(ordinal: int | None, api: str, *args: Any) -> None:
         _driver.call(api, *args)
 
 
-def ensure_any_context() -> None:
+def ensure_any_context() -> int:
     """Make sure the calling thread has a current context (device 0's primary if none).
 
     One driver call when a context is current: the cheap form of
     :func:`ensure_context` for callers that do not need the device ordinal.
+
+    Returns
+    -------
+    int
+        The current context's handle (callers that key on it need not ask again).
     """
-    if not int(_driver.call("cuCtxGetCurrent")):
+    ctx = int(_driver.call("cuCtxGetCurrent"))
+    if not ctx:
         ensure_context(0)
+        ctx = int(_driver.call("cuCtxGetCurrent"))
+    return ctx
 
 
 def ensure_context(ordinal: int | None = None) -> int:

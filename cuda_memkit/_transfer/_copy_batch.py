@@ -181,17 +181,56 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
             f"{int(off[i]) + int(sz[i])}) of a {limit}-byte {role}")
 
 
+def _sort_merge(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any], z: np.ndarray[Any, Any],
+                idx: np.ndarray[Any, Any] | None
+                ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The blocks sorted by destination, overlaps refused, contiguous runs merged.
+
+    ``idx``: the caller's index of each block (blocks were dropped), for the
+    error; ``None``: positions are the caller's.
+    """
+    import numpy as np
+
+    if not (d[1:] >= d[:-1]).all():
+        order = np.argsort(d)
+        d, s, z = d[order], s[order], z[order]
+        idx = order if idx is None else idx[order]
+    end = d + z
+    over = d[1:] < end[:-1]
+    if over.any():
+        k = int(np.flatnonzero(over)[0])
+        i, j = (k, k + 1) if idx is None else (int(idx[k]), int(idx[k + 1]))
+        raise ValueError(
+            f"destination blocks {min(i, j)} and {max(i, j)} overlap (bytes "
+            f"[{int(d[k])}, {int(end[k])}) and [{int(d[k + 1])}, {int(end[k + 1])})): "
+            "the copies of a batch run in no particular order")
+    brk = (d[1:] != end[:-1]) | (s[1:] != s[:-1] + z[:-1])
+    if not brk.all():
+        starts = np.flatnonzero(np.concatenate(([True], brk)))
+        z = np.add.reduceat(z, starts)
+        d, s = d[starts], s[starts]
+    return d, s, z
+
+
 # -- one (dst, src) pair --------------------------------------------------------------
 
 
 class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
-    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "nbytes", "s",
-                 "size", "sorted", "span", "src", "src_hint", "src_need", "src_op", "z")
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "merge_pending",
+                 "nbytes", "s", "size", "sorted", "span", "src", "src_hint", "src_need",
+                 "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
-                 blocks: Any, src_location: Any, dst_location: Any) -> None:
+                 blocks: Any, src_location: Any, dst_location: Any,
+                 method: str | None = None) -> None:
+        """Check and coalesce the blocks; ``method``: the copy's, when already known.
+
+        Blocks the copy kernel will take (``method``, the operands' kinds and
+        the block size say so) are not tested for merging: the kernel copies
+        a block of 4 KiB as fast as a merged run of them.
+        """
         import numpy as np
 
         self.dst, self.src = dst, src
@@ -239,26 +278,12 @@ class _Group:
         # (with one size, the slot test takes the largest offset from the bounds pass)
         size, d_max = (one, span[1] - one) if span is not None and one is not None else (
             None, None)
-        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z, size, d_max))
+        merge = size is None or not _kernels.likely(self, size, method)
+        self.sorted = not (len(d) > 1 and _distinct_slots(d, s, z, size, d_max, merge))
+        #: Distinct slots, the merge test left to coalesce() (the kernel will likely copy them).
+        self.merge_pending = not merge and not self.sorted
         if self.sorted and len(d) > 1:
-            if not (d[1:] >= d[:-1]).all():
-                order = np.argsort(d)
-                d, s, z = d[order], s[order], z[order]
-                idx = order if idx is None else idx[order]
-            end = d + z
-            over = d[1:] < end[:-1]
-            if over.any():
-                k = int(np.flatnonzero(over)[0])
-                i, j = (k, k + 1) if idx is None else (int(idx[k]), int(idx[k + 1]))
-                raise ValueError(
-                    f"destination blocks {min(i, j)} and {max(i, j)} overlap (bytes "
-                    f"[{int(d[k])}, {int(end[k])}) and [{int(d[k + 1])}, {int(end[k + 1])})): "
-                    "the copies of a batch run in no particular order")
-            brk = (d[1:] != end[:-1]) | (s[1:] != s[:-1] + z[:-1])
-            if not brk.all():
-                starts = np.flatnonzero(np.concatenate(([True], brk)))
-                z = np.add.reduceat(z, starts)
-                d, s = d[starts], s[starts]
+            d, s, z = _sort_merge(d, s, z, idx)
         self.d, self.s, self.z = d, s, z
         # offsets_span(), once; merging keeps the span, so the uniform pass's holds
         self.span: tuple[int, int, int, int] | None = span
@@ -267,6 +292,24 @@ class _Group:
         self.nbytes = (one * self.blocks if span is not None and one is not None
                        else int(z.sum()) if len(z) else 0)
         self._check_null()
+
+    def coalesce(self) -> None:
+        """Merge the blocks contiguous on both sides where worth it, if that test was left.
+
+        For a pair the copy kernel was expected to take (``merge_pending``)
+        that goes to the driver's copies after all: fewer, larger copies.
+        """
+        if not self.merge_pending:
+            return
+        self.merge_pending = False
+        size, span = self.size, self.span
+        assert size and span is not None  # only pairs of one block size defer the test
+        if _distinct_slots(self.d, self.s, self.z, size, span[1] - size):
+            return  # (almost) nothing to merge
+        self.sorted = True
+        self.d, self.s, self.z = _sort_merge(self.d, self.s, self.z, None)
+        if len(self.z) != self.blocks:
+            self.size = 0
 
     def offsets_span(self) -> tuple[int, int, int, int]:
         """``(dst start, dst end, src start, src end)`` as offsets into the operands (cached)."""
@@ -359,7 +402,7 @@ _scratch = _Scratch()
 
 def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
                     z: np.ndarray[Any, Any], size: int | None = None,
-                    d_max: int | None = None) -> bool:
+                    d_max: int | None = None, merge: bool = True) -> bool:
     """Whether equal blocks sit in distinct slots with (almost) nothing to merge.
 
     Blocks of one size ``b`` at multiples of ``b`` overlap only when two share
@@ -371,8 +414,11 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
     merge more often, or the slot table would be much larger than the blocks:
     the sort then decides (and names the overlap). ``size``: every block is
     known to be that size (``z`` is not read); ``d_max``: the largest
-    destination offset, when the caller knows it. The work arrays are the
-    thread's :class:`_Scratch` ones (a fresh set when re-entered).
+    destination offset, when the caller knows it; ``merge`` false: only
+    whether the slots are distinct (the copy kernel takes the blocks, and
+    merging buys it nothing), with a table of flags instead of source
+    offsets. The work arrays are the thread's :class:`_Scratch` ones (a
+    fresh set when re-entered).
     """
     import numpy as np
 
@@ -400,6 +446,11 @@ def _distinct_slots(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any],
         top = int(slot.max()) if d_max is None else d_max // b
         if top > 4 * n + 1024:
             return False
+        if not merge:  # one byte per slot: the fill and the count read 8x less
+            taken = sc.get("taken", top + 1, np.bool_)
+            taken.fill(False)
+            taken[slot] = True
+            return int(np.count_nonzero(taken)) == n
         # The source offset of the block in each slot (INT64_MIN: none); one scatter,
         # then every test reads the table in order (random gathers cost far more).
         # An empty slot plus b stays negative, so it never equals a source offset:
@@ -654,7 +705,7 @@ class _Memo:
         self.picked = []
 
     def pick(self, groups: list[_Group], method: str, stream: int,
-             where: tuple[int, ...]) -> list[tuple[Any, int, int]]:
+             where: tuple[int, ...], ctx: int) -> list[tuple[Any, int, int]]:
         """:func:`_kernels.kernel_groups`, remembered while nothing it depends on moved.
 
         The operands are the same objects, alive (``refresh()`` checked it) and at
@@ -664,7 +715,7 @@ class _Memo:
         """
         if any(op[3] in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
             return _kernels.kernel_groups(groups, method, stream)
-        key = (int(_driver.call("cuCtxGetCurrent")), method, stream, where)
+        key = (ctx, method, stream, where)
         if key == self.pick_key and (not self.picked or int(
                 _driver.call("cuStreamGetDevice", stream)) == self.device):
             return self.picked
@@ -706,23 +757,25 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
         return
     if pending_operands:
         reap_pending()
-    ensure_any_context()
+    ctx = ensure_any_context()
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
-              else memo.pick(groups, method, issue_on, where))
+              else memo.pick(groups, method, issue_on, where, ctx))
     rest = groups
     if picked:
         taken = {id(g) for g, _, _ in picked}
         rest = [g for g in groups if id(g) not in taken]
+    for g in rest:
+        g.coalesce()
     main, side = _duplex(rest)
     done = False
     held: list[Any] = []  # what the stream reads besides the operands: the descriptors
     try:
         if memo is not None and picked:
-            held.append(memo.resident.launch(picked, issue_on, sync))
+            held.append(memo.resident.launch(picked, issue_on, sync, ctx))
         else:
             _kernels.launch(picked, issue_on, held)
         try:
@@ -781,8 +834,8 @@ def copy_batch(
 
     Block ``i`` copies ``sizes[i]`` bytes from byte ``src_offsets[i]`` of
     ``src`` to byte ``dst_offsets[i]`` of ``dst``. Everything is checked
-    before anything is issued; blocks contiguous in both buffers are merged;
-    the copies go to ``cuMemcpyBatchAsync`` calls of at most 256 copies and
+    before anything is issued; blocks contiguous in both buffers are merged
+    for the driver's copies; the copies go to ``cuMemcpyBatchAsync`` calls of at most 256 copies and
     16 MiB (a loop of ``cuMemcpyAsync`` on drivers without it), or, for small
     blocks between pinned host and device memory or within device memory, to
     one launch of a block-copy kernel (see ``method``). The blocks of a batch
@@ -826,10 +879,10 @@ def copy_batch(
         device-mapped address; both operands must be device or managed
         memory of that device or pinned host memory. ``"driver"``: the
         driver's batch copies. ``"auto"``: the kernel when both operands
-        qualify (int addresses never do, nor host to host) and the blocks
-        average less than ``KERNEL_THRESHOLD`` bytes (64 KiB) between host
-        and device or ``KERNEL_THRESHOLD_D2D`` (2 MiB) within device memory,
-        else the driver.
+        qualify (int addresses never do, nor host to host) and the blocks,
+        as given (before any merge), average less than ``KERNEL_THRESHOLD``
+        bytes (64 KiB) between host and device or ``KERNEL_THRESHOLD_D2D``
+        (2 MiB) within device memory, else the driver.
 
     Returns
     -------
@@ -867,7 +920,8 @@ def copy_batch(
     >>> host.close(); dev.close()
     """
     _kernels.check_method(method)
-    g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location)
+    g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location,
+               method)
     _run([g], stream, stream is None, allow_pageable, method)
     return dst
 

@@ -44,7 +44,15 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 from .._core import _driver
 from .._core._device import ensure_any_context
 from .._core._errors import CudaError
-from .._core._operands import HOST, MEMORYTYPE_HOST, PINNED, RAW, is_pinned_host, memory_type
+from .._core._operands import (
+    DRIVER,
+    HOST,
+    MEMORYTYPE_HOST,
+    PINNED,
+    RAW,
+    is_pinned_host,
+    memory_type,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -103,11 +111,12 @@ def forget() -> None:
         _loaded.clear()
 
 
-def copy_function() -> tuple[Any, int]:
+def copy_function(ctx: int | None = None) -> tuple[Any, int]:
     """``(CUfunction, SM count)`` of the block-copy kernel in the current context.
 
     Loads the module at the first call in a context (the driver JITs the
-    PTX); later calls are a dictionary look-up.
+    PTX); later calls are a dictionary look-up. ``ctx``: the current
+    context's handle, when the caller has it.
 
     Raises
     ------
@@ -115,7 +124,8 @@ def copy_function() -> tuple[Any, int]:
         From ``cuModuleLoadData`` (for example ``CUDA_ERROR_INVALID_PTX``) or
         ``cuModuleGetFunction``; nothing stays loaded then.
     """
-    ctx = int(_driver.call("cuCtxGetCurrent"))
+    if ctx is None:
+        ctx = int(_driver.call("cuCtxGetCurrent"))
     hit = _loaded.get(ctx)
     if hit is not None:
         return hit[1], hit[2]
@@ -175,6 +185,24 @@ def threshold(group: Any) -> int:
     """The ``"auto"`` block-size threshold of a pair: by whether a side is host memory."""
     host = any(op[3] in (HOST, PINNED) for op in (group.dst_op, group.src_op))
     return KERNEL_THRESHOLD if host else KERNEL_THRESHOLD_D2D
+
+
+def likely(group: Any, size: int, method: str | None) -> bool:
+    """Whether the kernel will most likely copy a pair of blocks all ``size`` bytes.
+
+    Asked before the pair's merge test, from what is known without a driver
+    query: the method, the operands' kinds and the size against
+    :func:`threshold`. A pair it names that the kernel then refuses (memory
+    it cannot reach) goes to the driver unmerged, which is correct, only
+    slower.
+    """
+    if method == "kernel":
+        return True
+    if method != "auto":
+        return False
+    kinds = (DRIVER, PINNED)
+    return (group.dst_op[3] in kinds and group.src_op[3] in kinds
+            and size < threshold(group))
 
 
 def kernel_groups(groups: Sequence[Any], method: str, stream: int
@@ -339,11 +367,34 @@ def _split(desc: Any, z: Any, n: int, uniform: bool, sms: int,
     return out, zz
 
 
-def launch_prepared(prep: Prepared, base: int, stream: int) -> None:
-    """Launch the kernel on ``stream`` over descriptors already at device address ``base``."""
-    fn, _sms = copy_function()
+def launch_prepared(prep: Prepared, base: int, stream: int, ctx: int | None = None,
+                    params: Any = None) -> None:
+    """Launch the kernel on ``stream`` over descriptors already at device address ``base``.
+
+    ``params``: the parameters already packed (a :class:`PackedParams` of
+    ``prep.params(base)``); ``ctx``: the current context's handle, if known.
+    """
+    fn, _sms = copy_function(ctx)
     _driver.call("cuLaunchKernel", fn, prep.grid, 1, 1, THREADS, 1, 1, 0, stream,
-                 prep.params(base), 0)
+                 prep.params(base) if params is None else params.address, 0)
+
+
+class PackedParams:
+    """``cuLaunchKernel``'s parameter array (``void**``) built once, for repeated launches.
+
+    The bindings pack a ``(values, types)`` tuple into a fresh C array at every
+    launch; a prebuilt batch passes the address of this one instead.
+    """
+
+    __slots__ = ("address", "key", "pointers", "values")
+
+    def __init__(self, prep: Prepared, base: int) -> None:
+        values, types = prep.params(base)
+        self.key = (base, prep.bases)
+        self.values = [t(v) for v, t in zip(values, types, strict=True)]
+        self.pointers = (ctypes.c_void_p * len(values))(
+            *[ctypes.addressof(v) for v in self.values])
+        self.address = ctypes.addressof(self.pointers)
 
 
 def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any]) -> None:
@@ -391,38 +442,43 @@ class Resident:
     buffer a stream may still read is held by that stream's pending operands.
     """
 
-    __slots__ = ("buf", "held", "key", "prep")
+    __slots__ = ("buf", "held", "key", "params", "prep")
 
     def __init__(self) -> None:
         self.key: tuple[Any, ...] | None = None
         self.prep: Prepared | None = None
         self.buf: Any = None
+        self.params: PackedParams | None = None
         #: Whether a stream may still read ``buf`` (an execution not waited for).
         self.held = False
 
-    def launch(self, picked: Sequence[tuple[Any, int, int]], stream: int, sync: bool) -> Any:
+    def launch(self, picked: Sequence[tuple[Any, int, int]], stream: int, sync: bool,
+               ctx: int) -> Any:
         """Launch over the resident descriptors (built or rebuilt first); returns their buffer.
 
-        Unless ``sync`` (the caller waits for the stream), the caller holds
-        the returned buffer until the stream has run the launch
-        (:func:`~cuda_memkit._core._operands.keep_alive`).
+        ``ctx`` is the current context's handle. Unless ``sync`` (the caller
+        waits for the stream), the caller holds the returned buffer until the
+        stream has run the launch (:func:`~cuda_memkit._core._operands.keep_alive`).
         """
         from .._device_memory._device_buffer import DeviceBuffer
 
-        ctx = int(_driver.call("cuCtxGetCurrent"))
         single = len(picked) == 1  # one pair's descriptors are offsets: any address will do
         key = (ctx, tuple((id(g), 0 if single else d, 0 if single else s)
                           for g, d, s in picked))
         if key != self.key or self.buf is None or self.prep is None:
             self.release()
-            _fn, sms = copy_function()
+            _fn, sms = copy_function(ctx)
             prep = prepare(picked, sms)
             self.buf = DeviceBuffer.from_array(prep.desc.view("uint8"))
             self.prep, self.key = prep, key
         prep = self.prep
         if single:  # the bases may have moved (a remapped buffer): they are parameters
             prep.bases = (picked[0][1], picked[0][2])
-        launch_prepared(prep, self.buf.ptr, stream)
+        base = self.buf.ptr
+        params = self.params
+        if params is None or params.key != (base, prep.bases):
+            params = self.params = PackedParams(prep, base)
+        launch_prepared(prep, base, stream, ctx, params)
         self.held = self.held or not sync
         return self.buf
 
@@ -433,7 +489,7 @@ class Resident:
         the buffer; its finalizer frees it when they are dropped.
         """
         buf, held = self.buf, self.held
-        self.buf, self.prep, self.key, self.held = None, None, None, False
+        self.buf, self.prep, self.key, self.held, self.params = None, None, None, False, None
         if buf is not None and not held:
             buf.close()
 
