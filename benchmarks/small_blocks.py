@@ -154,7 +154,7 @@ def small_blocks(cm: Any, raw: Any, table: Any, quick: bool, repeat: int,
                     notes[key] = case
                 else:
                     cases[key] = case
-            res = interleaved(cases, s.synchronize, repeat)
+            res = interleaved(cases, s.synchronize, repeat, rewarm=True)
             bw = {k: nbytes / v / 1e9 for k, v in res.items()}
             _rows(table, f"{n} x {b // KiB} KiB {NAMES[direction]}", bw, notes, need, quick,
                   direction)
