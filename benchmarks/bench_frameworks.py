@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, cupy_cached_floor, measure
+from harness import Loop, backend, cupy_cached_floor, floor_ledger, ledger_add, measure
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -193,6 +193,11 @@ def main() -> None:
         cached_floor_allocator, release_floor = cupy_cached_floor(cupy, alloc_fn, free_fn,
                                                                   floor_pool)
         adaptors["floor cached"] = cached_floor_allocator
+        # The same floor keeping memkit's exact ledger (a dict entry and counters per
+        # allocation): the least the targets' "ledger on" can cost.
+        ledger_floor_allocator, release_ledger_floor = cupy_cached_floor(
+            cupy, alloc_fn, free_fn, floor_pool, floor_ledger())
+        adaptors["floor cached + ledger"] = ledger_floor_allocator
         cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
         cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
         for name, fn in adaptors.items():
@@ -238,23 +243,39 @@ def main() -> None:
             def __del__(self) -> None:
                 self.blocks.append(self.ptr)
 
-        def pinned_floor(size: int) -> Any:
-            blocks = pinned_floor_lists.get(size)
-            if blocks is None:
-                blocks = pinned_floor_lists[size] = []
-            b = PinnedFloor()
-            b.blocks = blocks
-            b.size = size
-            if blocks:
-                b.ptr = blocks.pop()
-            else:
-                b.ptr = cupy.cuda.runtime.hostAlloc(size, 0)
-                floor_hostallocs.append(b.ptr)
-            return pinned_pointer(b, 0)
+        pinned_ledger = floor_ledger()
+
+        class LedgerPinnedFloor(PinnedFloor):
+            __slots__ = ()
+
+            def __del__(self) -> None:
+                p = self.ptr
+                pinned_ledger.current -= pinned_ledger.live.pop(p)
+                self.blocks.append(p)
+
+        def make_pinned_floor(cls: type[PinnedFloor]) -> Callable[[int], Any]:
+            def pinned_floor(size: int) -> Any:
+                blocks = pinned_floor_lists.get(size)
+                if blocks is None:
+                    blocks = pinned_floor_lists[size] = []
+                b = cls()
+                b.blocks = blocks
+                b.size = size
+                if blocks:
+                    b.ptr = blocks.pop()
+                else:
+                    b.ptr = cupy.cuda.runtime.hostAlloc(size, 0)
+                    floor_hostallocs.append(b.ptr)
+                if cls is LedgerPinnedFloor:
+                    ledger_add(pinned_ledger, b.ptr, size)
+                return pinned_pointer(b, 0)
+            return pinned_floor
 
         pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
                         "memkit pinned": pinned_loop(memkit_pinned),
-                        "floor pinned": pinned_loop(pinned_floor),
+                        "floor pinned": pinned_loop(make_pinned_floor(PinnedFloor)),
+                        "floor pinned + ledger": pinned_loop(
+                            make_pinned_floor(LedgerPinnedFloor)),
                         "memkit pinned uncached": pinned_loop(
                             allocators.cupy_pinned_allocator(cache=False))}
 
@@ -270,6 +291,7 @@ def main() -> None:
         gc.collect()
         sync()
         release_floor()
+        release_ledger_floor()
         for hp in floor_hostallocs:
             cupy.cuda.runtime.freeHost(hp)
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
@@ -296,6 +318,13 @@ def main() -> None:
             return f"<= {bound:g}x {peer} (n/a)", None
         return f"<= {bound:g}x {peer} ({v / ref:.2f}x)", v / ref <= bound
 
+    def bound_info(v: float | None, ref: float | None, bound: float, peer: str) -> str:
+        """An info row's target column: where a floor stands against a target's bound."""
+        if v is None or not ref:
+            return "info"
+        side = "within" if v / ref <= bound else "ABOVE"
+        return f"info: {v / ref:.2f}x {peer}, {side} the {bound:g}x bound"
+
     raw_ref = pair["raw default"]
     row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
     row("1 MiB: raw pool pair, memkit pool", pair["raw pool"], raw_ref, "info")
@@ -309,6 +338,10 @@ def main() -> None:
     row("1 MiB via cupy.cuda.alloc: memkit adaptor (cached, default)", mc, raw_ref,
         *ratio_target(mc, cp, 1.35, "CuPy MemoryPool"), floor=fl)
     row("   the same row", mc, raw_ref, *ratio_target(mc, ma, 0.5, "malloc_async"), floor=fl)
+    fll = pair.get("alloc: floor cached + ledger")
+    row("   pure-Python cached floor + exact ledger (not memkit)", fll, raw_ref,
+        bound_info(fll, cp, 1.35, "CuPy MemoryPool"))
+    row("   the same floor", fll, raw_ref, bound_info(fll, ma, 0.5, "malloc_async"))
     for name, label in [("malloc_async", "CuPy malloc_async"),
                         ("cupy pool", "CuPy MemoryPool"),
                         ("memkit uncached", "memkit adaptor, uncached (cache=False)"),
@@ -320,6 +353,9 @@ def main() -> None:
     me = empty_t.get("memkit default")
     row("cupy.empty(1 MiB) + drop: memkit adaptor (cached)", me, ea,
         *ratio_target(me, ec, 1.05, "CuPy MemoryPool"), floor=ef)
+    efl = empty_t.get("floor cached + ledger")
+    row("   pure-Python cached floor + exact ledger (not memkit)", efl, ea,
+        bound_info(efl, ec, 1.05, "CuPy MemoryPool"))
     for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
@@ -331,6 +367,10 @@ def main() -> None:
         *ratio_target(mw, wc, 1.0, "CuPy MemoryPool"), unit="us/iter", floor=wf)
     row("   the same row", mw, wa, *ratio_target(mw, wa, 0.92, "malloc_async"), unit="us/iter",
         floor=wf)
+    wfl = work_t.get("floor cached + ledger")
+    row("   pure-Python cached floor + exact ledger (not memkit)", wfl, wa,
+        bound_info(wfl, wc, 1.0, "CuPy MemoryPool"), unit="us/iter")
+    row("   the same floor", wfl, wa, bound_info(wfl, wa, 0.92, "malloc_async"), unit="us/iter")
     for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         v = work_t.get(name)
@@ -346,6 +386,9 @@ def main() -> None:
         pinned_t.get("memkit pinned uncached"), pa, "info")
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),
         pa, "info")
+    pfl = pinned_t.get("floor pinned + ledger")
+    row("4 KiB pinned: pure-Python floor + exact ledger (not memkit)", pfl, pa,
+        bound_info(pfl, pa, 1.2, "CuPy pinned pool"))
 
     note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
     print(f"bench_frameworks on backend {backend_name} ({cm.Device(0).name}){note}")

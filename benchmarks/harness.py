@@ -129,17 +129,62 @@ class CachedFloor:
             self.blocks.append(self.d)
 
 
-def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any]]
-                 ) -> tuple[Callable[..., CachedFloor], dict[int, dict[int, list[Any]]]]:
+class LedgerCachedFloor:
+    """:class:`CachedFloor` keeping the exact ledger: a dict entry per live block, counters."""
+
+    __slots__ = ("blocks", "d")
+    ledger: Any
+
+    def free(self) -> None:
+        d, self.d = self.d, None
+        acct = self.ledger
+        acct.current -= acct.live.pop(d)
+        self.blocks.append(d)
+
+    def __del__(self) -> None:
+        d = self.d
+        if d is not None:
+            acct = self.ledger
+            acct.current -= acct.live.pop(d)
+            self.blocks.append(d)
+
+
+def floor_ledger() -> Any:
+    """An account like memkit's (``live`` dict, ``current``/``peak``/``total``), unregistered.
+
+    The "floor + ledger" rows add to a floor only what exact statistics cost per
+    allocation as memkit keeps them: a dict entry per live block and three counters.
+    """
+    from cuda_memkit._core._resource import Account
+
+    return Account("pool", None)
+
+
+def ledger_add(acct: Any, d: Any, n: int) -> None:
+    """The ledger's work for one allocation, as the floors with a ledger do it."""
+    acct.live[d] = n
+    c = acct.current = acct.current + n
+    if c > acct.peak:
+        acct.peak = c
+    acct.total += 1
+
+
+def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any]],
+                 ledger: Any = None
+                 ) -> tuple[Callable[..., Any], dict[int, dict[int, list[Any]]]]:
     """A cache floor: a free list per (stream, size rounded to ``stride``), one fixed stream.
 
     ``alloc(rounded)`` returns ``(err, block)`` on a miss. Returns the allocate function
     (``allocate(n, stream=...)``; the stream is ignored) and the free lists, for cleanup.
-    Not memkit: the yardstick of the cached rows (no checks, no ledger).
+    Not memkit: the yardstick of the cached rows (no checks; no ledger unless ``ledger``,
+    an account from :func:`floor_ledger`, is given).
     """
     lists: dict[int, dict[int, list[Any]]] = {}
+    cls: Any = CachedFloor
+    if ledger is not None:
+        cls = type("LedgerFloor", (LedgerCachedFloor,), {"__slots__": (), "ledger": ledger})
 
-    def allocate(n: int, *, stream: object = None) -> CachedFloor:
+    def allocate(n: int, *, stream: object = None) -> Any:
         r = (n + stride - 1) & -stride
         sb = lists.get(handle)
         if sb is None:
@@ -147,25 +192,29 @@ def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any
         blocks = sb.get(r)
         if blocks is None:
             blocks = sb[r] = []
-        b = CachedFloor()
+        b = cls()
         b.blocks = blocks
         if blocks:
-            b.d = blocks.pop()
+            d = b.d = blocks.pop()
         else:
-            err, b.d = alloc(r)
+            err, d = alloc(r)
             if err:
                 raise RuntimeError(err)
+            b.d = d
+        if ledger is not None:
+            ledger_add(ledger, d, n)
         return b
 
     return allocate, lists
 
 
-def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any
+def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any, ledger: Any = None
                       ) -> tuple[Callable[[int], Any], Callable[[], None]]:
     """The pure-Python cached floor of a CuPy allocator (the issue's probe).
 
     Free lists keyed by the current stream and the size rounded to 512 B; the memory
-    object gives its block back in ``__del__``; one fixed device, no checks, no ledger.
+    object gives its block back in ``__del__``; one fixed device, no checks, no ledger
+    (unless ``ledger``, an account from :func:`floor_ledger`, is given).
     Not memkit: the yardstick of the cached adaptor rows. Returns the allocator
     (``cupy.cuda.set_allocator``) and a call that frees every cached block on its stream.
     """
@@ -181,6 +230,16 @@ def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any
 
         def __del__(self) -> None:
             self.blocks.append(self.d)
+
+    class LedgerFloorMemory(unowned):  # type: ignore[misc, valid-type]
+        __slots__ = ("blocks", "d")
+
+        def __del__(self) -> None:
+            d = self.d
+            ledger.current -= ledger.live.pop(d)
+            self.blocks.append(d)
+
+    cls = FloorMemory if ledger is None else LedgerFloorMemory
 
     def allocator(size: int) -> Any:
         st = get_stream()
@@ -199,9 +258,11 @@ def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any
             err, d = alloc(r, cupool, custreams[h])
             if err:
                 raise RuntimeError(err)
-        m = FloorMemory(int(d), size, st, 0)
+        m = cls(int(d), size, st, 0)
         m.d = d
         m.blocks = blocks
+        if ledger is not None:
+            ledger_add(ledger, d, size)
         return pointer(m, 0)
 
     def release() -> None:
@@ -213,26 +274,35 @@ def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any
     return allocator, release
 
 
-def pinned_floor(blocks: list[Any]) -> Callable[[int], Any]:
+def pinned_floor(blocks: list[Any], ledger: Any = None) -> Callable[[int], Any]:
     """A pinned-cache floor over ``blocks``: an object holding one, ``close()`` or collection
-    puts it back (``close()`` swaps the class so that ``__del__`` does not run twice)."""
+    puts it back (``close()`` swaps the class so that ``__del__`` does not run twice).
+    ``ledger`` (from :func:`floor_ledger`): also keep the exact ledger."""
 
     class FloorHost:
         __slots__ = ("ptr",)
 
         def close(self) -> None:
-            blocks.append(self.ptr)
+            p = self.ptr
+            if ledger is not None:
+                ledger.current -= ledger.live.pop(p)
+            blocks.append(p)
             self.__class__ = FloorHost
 
     class LiveFloorHost(FloorHost):
         __slots__ = ()
 
         def __del__(self) -> None:
-            blocks.append(self.ptr)
+            p = self.ptr
+            if ledger is not None:
+                ledger.current -= ledger.live.pop(p)
+            blocks.append(p)
 
     def take(n: int) -> FloorHost:
         b = LiveFloorHost()
-        b.ptr = blocks.pop()
+        p = b.ptr = blocks.pop()
+        if ledger is not None:
+            ledger_add(ledger, p, n)
         return b
 
     return take
