@@ -78,8 +78,6 @@ from .._core._resource import (
     account,
     forget_account,
     make_finalizer,
-    notify,
-    watchers,
 )
 from .._virtual._vmm_base import Access
 from . import _cache, _pool_ipc
@@ -541,13 +539,7 @@ class MemoryPool(PoolAttributes, Resource):
         acct = buf._acct = self._acct
         buf._views = None
         buf._deferred = None
-        acct.live[dptr] = nbytes  # Account.add written out: its call costs ~X % of a cached pair
-        c = acct.current = acct.current + nbytes
-        if c > acct.peak:
-            acct.peak = c
-        acct.total += 1
-        if watchers:
-            notify(acct, dptr, nbytes, True, h)
+        acct.add(dptr, nbytes, h)
         return buf
 
     # -- the cache ---------------------------------------------------------------------
