@@ -557,7 +557,8 @@ class PooledHostBuffer(HostBuffer):
 
     @property
     def _dtype(self) -> np.dtype[Any]:  # type: ignore[override]
-        return _U8 if _U8 is not None else uint8()
+        dt: np.dtype[Any] = uint8()
+        return dt
 
     def close(self) -> None:
         """Give the block back to the pool's cache; calling it again does nothing."""
