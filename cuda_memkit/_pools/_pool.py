@@ -501,11 +501,9 @@ class MemoryPool(PoolAttributes, Resource):
             if cus is None:  # closed
                 stream._check_open()
             sref: Stream | StreamRef = stream
-            h = stream._handle
         else:
             sref = buffer_stream(stream)
             cus = sref._custream
-            h = int(cus)
         cache = self._cache
         buf: PoolBuffer
         if cache is None or nbytes > cache.max_block:
@@ -516,18 +514,23 @@ class MemoryPool(PoolAttributes, Resource):
             buf._cache = None
         else:  # BlockCache.lend written out: its call costs >= 5 % of a cached pair
             r = (nbytes + 511) & -512 if nbytes <= 1048576 else _cache.round_size(nbytes)
+            h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
             bins = cache.streams.get(h)
             if bins is None:
                 bins = cache.bins(h, cus, sref)
+            dptr = None
             blocks = bins.get(r)
             if blocks is None:  # the first block of this size on this stream
                 blocks = bins.setdefault(r, [])
-            try:  # no emptiness test first: a miss pays the exception, a hit pays nothing
-                dptr = blocks.pop()
-            except IndexError:
+            if blocks:
+                try:
+                    dptr = blocks.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    cache.cached -= r
+            if dptr is None:
                 dptr = cache.miss(r, cus)
-            else:
-                cache.cached -= r
             buf = _new_object(PoolBuffer)
             buf._cache = cache
             buf._blocks = blocks
@@ -539,7 +542,7 @@ class MemoryPool(PoolAttributes, Resource):
         acct = buf._acct = self._acct
         buf._views = None
         buf._deferred = None
-        acct.add(dptr, nbytes, h)
+        acct.add(dptr, nbytes, cus)
         return buf
 
     # -- the cache ---------------------------------------------------------------------
