@@ -557,7 +557,7 @@ class PooledHostBuffer(HostBuffer):
 
     @property
     def _dtype(self) -> np.dtype[Any]:  # type: ignore[override]
-        dt: np.dtype[Any] = uint8()
+        dt: np.dtype[Any] = _U8 if _U8 is not None else uint8()
         return dt
 
     def close(self) -> None:
