@@ -49,6 +49,25 @@ def test_pooled_buffer() -> None:
     h.close()
 
 
+def test_pooled_bytes_shape_dtype_and_no_device_pointer() -> None:
+    """A pooled byte buffer's shape, dtype and (absent) device pointer follow from its size.
+
+    Both makers: the cache hit of the default pool and a block from another pool.
+    """
+    with cm.MemoryPool(location=cm.Location.host()) as pool:
+        for n in (1, 3700, 4096, (1 << 20) + 1):
+            for h in (cm.HostBuffer.pooled(n), cm.HostBuffer.pooled(n),  # miss, then hit
+                      cm.HostBuffer.pooled(n, pool=pool)):
+                assert h.shape == (n,) and len(h) == n and h.size == n and h.nbytes == n
+                assert h.dtype == np.uint8 and h.array.shape == (n,)
+                assert h.kind is cm.MemoryKind.PINNED_POOLED
+                assert f"shape=({n},)" in repr(h) and "dtype=uint8" in repr(h)
+                with pytest.raises(ValueError, match="DEVICEMAP"):
+                    _ = h.device_ptr
+                h.close()
+                assert h.closed and h.shape == (n,)
+
+
 def test_blocks_are_recycled_by_size_class() -> None:
     a = cm.HostBuffer.pooled(4096)
     ptr = a.ptr
