@@ -44,7 +44,16 @@ import json
 import sys
 from typing import Any
 
-from harness import Loop, backend, cached_floor, check, measure, pinned_floor, uncached_floor
+from harness import (
+    Loop,
+    backend,
+    cached_floor,
+    check,
+    floor_ledger,
+    measure,
+    pinned_floor,
+    uncached_floor,
+)
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -151,6 +160,15 @@ def main() -> None:
         for _ in range(k):
             cached_floor_allocate(nbytes, stream=s).free()
 
+    # The same floor keeping memkit's exact ledger (a dict entry and counters per
+    # allocation): the least the targets' "ledger on" can cost.
+    ledger_floor_allocate, ledger_floor_lists = cached_floor(
+        floor_h, stride, lambda r: alloc(r, cupool, cus), floor_ledger())
+
+    def floor_cached_ledger(k: int) -> None:
+        for _ in range(k):
+            ledger_floor_allocate(nbytes, stream=s).free()
+
     default = cm.MemoryPool.default(0)
     old_threshold = default.release_threshold
     default.release_threshold = U64_MAX  # CuPy, cuda.core and torch use the default pool
@@ -170,6 +188,12 @@ def main() -> None:
     def floor_device(k: int) -> None:
         for _ in range(k):
             floor_allocate(nbytes, stream=s).free()
+
+    ledger_floor_uncached = uncached_floor(alloc, free, cupool, cus, floor_ledger())
+
+    def floor_device_ledger(k: int) -> None:
+        for _ in range(k):
+            ledger_floor_uncached(nbytes, stream=s).free()
 
     # The floor again, but a freed buffer keeps its __del__ (no class swap): what
     # PoolBuffer.free()'s swap to the plain PoolBuffer class buys, in this run.
@@ -258,12 +282,15 @@ def main() -> None:
          "memkit default": memkit_default, "cupy pool": cupy_pool_device,
          "floor": floor_device, "floor kept del": floor_kept_del,
          "memkit cached": memkit_cached, "cupy MemoryPool": cupy_caching,
-         "floor cached": floor_cached},
+         "floor cached": floor_cached, "floor cached + ledger": floor_cached_ledger,
+         "floor + ledger": floor_device_ledger},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
                        "memkit default", "cupy pool", "floor", "floor kept del",
-                       "memkit cached", "cupy MemoryPool", "floor cached"), n_dev),
+                       "memkit cached", "cupy MemoryPool", "floor cached",
+                       "floor cached + ledger", "floor + ledger"), n_dev),
         samples, sync, 6)
-    for blocks in (b for sb in floor_lists.values() for b in sb.values()):
+    for blocks in (b for lists in (floor_lists, ledger_floor_lists)
+                   for sb in lists.values() for b in sb.values()):
         while blocks:
             check(free(blocks.pop(), cus))
 
@@ -303,6 +330,12 @@ def main() -> None:
         for _ in range(k):
             floor_pooled(small).close()
 
+    ledger_floor_pooled = pinned_floor(floor_blocks, floor_ledger())
+
+    def floor_pinned_ledger(k: int) -> None:
+        for _ in range(k):
+            ledger_floor_pooled(small).close()
+
     cupy_pinned = torch_pinned = core_pinned = None
     if cupy is not None:
         alloc_pinned = cupy.cuda.alloc_pinned_memory
@@ -332,9 +365,10 @@ def main() -> None:
     pinned = measure(
         {"raw": raw_hostalloc, "raw pool": raw_host_pool, "memkit": memkit_pooled,
          "memkit pool": memkit_pool_buffer, "cupy": cupy_pinned, "torch": torch_pinned,
-         "cuda.core": core_pinned, "floor": floor_pinned},
+         "cuda.core": core_pinned, "floor": floor_pinned, "floor + ledger": floor_pinned_ledger},
         {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
-         "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin, "floor": n_pin},
+         "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin, "floor": n_pin,
+         "floor + ledger": n_pin},
         samples, sync, 6)
     for blk in floor_blocks:
         check(raw.cuMemFreeHost(blk))
@@ -368,6 +402,13 @@ def main() -> None:
             return f"ahead of {peer} (n/a)", None
         return f"ahead of {peer} ({a / b:.2f}x)", a < b
 
+    def bound_info(v: float | None, ref: float | None, bound: float, peer: str) -> str:
+        """An info row's target column: where a floor stands against a target's bound."""
+        if v is None or not ref:
+            return "info"
+        side = "within" if v / ref <= bound else "ABOVE"
+        return f"info: {v / ref:.2f}x {peer}, {side} the {bound:g}x bound"
+
     d = device
     mk, mc, fl = d["memkit"], d["memkit cached"], d["floor cached"]
     row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
@@ -376,8 +417,13 @@ def main() -> None:
         *at_most(mc, d["cupy MemoryPool"], 1.0, "CuPy MemoryPool().malloc"), floor=fl)
     row("   the same row", mc, d["raw"], *ahead(mc, d["cuda.core"], "cuda.core"), floor=fl)
     row("   the same row", mc, d["raw"], *ahead(mc, d["torch"], "torch"), floor=fl)
+    fll = d["floor cached + ledger"]
+    row("   cached floor + exact ledger (not memkit)", fll, d["raw"],
+        bound_info(fll, d["cupy MemoryPool"], 1.0, "CuPy MemoryPool().malloc"))
     row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
         *at_most(mk, d["raw"], 1.35, "raw pair"), floor=d["floor"])
+    row("   floor + exact ledger (not memkit)", d["floor + ledger"], d["raw"],
+        bound_info(d["floor + ledger"], d["raw"], 1.35, "raw pair"))
     row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", d["cupy MemoryPool"], d["raw"],
         "info")
     row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "info")
@@ -397,6 +443,8 @@ def main() -> None:
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
         *at_most(p["memkit"], p["cupy"], 0.8, "CuPy pinned pool"), floor=p["floor"])
+    row("   pinned floor + exact ledger (not memkit)", p["floor + ledger"], p["raw"],
+        bound_info(p["floor + ledger"], p["cupy"], 0.8, "CuPy pinned pool"))
     row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
         "info")
     row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info")

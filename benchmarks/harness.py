@@ -81,10 +81,12 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
 # -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
 
 
-def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any) -> Callable[..., Any]:
+def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any, ledger: Any = None
+                   ) -> Callable[..., Any]:
     """The uncached floor: ``allocate(n, stream=...)`` makes a one-slot object owning
     ``alloc(n, cupool, cus)``; ``free()`` frees it on ``cus``, collection frees it otherwise
-    (``free()`` swaps the class so that no finalizer is left). No checks, a fixed stream.
+    (``free()`` swaps the class so that no finalizer is left). No checks, a fixed stream;
+    no ledger unless ``ledger`` (from :func:`floor_ledger`) is given.
     Not memkit: the yardstick of the uncached rows. The driver calls are made directly,
     as an allocator would, so the floor pays nothing a wrapper would not.
     """
@@ -93,7 +95,10 @@ def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any) -> Callable[...
         __slots__ = ("ptr",)
 
         def free(self) -> None:
-            (err,) = free(self.ptr, cus)
+            p = self.ptr
+            if ledger is not None:
+                ledger.current -= ledger.live.pop(p)
+            (err,) = free(p, cus)
             if err:
                 raise RuntimeError(err)
             self.__class__ = FloorBuffer  # freed: no finalizer left
@@ -102,7 +107,10 @@ def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any) -> Callable[...
         __slots__ = ()
 
         def __del__(self) -> None:
-            free(self.ptr, cus)
+            p = self.ptr
+            if ledger is not None:
+                ledger.current -= ledger.live.pop(p)
+            free(p, cus)
 
     def allocate(n: int, *, stream: object = None) -> FloorBuffer:
         err, ptr = alloc(n, cupool, cus)
@@ -110,6 +118,12 @@ def uncached_floor(alloc: Any, free: Any, cupool: Any, cus: Any) -> Callable[...
             raise RuntimeError(err)
         b = LiveFloorBuffer()
         b.ptr = ptr
+        if ledger is not None:  # the ledger's work, written out as the least it costs
+            ledger.live[ptr] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
         return b
 
     return allocate
@@ -160,15 +174,6 @@ def floor_ledger() -> Any:
     return Account("pool", None)
 
 
-def ledger_add(acct: Any, d: Any, n: int) -> None:
-    """The ledger's work for one allocation, as the floors with a ledger do it."""
-    acct.live[d] = n
-    c = acct.current = acct.current + n
-    if c > acct.peak:
-        acct.peak = c
-    acct.total += 1
-
-
 def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any]],
                  ledger: Any = None
                  ) -> tuple[Callable[..., Any], dict[int, dict[int, list[Any]]]]:
@@ -201,8 +206,12 @@ def cached_floor(handle: int, stride: int, alloc: Callable[[int], tuple[Any, Any
             if err:
                 raise RuntimeError(err)
             b.d = d
-        if ledger is not None:
-            ledger_add(ledger, d, n)
+        if ledger is not None:  # the ledger's work, written out as the least it costs
+            ledger.live[d] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
         return b
 
     return allocate, lists
@@ -261,8 +270,12 @@ def cupy_cached_floor(cupy: Any, alloc: Any, free: Any, cupool: Any, ledger: Any
         m = cls(int(d), size, st, 0)
         m.d = d
         m.blocks = blocks
-        if ledger is not None:
-            ledger_add(ledger, d, size)
+        if ledger is not None:  # the ledger's work, written out as the least it costs
+            ledger.live[d] = size
+            c = ledger.current = ledger.current + size
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
         return pointer(m, 0)
 
     def release() -> None:
@@ -301,8 +314,12 @@ def pinned_floor(blocks: list[Any], ledger: Any = None) -> Callable[[int], Any]:
     def take(n: int) -> FloorHost:
         b = LiveFloorHost()
         p = b.ptr = blocks.pop()
-        if ledger is not None:
-            ledger_add(ledger, p, n)
+        if ledger is not None:  # the ledger's work, written out as the least it costs
+            ledger.live[p] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
         return b
 
     return take
