@@ -232,3 +232,21 @@ def test_flags_a_pool_cannot_give(host_pool: cm.MemoryPool) -> None:
 def test_bad_shapes(shape: object, exc: type[Exception]) -> None:
     with pytest.raises(exc):
         cm.HostBuffer.pooled(shape)  # type: ignore[arg-type]
+
+
+def test_a_pooled_buffers_type_makes_buffers_as_host_buffer_does() -> None:
+    # type(buf) of a pooled byte buffer is a HostBuffer subclass whose shape follows from
+    # its size: its inherited constructors must still make ordinary buffers.
+    buf = cm.HostBuffer.pooled(8)
+    kind = type(buf)
+    made = [kind.empty((2, 3), "float32"), kind.zeros(5), kind.pooled(16),
+            kind.from_array(np.arange(4, dtype=np.int16))]
+    try:
+        assert [m.shape for m in made] == [(2, 3), (5,), (16,), (4,)]
+        assert [str(m.dtype) for m in made] == ["float32", "uint8", "uint8", "int16"]
+        assert all(isinstance(m, cm.HostBuffer) for m in made)
+        assert int(made[1].array.sum()) == 0 and made[3].array.tolist() == [0, 1, 2, 3]
+    finally:
+        for m in made:
+            m.close()
+        buf.close()

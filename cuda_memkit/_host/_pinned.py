@@ -560,6 +560,28 @@ class PooledHostBuffer(HostBuffer):
         dt: np.dtype[Any] = _U8 if _U8 is not None else uint8()
         return dt
 
+    # The constructors of HostBuffer, reached through a pooled buffer's type: they make
+    # what HostBuffer's make (this class's shape and dtype follow from its size alone).
+    @classmethod
+    def empty(cls, *args: Any, **kwargs: Any) -> HostBuffer:
+        """As :meth:`HostBuffer.empty`."""
+        return HostBuffer.empty(*args, **kwargs)
+
+    @classmethod
+    def zeros(cls, *args: Any, **kwargs: Any) -> HostBuffer:
+        """As :meth:`HostBuffer.zeros`."""
+        return HostBuffer.zeros(*args, **kwargs)
+
+    @classmethod
+    def from_array(cls, *args: Any, **kwargs: Any) -> HostBuffer:
+        """As :meth:`HostBuffer.from_array`."""
+        return HostBuffer.from_array(*args, **kwargs)
+
+    @classmethod
+    def pooled(cls, *args: Any, **kwargs: Any) -> HostBuffer:
+        """As :meth:`HostBuffer.pooled`."""
+        return HostBuffer.pooled(*args, **kwargs)
+
     def close(self) -> None:
         """Give the block back to the pool's cache; calling it again does nothing."""
         if self._state is CLOSED:
