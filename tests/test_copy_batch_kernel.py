@@ -793,3 +793,28 @@ def test_an_unregistered_array_is_refused_at_the_next_execute(dev: cm.DeviceBuff
         reg.close()
         with pytest.raises(ValueError, match="pageable"):
             b.execute(method="kernel")
+
+
+def test_resident_descriptors_follow_moved_operands(host: cm.HostBuffer, perm: np.ndarray
+                                                    ) -> None:
+    # One pair's resident descriptors are offsets and its operands' addresses launch
+    # parameters (packed once): when the addresses change, the next launch must use the
+    # new ones, not the packed old ones.
+    from cuda_memkit._transfer import _copy_batch
+
+    first, second = cm.DeviceBuffer.zeros(N * B), cm.DeviceBuffer.zeros(N * B)
+    resident = _kernels.Resident()
+    try:
+        g = _copy_batch._Group(first, host, perm * B, np.arange(N) * B, B, None, None, None)
+        ctx = int(_driver.call("cuCtxGetCurrent"))
+        for dst in (first, second, first):
+            dst.fill(0)
+            resident.launch([(g, dst.ptr, host.ptr)], 0, True, ctx)
+            cm.Stream.legacy_default().synchronize()
+            got = dst.to_numpy()
+            for i, slot in enumerate(perm):
+                assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+    finally:
+        resident.release()
+        first.close()
+        second.close()
