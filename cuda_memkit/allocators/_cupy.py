@@ -383,22 +383,9 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                 m = CachedMemory(int(d), size, st, dev)
                 m._r = 1 << 62
                 m._b = None
-            else:  # BlockCache.lend written out: its call and tuple cost ~6 % of a pair
+            else:
                 r = (size + 511) & -512 if size <= _SMALL else round_size(size)
-                bins = cache.streams.get(h)
-                if bins is None:
-                    bins = cache.bins(h, cus, st)
-                blocks = bins.get(r)
-                if blocks is None:  # the first block of this size on this stream
-                    blocks = bins.setdefault(r, [])
-                d = None
-                if blocks:
-                    try:
-                        d = blocks.pop()
-                    except IndexError:  # another thread took the last one
-                        pass
-                    else:
-                        cache.cached -= r
+                d, blocks = cache.lend(r, h, cus, st)
                 if d is None:
                     d = cache.miss(r, cus)
                 m = CachedMemory(int(d), size, st, dev)
