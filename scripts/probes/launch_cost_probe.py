@@ -119,41 +119,33 @@ def med(fn, k=40):
     return statistics.median(out) * 1e6, statistics.median(host) * 1e6
 
 
-cases = {
+def compare(cases: dict, label: str, k: int) -> None:
+    """Five rounds of each case (whole call and its host part), then the ratio to contig."""
+    res = {key: [] for key in cases}
+    for _ in range(5):
+        for key, f in cases.items():
+            res[key].append(med(f, k))
+    for key, v in res.items():
+        w = statistics.median(x[0] for x in v)
+        ho = statistics.median(x[1] for x in v)
+        print(f"{key:14s} whole {w:8.1f} us host {ho:6.1f} us", flush=True)
+    mine, contig = (statistics.median(x[0] for x in v) for v in res.values())
+    print(f"{label}/contig bandwidth ratio {contig / mine:.3f}")
+
+
+compare({
     "d2d execute": lambda: batch.execute(stream=s),
     "d2d contig": lambda: call("cuMemcpyAsync", dev_dst.ptr, dev_src.ptr, total, h),
-}
-res = {k: [] for k in cases}
-for _ in range(5):
-    for k, f in cases.items():
-        res[k].append(med(f))
-for k, v in res.items():
-    w = statistics.median(x[0] for x in v)
-    ho = statistics.median(x[1] for x in v)
-    print(f"{k:14s} whole {w:8.1f} us host {ho:6.1f} us", flush=True)
-we = statistics.median(x[0] for x in res["d2d execute"])
-wc = statistics.median(x[0] for x in res["d2d contig"])
-print(f"execute/contig bandwidth ratio {wc / we:.3f}")
+}, "execute", 40)
 
 # -- per call h2d (auto) and prepare's write into pinned memory
 host_src = cm.HostBuffer.from_array(np.full(total, 3, np.uint8))
-cases = {
+compare({
     "h2d auto": lambda: cm.copy_batch(
         dev_dst, host_src, dst_offsets=d_off, src_offsets=s_off, sizes=b, stream=s
     ),
     "h2d contig": lambda: call("cuMemcpyAsync", dev_src.ptr, host_src.ptr, total, h),
-}
-res = {k: [] for k in cases}
-for _ in range(5):
-    for k, f in cases.items():
-        res[k].append(med(f, 15))
-for k, v in res.items():
-    w = statistics.median(x[0] for x in v)
-    ho = statistics.median(x[1] for x in v)
-    print(f"{k:14s} whole {w:8.1f} us host {ho:6.1f} us", flush=True)
-we = statistics.median(x[0] for x in res["h2d auto"])
-wc = statistics.median(x[0] for x in res["h2d contig"])
-print(f"h2d auto/contig bandwidth ratio {wc / we:.3f}")
+}, "h2d auto", 15)
 dd = d_off.astype(np.int64)
 pooled = cm.HostBuffer.pooled(n * 16)
 pa = pooled.array.view(np.uint64)
