@@ -220,21 +220,6 @@ def test_auto_picks_the_driver_above_the_threshold(host: cm.HostBuffer, dev_out:
     assert (dev_out.to_numpy()[: 2 * KiB] == host.array[: 2 * KiB]).all()
 
 
-def test_small_blocks_the_kernel_refuses_still_merge_for_the_driver(
-        host: cm.HostBuffer, host_out: cm.HostBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Pinned host to pinned host: small equal blocks, so the merge test waits for the
-    # kernel's pick, which refuses host to host; the driver then gets one merged copy.
-    n, b = 16, 256
-    with record_calls(monkeypatch) as calls:
-        copy_batch(host_out, host, dst_offsets=np.arange(n) * b, src_offsets=np.arange(n) * b,
-                   sizes=b)
-    assert launches(calls) == 0
-    copies = sum(int(args[3]) if api == "cuMemcpyBatchAsync" else 1
-                 for api, args in calls if api in ("cuMemcpyBatchAsync", "cuMemcpyAsync"))
-    assert copies == 1  # the 16 blocks, merged
-    assert (host_out.array[: n * b] == host.array[: n * b]).all()
-
-
 def test_auto_leaves_pageable_raw_and_host_to_host_to_the_driver(
         host: cm.HostBuffer, host_out: cm.HostBuffer, dev: cm.DeviceBuffer,
         dev_out: cm.DeviceBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -794,27 +779,3 @@ def test_an_unregistered_array_is_refused_at_the_next_execute(dev: cm.DeviceBuff
         with pytest.raises(ValueError, match="pageable"):
             b.execute(method="kernel")
 
-
-def test_resident_descriptors_follow_moved_operands(host: cm.HostBuffer, perm: np.ndarray
-                                                    ) -> None:
-    # One pair's resident descriptors are offsets and its operands' addresses launch
-    # parameters (packed once): when the addresses change, the next launch must use the
-    # new ones, not the packed old ones.
-    from cuda_memkit._transfer import _copy_batch
-
-    first, second = cm.DeviceBuffer.zeros(N * B), cm.DeviceBuffer.zeros(N * B)
-    resident = _kernels.Resident()
-    try:
-        g = _copy_batch._Group(first, host, perm * B, np.arange(N) * B, B, None, None, None)
-        ctx = int(_driver.call("cuCtxGetCurrent"))
-        for dst in (first, second, first):
-            dst.fill(0)
-            resident.launch([(g, dst.ptr, host.ptr)], 0, True, ctx)
-            cm.Stream.legacy_default().synchronize()
-            got = dst.to_numpy()
-            for i, slot in enumerate(perm):
-                assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
-    finally:
-        resident.release()
-        first.close()
-        second.close()

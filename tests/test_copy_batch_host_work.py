@@ -1,0 +1,88 @@
+"""What the kernel path skips or keeps on the host between calls, and that it stays right.
+
+``copy_batch`` leaves the merge test of equal blocks to the kernel's pick (made
+after all when the driver copies the pair); a prebuilt ``CopyBatch`` packs its
+launch parameters once. Both are only worth having if the bytes still land
+where they belong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import cuda_memkit as cm
+from cuda_memkit._core import _driver
+from cuda_memkit._transfer import _kernels
+from cuda_memkit._transfer._copy_batch import copy_batch
+
+from ._helpers import record_calls
+
+B = 4 << 10
+N = 64
+
+
+def launches(calls: list[tuple[str, object]]) -> int:
+    return sum(api == "cuLaunchKernel" for api, _ in calls)
+
+
+@pytest.fixture
+def host() -> Iterator[cm.HostBuffer]:
+    h = cm.HostBuffer.from_array(
+        ((np.arange(N * B, dtype=np.uint64) * 2654435761 + 1) % 251).astype(np.uint8))
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def host_out() -> Iterator[cm.HostBuffer]:
+    h = cm.HostBuffer.from_array(np.full(N * B, 0xEE, np.uint8))
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def perm() -> np.ndarray:
+    return np.random.default_rng(11).permutation(N)
+
+
+def test_small_blocks_the_kernel_refuses_still_merge_for_the_driver(
+        host: cm.HostBuffer, host_out: cm.HostBuffer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pinned host to pinned host: small equal blocks, so the merge test waits for the
+    # kernel's pick, which refuses host to host; the driver then gets one merged copy.
+    n, b = 16, 256
+    with record_calls(monkeypatch) as calls:
+        copy_batch(host_out, host, dst_offsets=np.arange(n) * b, src_offsets=np.arange(n) * b,
+                   sizes=b)
+    assert launches(calls) == 0
+    copies = sum(int(args[3]) if api == "cuMemcpyBatchAsync" else 1
+                 for api, args in calls if api in ("cuMemcpyBatchAsync", "cuMemcpyAsync"))
+    assert copies == 1  # the 16 blocks, merged
+    assert (host_out.array[: n * b] == host.array[: n * b]).all()
+
+
+def test_resident_descriptors_follow_moved_operands(host: cm.HostBuffer, perm: np.ndarray
+                                                    ) -> None:
+    # One pair's resident descriptors are offsets and its operands' addresses launch
+    # parameters (packed once): when the addresses change, the next launch must use the
+    # new ones, not the packed old ones.
+    from cuda_memkit._transfer import _copy_batch
+
+    first, second = cm.DeviceBuffer.zeros(N * B), cm.DeviceBuffer.zeros(N * B)
+    resident = _kernels.Resident()
+    try:
+        g = _copy_batch._Group(first, host, perm * B, np.arange(N) * B, B, None, None, None)
+        ctx = int(_driver.call("cuCtxGetCurrent"))
+        for dst in (first, second, first):
+            dst.fill(0)
+            resident.launch([(g, dst.ptr, host.ptr)], 0, True, ctx)
+            cm.Stream.legacy_default().synchronize()
+            got = dst.to_numpy()
+            for i, slot in enumerate(perm):
+                assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+    finally:
+        resident.release()
+        first.close()
+        second.close()
