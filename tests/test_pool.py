@@ -142,6 +142,73 @@ def test_free_on_a_closed_stream(pool: cm.MemoryPool) -> None:
     assert buf.closed and used(pool) == 0
 
 
+@pytest.mark.parametrize("how", ["close", "collect"])
+def test_stream_closed_by_another_thread_during_the_release(
+        pool: cm.MemoryPool, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # The owner closes the stream on another thread after the release read its handle and
+    # before the driver frees on it: freed as if the close had come first (after the
+    # device is idle, on the legacy stream), with no warning about a destroyed handle.
+    from cuda_memkit._pools import _pool_buffer
+
+    s = cm.Stream()
+    buf = pool.allocate(4096, stream=s)
+    real = _pool_buffer.FREE
+    closed: list[bool] = []
+
+    def racing_free(d: object, cus: object) -> object:
+        if not closed:
+            closed.append(True)
+            t = threading.Thread(target=s.close)
+            t.start()
+            t.join()
+        return real(d, cus)
+
+    monkeypatch.setattr(_pool_buffer, "FREE", racing_free)
+    if how == "close":
+        buf.close()
+    else:
+        del buf
+        gc.collect()
+    assert closed and s.closed
+    _driver.call("cuCtxSynchronize")
+    assert used(pool) == 0
+
+
+@pytest.mark.parametrize("how", ["free", "close", "collect"])
+def test_cached_block_given_back_while_another_thread_closes_its_stream(
+        how: str) -> None:
+    # The block goes into its stream's free list just as the owner closes the stream on
+    # another thread, whose close drains and drops those lists: the block must still go
+    # back to the pool (not stay in a dropped list), the cache's count must not keep it.
+    s = cm.Stream()
+    with cm.MemoryPool(0, cache=True) as pool:
+        cache = pool.cache
+        assert cache is not None
+        size = 4096
+
+        class RacingList(list):  # type: ignore[type-arg]
+            def append(self, block: object) -> None:
+                t = threading.Thread(target=s.close)  # the close's drain runs first
+                t.start()
+                t.join()
+                super().append(block)
+
+        bins = cache.bins(s.handle, s._custream)
+        bins[size] = RacingList()
+        buf = pool.allocate(size, stream=s)
+        if how == "free":
+            buf.free()
+        elif how == "close":
+            buf.close()
+        else:
+            del buf
+            gc.collect()
+        assert s.closed
+        _driver.call("cuCtxSynchronize")
+        assert cache.cached == 0
+        assert used(pool) == 0  # back in the pool: close() needs no force
+
+
 def test_gc_after_the_allocation_stream_closed(pool: cm.MemoryPool) -> None:
     s = cm.Stream()
     pool.allocate(4096, stream=s)

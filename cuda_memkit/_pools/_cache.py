@@ -347,6 +347,21 @@ class BlockCache:
             return
         self.free_block(block, cus)
 
+    def take_back(self, block: Any, size: int, blocks: list[Any]) -> bool:
+        """Take ``block`` out of free list ``blocks`` again: its stream was closed meanwhile.
+
+        A block given back while another thread closes its stream may land in
+        a list the close has already drained (and dropped): the giver checks
+        the stream after the append and takes the block back to free it
+        itself. False when the close's drain took it first (and freed it).
+        """
+        try:
+            blocks.remove(block)
+        except ValueError:
+            return False
+        self.cached -= size
+        return True
+
     def free_block(self, block: Any, cus: Any) -> None:
         """Give one block back to the driver pool, on stream ``cus``."""
         d = getattr(block, "dptr", block)

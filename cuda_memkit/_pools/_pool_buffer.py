@@ -132,18 +132,20 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
         if watchers:
             notify(acct, dptr, n, False, int(cus))
         cache.put(dptr, size, blocks, cus)
+        if sref._custream is not None or not cache.take_back(dptr, size, blocks):
+            return
+        # Closed on another thread since cus was read: its lists may be drained already.
+        _free_taken_back(dptr, pool.device)
         return
     try:
         if cus is None or stream_destroyed(sref):
-            # The allocation stream is closed (or was collected together with the
-            # buffer, in one garbage cycle) and work queued on it may still use
-            # the memory: wait for the device, then free on the legacy stream.
-            with primary_pushed(pool.device or 0):
-                _driver.call("cuCtxSynchronize")
-                cus = custream(STREAM_LEGACY)
-                res = FREE(dptr, cus)
+            res, cus = _free_after_stream(dptr, pool.device)
         else:
             res = FREE(dptr, cus)
+            if res[0] and sref._custream is None:
+                # Closed by its owner on another thread since cus was read above: the
+                # closed-stream path, as if the close had come first (no warning).
+                res, cus = _free_after_stream(dptr, pool.device)
         if res[0]:
             cus = free_failed(res, dptr, cus, pool.device)
     except BaseException:
@@ -154,6 +156,26 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
         notify(acct, dptr, n, False, int(cus))
     if pending_pools:
         destroy_unused()
+
+
+def _free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:
+    """Free on the legacy stream once the device is idle: the allocation stream is gone.
+
+    It was closed (or collected together with the buffer, in one garbage cycle)
+    and work queued on it may still use the memory. Returns the driver's
+    result and the stream freed on.
+    """
+    with primary_pushed(device or 0):
+        _driver.call("cuCtxSynchronize")
+        cus = custream(STREAM_LEGACY)
+        return FREE(dptr, cus), cus
+
+
+def _free_taken_back(dptr: Any, device: int | None) -> None:
+    """A block taken back from the free list of a stream closed meanwhile: freed after it."""
+    res, cus = _free_after_stream(dptr, device)
+    if res[0]:
+        free_failed(res, dptr, cus, device)
 
 
 def _finalize(d: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account,
@@ -288,16 +310,27 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 cache.cached = c
                 if c > cache.peak:
                     cache.peak = c
-                return
-        res = FREE(d, cus)
-        if res[0]:
-            try:  # raises (a named stream the driver refuses is never replaced), or freed
+                if self._sref._custream is not None:
+                    return
+                # Closed on another thread since cus was read: its lists may be drained.
+                if not cache.take_back(d, self._size, self._blocks):
+                    return  # the close's drain took it
+                cus = None
+        try:  # raises (a named stream the driver refuses is never replaced), or freed
+            if cus is None:
+                res, cus = _free_after_stream(d, self._pool.device)
+            else:
+                res = FREE(d, cus)
+                if res[0] and stream is None and self._sref._custream is None:
+                    # closed on another thread since cus was read: freed as after a close
+                    res, cus = _free_after_stream(d, self._pool.device)
+            if res[0]:
                 free_failed(res, d, cus, self._pool.device, stream is None)
-            except BaseException:
-                self._dptr = d  # still allocated: back in the ledger
-                acct.live[d] = n
-                acct.current += n
-                raise
+        except BaseException:
+            self._dptr = d  # still allocated: back in the ledger
+            acct.live[d] = n
+            acct.current += n
+            raise
 
     def close(self) -> None:
         """Free the buffer on its allocation stream; calling it again does nothing.
@@ -367,10 +400,19 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 acct.current -= n
                 if watchers:
                     notify(acct, d, n, False, int(cus))
-            self._blocks.append(d)
+            blocks = self._blocks
+            blocks.append(d)
             c = cache.cached = cache.cached + size
             if c > cache.peak:
                 cache.peak = c
+            if sref._custream is not None or not cache.take_back(d, size, blocks):
+                return
+            # Closed on another thread since cus was read: its lists may be drained already.
+            try:
+                _free_taken_back(d, self._pool.device)
+            except CudaError as exc:  # a finalizer warns instead of raising
+                warnings.warn(f"cuda_memkit: freeing pool buffer 0x{int(d):x} failed: {exc}",
+                              MemkitWarning, stacklevel=2)
             return
         _finalize(d, sref, self._pool, self._acct, cache, self._blocks, size)
 
