@@ -341,3 +341,43 @@ def test_a_host_pool_with_a_cache_shares_it_with_pooled_buffers(stream: cm.Strea
         again.close()
         stream.synchronize()
     assert hp.cached_bytes == 0
+
+
+def test_a_drain_on_another_thread_finishes_before_the_stream_is_destroyed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # empty_cache() frees a stream's cached blocks on that stream while its owner closes it
+    # on another thread: the close's own drain (and the destroy after it) wait for the
+    # first drain, so no block is freed on a destroyed stream (that crashed the H100).
+    from cuda_memkit._core import _device
+
+    s = cm.Stream()
+    destroyed: list[int] = []
+    real_destroy = _device.driver_release
+
+    def recording_release(api: str, *args: Any) -> None:
+        if api == "cuStreamDestroy":
+            destroyed.append(int(args[0]))
+        real_destroy(api, *args)
+
+    monkeypatch.setattr(_device, "driver_release", recording_release)
+    with cm.MemoryPool(0, cache=True) as pool:
+        pool.allocate(4096, stream=s).free()  # cached on s
+        real_free = _cache.FREE
+        seen: list[bool] = []
+        closer: list[threading.Thread] = []
+
+        def racing_free(block: Any, cus: Any) -> Any:
+            if not closer:
+                t = threading.Thread(target=s.close)
+                closer.append(t)
+                t.start()
+                t.join(0.2)  # the close goes as far as it can meanwhile
+                seen.append(bool(destroyed))
+            return real_free(block, cus)
+
+        monkeypatch.setattr(_cache, "FREE", racing_free)
+        assert pool.empty_cache() == 4096
+        closer[0].join()
+        assert seen == [False]  # not destroyed while this thread freed on it
+        assert destroyed and s.closed
+        assert pool.cached_bytes == 0

@@ -142,34 +142,40 @@ def test_free_on_a_closed_stream(pool: cm.MemoryPool) -> None:
     assert buf.closed and used(pool) == 0
 
 
-@pytest.mark.parametrize("how", ["close", "collect"])
+@pytest.mark.parametrize("how", ["free", "close", "collect"])
 def test_stream_closed_by_another_thread_during_the_release(
         pool: cm.MemoryPool, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
-    # The owner closes the stream on another thread after the release read its handle and
-    # before the driver frees on it: freed as if the close had come first (after the
-    # device is idle, on the legacy stream), with no warning about a destroyed handle.
+    # The owner closes the stream on another thread while a release is about to free on it:
+    # the close waits until that free is done (freeing on a destroyed stream crashed the
+    # H100), and no warning about a destroyed handle is given.
     from cuda_memkit._pools import _pool_buffer
 
     s = cm.Stream()
     buf = pool.allocate(4096, stream=s)
     real = _pool_buffer.FREE
-    closed: list[bool] = []
+    closer: list[threading.Thread] = []
+    closed_during_free: list[bool] = []
 
     def racing_free(d: object, cus: object) -> object:
-        if not closed:
-            closed.append(True)
+        if not closer:
             t = threading.Thread(target=s.close)
+            closer.append(t)
             t.start()
-            t.join()
+            t.join(0.2)  # the close runs now, as far as it can
+            closed_during_free.append(s.closed)
         return real(d, cus)
 
     monkeypatch.setattr(_pool_buffer, "FREE", racing_free)
-    if how == "close":
+    if how == "free":
+        buf.free()
+    elif how == "close":
         buf.close()
     else:
         del buf
         gc.collect()
-    assert closed and s.closed
+    closer[0].join()
+    assert closed_during_free == [False]  # the close waited for the free
+    assert s.closed
     _driver.call("cuCtxSynchronize")
     assert used(pool) == 0
 

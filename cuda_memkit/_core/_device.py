@@ -475,6 +475,11 @@ class Stream(Resource):
     #: the handle and as the closed test (``_state``, which has a class
     #: default, is a slower generic attribute load).
     _custream: Any
+    #: Held by ``close()`` to set ``_custream`` to ``None``, and by a release that
+    #: frees memory on the stream from reading ``_custream`` to the driver call:
+    #: a stream is never destroyed between the two (freeing on a destroyed
+    #: stream handle crashed the H100 process).
+    release_lock: threading.Lock
 
     def __init__(
         self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0
@@ -487,6 +492,7 @@ class Stream(Resource):
         flags = 1 if non_blocking else 0
         handle = int(_driver.call("cuStreamCreateWithPriority", flags, priority))
         self._handle = handle
+        self.release_lock = threading.Lock()
         self._custream = _cu.CUstream(handle)
         self._device = ordinal
         self._owned = True
@@ -508,6 +514,7 @@ class Stream(Resource):
         handle = u64(handle, "a stream handle")
         self = cls.__new__(cls)
         self._handle = handle
+        self.release_lock = threading.Lock()
         self._custream = _cu.CUstream(handle)
         self._device = -1
         self._owned = False
@@ -537,9 +544,16 @@ class Stream(Resource):
         """Destroy the stream (if owned) and close the object; calling it again does nothing.
 
         Memory that block caches hold for the stream goes back to its pool
-        first (:data:`stream_close_hooks`).
+        first (:data:`stream_close_hooks`). A release of memory on the stream
+        running on another thread finishes its driver call first (or frees
+        as after the close).
         """
-        self._custream = None
+        lock = self.__dict__.get("release_lock")
+        if lock is None:  # never fully made
+            self._custream = None
+        else:
+            with lock:
+                self._custream = None
         super().close()
 
     def synchronize(self) -> None:

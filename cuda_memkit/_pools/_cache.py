@@ -338,14 +338,19 @@ class BlockCache:
         Past the limit (or once closed) it goes to the driver instead. The
         hot paths write this out.
         """
+        if not self.keep(block, size, blocks):
+            self.free_block(block, cus)
+
+    def keep(self, block: Any, size: int, blocks: list[Any]) -> bool:
+        """Take ``block`` back into ``blocks`` if within the limit; False: the caller frees it."""
         c = self.cached + size
         if c <= self.limit:
             blocks.append(block)
             self.cached = c
             if c > self.peak:
                 self.peak = c
-            return
-        self.free_block(block, cus)
+            return True
+        return False
 
     def take_back(self, block: Any, size: int, blocks: list[Any]) -> bool:
         """Take ``block`` out of free list ``blocks`` again: its stream was closed meanwhile.
@@ -371,20 +376,29 @@ class BlockCache:
 
     # -- back to the driver --------------------------------------------------------------
     def _drain(self, handle: int, sb: dict[int, list[Any]]) -> int:
-        """Give every block of one stream's lists back on that stream; the bytes released."""
-        cus = self.custreams.get(handle)
-        n = 0
-        for size, blocks in list(sb.items()):
-            while blocks:
-                try:
-                    block = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    break
-                self.cached -= size
-                n += size
-                self.free_block(block, cus)
-        self.released += n
-        return n
+        """Give every block of one stream's lists back on that stream; the bytes released.
+
+        Under the cache's lock, and only while the stream's lists are still
+        registered: a drain from another thread (``clear()``) never frees on a
+        stream whose close has already drained and dropped them (and may have
+        destroyed it).
+        """
+        with self.lock:
+            if self.streams.get(handle) is not sb:
+                return 0
+            cus = self.custreams.get(handle)
+            n = 0
+            for size, blocks in list(sb.items()):
+                while blocks:
+                    try:
+                        block = blocks.pop()
+                    except IndexError:  # another thread took the last one
+                        break
+                    self.cached -= size
+                    n += size
+                    self.free_block(block, cus)
+            self.released += n
+            return n
 
     def clear(self) -> int:
         """Give every cached block back to the driver pool; return the bytes released."""
@@ -402,21 +416,22 @@ class BlockCache:
         """
         n = 0
         for handle, sb in list(self.streams.items()):
-            m = self._drain(handle, sb)
-            if m:
-                n += m
-                cus = self.custreams.get(handle)
-                if cus is not None:
-                    _driver.call("cuStreamSynchronize", cus)
+            with self.lock:  # the stream's close waits for it: no sync on a destroyed stream
+                m = self._drain(handle, sb)
+                if m:
+                    n += m
+                    cus = self.custreams.get(handle)
+                    if cus is not None:
+                        _driver.call("cuStreamSynchronize", cus)
         return n
 
     def drop_stream(self, handle: int) -> int:
         """Stream ``handle`` is about to be destroyed: release its blocks, forget its lists."""
-        sb = self.streams.get(handle)
-        if sb is None:
-            return 0
-        n = self._drain(handle, sb)
-        with self.lock:
+        with self.lock:  # drained and dropped in one step: see _drain
+            sb = self.streams.get(handle)
+            if sb is None:
+                return 0
+            n = self._drain(handle, sb)
             self.streams.pop(handle, None)
             self.owners.pop(handle, None)
             self.custreams.pop(handle, None)

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["FREE", "PoolBufferBase", "PoolOwner", "destroy_unused", "destroy_when_unused",
-           "free_failed", "new_buffer", "pending_pools", "resolve_free"]
+           "free_failed", "free_on_stream", "new_buffer", "pending_pools", "resolve_free"]
 
 #: ``cuMemFreeAsync``, resolved by :func:`resolve_free` when the first pool is made.
 FREE: Any = None
@@ -129,23 +129,16 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
     acct.current -= n
     cus = sref._custream
     if cache is not None and cus is not None and not stream_destroyed(sref):
-        if watchers:
-            notify(acct, dptr, n, False, int(cus))
-        cache.put(dptr, size, blocks, cus)
-        if sref._custream is not None or not cache.take_back(dptr, size, blocks):
+        if cache.keep(dptr, size, blocks):
+            if watchers:
+                notify(acct, dptr, n, False, int(cus))
+            if sref._custream is not None or not cache.take_back(dptr, size, blocks):
+                return
+            # Closed on another thread since cus was read: its lists may be drained already.
+            _free_taken_back(dptr, pool.device)
             return
-        # Closed on another thread since cus was read: its lists may be drained already.
-        _free_taken_back(dptr, pool.device)
-        return
     try:
-        if cus is None or stream_destroyed(sref):
-            res, cus = _free_after_stream(dptr, pool.device)
-        else:
-            res = FREE(dptr, cus)
-            if res[0] and sref._custream is None:
-                # Closed by its owner on another thread since cus was read above: the
-                # closed-stream path, as if the close had come first (no warning).
-                res, cus = _free_after_stream(dptr, pool.device)
+        res, cus = free_on_stream(dptr, sref, pool.device)
         if res[0]:
             cus = free_failed(res, dptr, cus, pool.device)
     except BaseException:
@@ -156,6 +149,27 @@ def _release(dptr: Any, sref: Stream | StreamRef, pool: PoolOwner, acct: Account
         notify(acct, dptr, n, False, int(cus))
     if pending_pools:
         destroy_unused()
+
+
+def free_on_stream(dptr: Any, sref: Stream | StreamRef, device: int | None
+                   ) -> tuple[Any, Any]:
+    """``cuMemFreeAsync`` on the buffer's allocation stream, or after it once it is gone.
+
+    A cuda_memkit :class:`Stream` is read and freed on under its
+    ``release_lock``, which its ``close()`` takes to mark it closed, so it is
+    never destroyed between the two (another thread may close it). Returns the
+    driver's result and the stream freed on.
+    """
+    if type(sref) is Stream:
+        with sref.release_lock:
+            cus = sref._custream
+            if cus is not None and not stream_destroyed(sref):
+                return FREE(dptr, cus), cus
+    else:
+        cus = sref._custream
+        if cus is not None:
+            return FREE(dptr, cus), cus
+    return _free_after_stream(dptr, device)
 
 
 def _free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:
@@ -315,15 +329,11 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 # Closed on another thread since cus was read: its lists may be drained.
                 if not cache.take_back(d, self._size, self._blocks):
                     return  # the close's drain took it
-                cus = None
         try:  # raises (a named stream the driver refuses is never replaced), or freed
-            if cus is None:
-                res, cus = _free_after_stream(d, self._pool.device)
+            if stream is None:  # its own stream, which another thread may be closing
+                res, cus = free_on_stream(d, self._sref, self._pool.device)
             else:
                 res = FREE(d, cus)
-                if res[0] and stream is None and self._sref._custream is None:
-                    # closed on another thread since cus was read: freed as after a close
-                    res, cus = _free_after_stream(d, self._pool.device)
             if res[0]:
                 free_failed(res, d, cus, self._pool.device, stream is None)
         except BaseException:
