@@ -16,16 +16,21 @@ import pytest
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
 from cuda_memkit._transfer import _kernels
-from cuda_memkit._transfer._copy_batch import copy_batch
+from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import record_calls
 
+KiB = 1 << 10
 B = 4 << 10
 N = 64
 
 
 def launches(calls: list[tuple[str, object]]) -> int:
     return sum(api == "cuLaunchKernel" for api, _ in calls)
+
+
+def batches(calls: list[tuple[str, object]]) -> int:
+    return sum(api in ("cuMemcpyBatchAsync", "cuMemcpyAsync") for api, _ in calls)
 
 
 @pytest.fixture
@@ -44,8 +49,47 @@ def host_out() -> Iterator[cm.HostBuffer]:
 
 
 @pytest.fixture
+def dev_out() -> Iterator[cm.DeviceBuffer]:
+    d = cm.DeviceBuffer.empty(N * B)
+    d.fill(0xEE)
+    yield d
+    d.close()
+
+
+@pytest.fixture
 def perm() -> np.ndarray:
     return np.random.default_rng(11).permutation(N)
+
+
+@pytest.mark.parametrize("form", ["int sizes", "sizes array", "triples", "CopyBatch",
+                                  "CopyBatch triples"])
+def test_auto_decides_by_the_blocks_as_given_in_every_form(
+        form: str, host: cm.HostBuffer, dev_out: cm.DeviceBuffer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same small contiguous blocks, however they are written and whichever API
+    # issues them: "auto" decides on the blocks as given (before any merge), so the
+    # kernel copies them every time, not only when sizes is one int.
+    monkeypatch.setattr(_kernels, "KERNEL_THRESHOLD", 2 * KiB)
+    n = 8
+    d, s = np.arange(n) * KiB + B, np.arange(n) * KiB
+    triples = np.stack([d, s, np.full(n, KiB)], axis=1)
+    with record_calls(monkeypatch) as calls:
+        if form.startswith("CopyBatch"):
+            with CopyBatch() as b:
+                if form == "CopyBatch":
+                    b.add(dev_out, host, dst_offsets=d, src_offsets=s, sizes=KiB)
+                else:
+                    b.add(dev_out, host, blocks=triples)
+                b.execute()
+        elif form == "triples":
+            copy_batch(dev_out, host, blocks=triples)
+        else:
+            copy_batch(dev_out, host, dst_offsets=d, src_offsets=s,
+                       sizes=KiB if form == "int sizes" else [KiB] * n)
+    assert launches(calls) == 1 and batches(calls) == 0
+    got = dev_out.to_numpy()
+    assert (got[B: B + n * KiB] == host.array[: n * KiB]).all()
+    assert (got[:B] == 0xEE).all() and (got[B + n * KiB:] == 0xEE).all()
 
 
 def test_small_blocks_the_kernel_refuses_still_merge_for_the_driver(

@@ -218,9 +218,9 @@ def _sort_merge(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any], z: np.ndarray[
 class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
-    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "merge_pending",
-                 "nbytes", "s", "size", "sorted", "span", "src", "src_hint", "src_need",
-                 "src_op", "z")
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "given",
+                 "merge_pending", "nbytes", "s", "size", "sorted", "span", "src", "src_hint",
+                 "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any,
@@ -270,6 +270,8 @@ class _Group:
             if not keep.all():
                 idx = np.flatnonzero(keep)
                 d, s, z = d[idx], s[idx], z[idx]
+        #: The blocks as given that copy bytes ("auto" averages over these, not the merged).
+        self.given = len(z)
         # Sort by destination (a batch has no order), refuse overlapping
         # destinations, merge blocks contiguous on both sides; equal blocks in
         # distinct slots with nothing to merge (the common scattered case) skip
