@@ -218,9 +218,9 @@ def _sort_merge(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any], z: np.ndarray[
 class _Group:
     """The checked, coalesced blocks of one (destination, source) pair."""
 
-    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "merge_pending",
-                 "nbytes", "s", "size", "sorted", "span", "src", "src_hint", "src_need",
-                 "src_op", "z")
+    __slots__ = ("blocks", "d", "dst", "dst_hint", "dst_need", "dst_op", "given",
+                 "merge_pending", "nbytes", "s", "size", "sorted", "span", "src", "src_hint",
+                 "src_need", "src_op", "z")
 
     def __init__(self, dst: Any, src: Any, dst_offsets: Any, src_offsets: Any, sizes: Any,
                  blocks: Any, src_location: Any, dst_location: Any,
@@ -270,6 +270,8 @@ class _Group:
             if not keep.all():
                 idx = np.flatnonzero(keep)
                 d, s, z = d[idx], s[idx], z[idx]
+        #: The blocks as given that copy bytes ("auto" averages over these, not the merged).
+        self.given = len(z)
         # Sort by destination (a batch has no order), refuse overlapping
         # destinations, merge blocks contiguous on both sides; equal blocks in
         # distinct slots with nothing to merge (the common scattered case) skip
@@ -953,6 +955,9 @@ class CopyBatch(Resource):
     executions (:attr:`device_nbytes`, in the allocation ledger), so that a
     repeated :meth:`execute` is one launch after the operand checks;
     :meth:`close` (or ``with``) frees them, as does collecting the batch.
+    Threads may share a batch: its executions, :meth:`add` and :meth:`close`
+    take turns (a synchronous execution holds the batch until its copies are
+    done), since they share the checks and the descriptors.
 
     Examples
     --------
@@ -974,6 +979,8 @@ class CopyBatch(Resource):
     def __init__(self) -> None:
         self._groups: list[_Group] = []
         self._memo = _Memo()
+        # One execution at a time: another context's would free the descriptors a launch reads.
+        self._lock = threading.RLock()
         self._open(None)  # the device memory it may hold is a DeviceBuffer's, with its finalizer
 
     def close(self) -> None:
@@ -983,10 +990,11 @@ class CopyBatch(Resource):
         ``stream=`` not waited for) are freed once that stream has run them.
         Calling it again does nothing; ``with CopyBatch() as b:`` closes on exit.
         """
-        if self._state is State.OPEN:
-            self._memo.resident.release()
-            self._groups = []
-        super().close()
+        with self._lock:
+            if self._state is State.OPEN:
+                self._memo.resident.release()
+                self._groups = []
+            super().close()
 
     @property
     def device_nbytes(self) -> int:
@@ -1008,8 +1016,10 @@ class CopyBatch(Resource):
         # The blocks are the batch's own, read-only copies: the caller may reuse
         # its arrays, and what was checked here is what every execute() runs.
         g.d, g.s, g.z = (_frozen(a) for a in (g.d, g.s, g.z))
-        self._groups.append(g)
-        self._memo.forget()
+        with self._lock:
+            self._check_open()
+            self._groups.append(g)
+            self._memo.forget()
         return self
 
     def __len__(self) -> int:
@@ -1050,11 +1060,12 @@ class CopyBatch(Resource):
         ClosedError
             If an operand was closed since :meth:`add`.
         """
-        self._check_open()
-        _kernels.check_method(method)
-        for g in self._groups:
-            g.refresh()
-        _run(self._groups, stream, stream is None, allow_pageable, method, self._memo)
+        with self._lock:
+            self._check_open()
+            _kernels.check_method(method)
+            for g in self._groups:
+                g.refresh()
+            _run(self._groups, stream, stream is None, allow_pageable, method, self._memo)
 
     def __repr__(self) -> str:
         return (f"<CopyBatch {len(self._groups)} pairs, {self.blocks} blocks, "

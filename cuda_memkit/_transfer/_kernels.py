@@ -12,7 +12,7 @@
   device -- device or managed memory of that device, or pinned host memory
   through its device-mapped address (``cuMemHostGetDevicePointer``); pageable
   memory never is, and host to host is the driver's. ``"auto"`` takes pairs
-  whose blocks average less than :data:`KERNEL_THRESHOLD` bytes
+  whose blocks as given average less than :data:`KERNEL_THRESHOLD` bytes
   (:data:`KERNEL_THRESHOLD_D2D` within device memory) and leaves the rest
   (and raw int addresses) to the driver batch; ``"kernel"`` refuses what the
   kernel cannot reach with ``ValueError`` before anything runs.
@@ -63,7 +63,7 @@ __all__ = ["KERNEL_THRESHOLD", "KERNEL_THRESHOLD_D2D", "METHODS", "Resident", "c
 KiB, MiB = 1 << 10, 1 << 20
 
 #: ``method="auto"`` copies a pair between host and device with the kernel when
-#: its blocks (after merging contiguous ones) average fewer bytes than this, else
+#: its blocks as given (before any merge) average fewer bytes than this, else
 #: with the driver batch, whose fixed cost per copy dominates small blocks only
 #: (the H100 threshold probe: see docs/decisions.md).
 KERNEL_THRESHOLD = 64 * KiB
@@ -209,7 +209,7 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
                   ) -> list[tuple[Any, int, int]]:
     """``(group, destination address, source address)`` of the pairs the kernel copies.
 
-    ``groups`` are ``copy_batch``'s checked pairs (``nbytes``, ``z``,
+    ``groups`` are ``copy_batch``'s checked pairs (``nbytes``, ``given``, ``z``,
     ``dst_op``, ``src_op``), ``stream`` the handle the batch is issued on
     (the kernel runs in the current context, so the stream must be of its
     device). Makes only queries (pointer attributes, mapped addresses, the
@@ -227,7 +227,7 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
         return []
     if method == "auto":
         live = [g for g in live if g.dst_op[3] != RAW and g.src_op[3] != RAW
-                and g.nbytes < threshold(g) * len(g.z)]
+                and g.nbytes < threshold(g) * g.given]
         if not live:
             return []
     ensure_any_context()
