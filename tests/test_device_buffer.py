@@ -194,3 +194,26 @@ def test_shape_and_dtype_are_kept() -> None:
     with cm.HostBuffer.from_array(src) as h, cm.DeviceBuffer.from_array(h) as d:
         assert d.dtype == np.float64 and d.shape == (2, 3)
         np.testing.assert_array_equal(d.to_numpy(), src)
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("kind", ["DeviceBuffer", "pool", "GrowableBuffer"])
+def test_fill_another_devices_buffer_from_this_device(kind: str, two_devices: None) -> None:
+    # The driver refuses a synchronous memset of device 1's memory from device 0's context
+    # (two H200s): fill() does it in the buffer's own device's context.
+    pool = cm.MemoryPool(1) if kind == "pool" else None
+    with cm.Device(1):
+        buf: Any = (cm.DeviceBuffer.empty(4096) if kind == "DeviceBuffer"
+                    else cm.GrowableBuffer(4096, device=1) if kind == "GrowableBuffer"
+                    else pool.allocate(4096, stream=None))  # type: ignore[union-attr]
+    try:
+        from cuda_memkit._core import _driver
+
+        with cm.Device(0):
+            assert int(_driver.call("cuCtxGetDevice")) == 0  # device 0's context is current
+            buf.fill(7)
+            assert (buf.to_numpy() == 7).all()
+    finally:
+        buf.close()
+        if pool is not None:
+            pool.close()

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, _ProtocolMeta, runtime_checkable
 
 from . import _driver
-from ._device import StreamLike, ensure_any_context, stream_handle
+from ._device import StreamLike, ensure_any_context, ensure_context, primary_pushed, stream_handle
 from ._interop import normalize_view
 from ._operands import copy_sync, keep_alive, operand
 from ._resource import Resource
@@ -208,8 +208,8 @@ def fill_pattern(value: object, dtype: np.dtype[Any] | None) -> tuple[int, int, 
 class BufferMixin:
     """``fill``, ``copy_from``, ``copy_to`` and ``to_numpy`` for every buffer kind.
 
-    A class provides ``ptr`` and ``nbytes`` (``ptr`` raising ``ClosedError``
-    once closed) and overrides :meth:`_layout` when it was made with a dtype
+    A class provides ``ptr``, ``nbytes`` and ``device`` (``ptr`` raising
+    ``ClosedError`` once closed) and overrides :meth:`_layout` when it was made with a dtype
     and shape, and :meth:`_host_only` when the CPU must touch its memory
     (host memory, which the driver's memset does not serve for every kind).
     """
@@ -283,8 +283,16 @@ class BufferMixin:
                 _driver.call("cuStreamSynchronize", h)
             _cpu_fill(ptr, pattern, width, n)
             return
-        ensure_any_context()
+        current = ensure_context(None)
         if h is None:
+            device: int | None = getattr(self, "device", None)  # every buffer kind has one
+            if device is not None and device != current:
+                # Another device's memory: the driver refuses a synchronous memset from
+                # this device's context (two H200s), so its own context does it.
+                with primary_pushed(device):
+                    _driver.call(_MEMSET[width], ptr, pattern, n // width)
+                    _driver.call("cuStreamSynchronize", 0)
+                return
             _driver.call(_MEMSET[width], ptr, pattern, n // width)
             _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
         else:

@@ -474,11 +474,11 @@ def _check_unsigned(value: Any, bits: int) -> int:
     return S.unsigned(value, bits, _CTYPE[bits])
 
 
-def _memset(dst: Any, value: int, count: int, width: int) -> None:
+def _memset(dst: Any, value: int, count: int, width: int, sync: bool = False) -> None:
     import numpy as np
 
     m = M()
-    m.need_ctx()
+    current = m.need_ctx()
     n = int(count)
     addr = int(dst)
     if n == 0:
@@ -489,6 +489,11 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
     target = m.find(addr)
     if target is not None and target.kind == "host_pool":
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # the H100 will not memset pinned-pool memory
+    if (sync and target is not None and target.kind != "managed"
+            and target.device not in (-1, current)):  # (host memory: device -1)
+        # Another device's memory from this device's context (two H200s, 2026-11-26;
+        # no peer access enabled): refused.
+        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _writable(addr, n)
     for real, k in real_runs(_device_side(addr, n), n * width, True):
         arr = np.ctypeslib.as_array((__import__("ctypes").c_char * k).from_address(real))
@@ -497,17 +502,17 @@ def _memset(dst: Any, value: int, count: int, width: int) -> None:
 
 @api(0)
 def cuMemsetD8(dstDevice: Any, uc: int, N: int) -> None:
-    _memset(dstDevice, _check_unsigned(uc, 8), N, 1)
+    _memset(dstDevice, _check_unsigned(uc, 8), N, 1, sync=True)
 
 
 @api(0)
 def cuMemsetD16(dstDevice: Any, us: int, N: int) -> None:
-    _memset(dstDevice, _check_unsigned(us, 16), N, 2)
+    _memset(dstDevice, _check_unsigned(us, 16), N, 2, sync=True)
 
 
 @api(0)
 def cuMemsetD32(dstDevice: Any, ui: int, N: int) -> None:
-    _memset(dstDevice, _check_unsigned(ui, 32), N, 4)
+    _memset(dstDevice, _check_unsigned(ui, 32), N, 4, sync=True)
 
 
 @api(0)

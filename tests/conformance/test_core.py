@@ -306,3 +306,32 @@ def test_error_strings(code: R, text: str) -> None:
     raw = _driver.call("cuGetErrorString", code)
     assert raw.decode() == text
     assert _driver.call("cuGetErrorName", code).decode() == code.name
+
+
+
+@pytest.mark.multi_gpu
+def test_sync_memset_of_another_devices_memory_is_refused(two_devices: None) -> None:
+    # Two H200s, 2026-11-26 (no peer access enabled): cuMemsetD8 from device 0's context on
+    # memory of device 1 answers INVALID_VALUE; from device 1's own context it works.
+    def body() -> None:
+        c0 = _driver.call("cuDevicePrimaryCtxRetain", cu.CUdevice(0))
+        c1 = _driver.call("cuDevicePrimaryCtxRetain", cu.CUdevice(1))
+        try:
+            _driver.call("cuCtxSetCurrent", c1)
+            ptr = _driver.call("cuMemAlloc", 4096)
+            try:
+                _driver.call("cuCtxSetCurrent", c0)
+                expect(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE,
+                       "cuMemsetD8", ptr, 7, 4096)
+                _driver.call("cuCtxSetCurrent", c1)
+                _driver.call("cuMemsetD8", ptr, 7, 4096)
+                _driver.call("cuCtxSynchronize")
+            finally:
+                _driver.call("cuCtxSetCurrent", c1)
+                _driver.call("cuMemFree", ptr)
+        finally:
+            _driver.call("cuCtxSetCurrent", None)
+            _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(0))
+            _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(1))
+
+    in_fresh_thread(body)
