@@ -186,3 +186,29 @@ def test_one_batch_executed_from_two_threads_in_two_contexts(
         batch.close()
         on0.close()
         on1.close()
+
+
+@pytest.mark.multi_gpu
+def test_kernel_and_another_devices_pool_memory(host: cm.HostBuffer, perm: np.ndarray,
+                                                two_devices: None) -> None:
+    # Pool memory has no context: whether device 0's kernel may write device 1's pool
+    # memory is the pool's access for device 0 (none by default; read-write once granted).
+    with cm.Device(0):
+        pool = cm.MemoryPool(1)
+        buf = pool.allocate(N * B, stream=None)
+        try:
+            with pytest.raises(ValueError, match="no write access"):
+                copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                           sizes=B, method="kernel")
+            copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                       sizes=B)  # "auto": the driver's copies
+            pool.set_access([0], cm.Access.READWRITE)
+            buf.fill(0)
+            copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                       sizes=B, method="kernel")
+            got = buf.to_numpy()
+            for i, slot in enumerate(perm):
+                assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+        finally:
+            buf.close()
+            pool.close()

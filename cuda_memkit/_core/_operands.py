@@ -42,6 +42,7 @@ __all__ = [
     "HOST",
     "RAW",
     "Operand",
+    "access_flags",
     "copy_size",
     "copy_sync",
     "is_pinned_host",
@@ -51,6 +52,7 @@ __all__ = [
     "mark_pinned_class",
     "memory_type",
     "operand",
+    "owning_device",
     "page_sharing_registration",
     "pending_count",
     "pending_operands",
@@ -187,6 +189,57 @@ def memory_type(ptr: int) -> int | None:
     if res[0]:
         return None
     return int(res[1])
+
+
+_CONTEXT_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_CONTEXT
+_POOL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
+_MANAGED_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
+
+
+def owning_device(ptr: int) -> int | None:
+    """The device whose context allocated device memory at ``ptr`` (``cuMemAlloc``).
+
+    ``None`` for managed memory, memory no context owns (pool allocations and
+    mapped virtual memory: see :func:`access_flags`), and addresses the driver
+    does not know. Not ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``: through
+    cuda-bindings 13.3 and 13.4 it reads 0 for every pointer (two H200s,
+    2026-11-26: device 1's memory too, where the driver called directly says
+    1); the allocating context's device is asked instead.
+    """
+    fn = _driver.function("cuPointerGetAttribute")
+    res = fn(_MANAGED_ATTR, ptr)
+    if res[0] or res[1]:
+        return None
+    res = fn(_CONTEXT_ATTR, ptr)
+    if res[0] or not int(res[1] or 0):
+        return None
+    _driver.call("cuCtxPushCurrent", res[1])
+    try:
+        return int(_driver.call("cuCtxGetDevice"))
+    finally:
+        _driver.call("cuCtxPopCurrent")
+
+
+def access_flags(ptr: int, device: int) -> int:
+    """How device ``device`` may access pool or mapped memory at ``ptr``: 0, 1 (read) or 3.
+
+    The pool's access for that device (``cuMemPoolGetAccess``), or the
+    mapping's (``cuMemGetAccess``).
+
+    Raises
+    ------
+    CudaError
+        If the address is neither.
+    """
+    from cuda.bindings import driver as cu
+
+    loc = cu.CUmemLocation()
+    loc.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc.id = device
+    res = _driver.function("cuPointerGetAttribute")(_POOL_ATTR, ptr)
+    if not res[0] and int(res[1] or 0):
+        return int(_driver.call("cuMemPoolGetAccess", res[1], loc))
+    return int(_driver.call("cuMemGetAccess", loc, ptr))
 
 
 def is_pinned_host(arr: np.ndarray[Any, Any]) -> bool:

@@ -50,8 +50,10 @@ from .._core._operands import (
     MEMORYTYPE_HOST,
     PINNED,
     RAW,
+    access_flags,
     is_pinned_host,
     memory_type,
+    owning_device,
 )
 
 if TYPE_CHECKING:
@@ -83,7 +85,7 @@ CTAS_PER_SM = 8
 #: The kernel's name in ``block_copy.ptx``.
 ENTRY = b"memkit_copy_blocks"
 _SM_COUNT_ATTR = CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-_DEVICE_ORDINAL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+_MANAGED_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
 _PARAM_TYPES = (ctypes.c_void_p,) * 5 + (ctypes.c_uint64,) * 3
 
 _lock = threading.Lock()
@@ -162,13 +164,22 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
         except CudaError as e:
             return None, (f"the {role} is pinned host memory not mapped for this context "
                           f"({e})"), True
+    if int(_driver.call("cuPointerGetAttribute", _MANAGED_ATTR, ptr)):
+        return ptr, "", False  # managed memory: every device of the machine reaches it
     try:
-        ordinal = int(_driver.call("cuPointerGetAttribute", _DEVICE_ORDINAL_ATTR, ptr))
+        ordinal = owning_device(ptr)
+        # pool or mapped memory: the access the current device was given
+        flags = access_flags(ptr, device) if ordinal is None else 3
     except CudaError as e:
         return None, f"the driver does not say which device the {role} is on ({e})", False
-    if ordinal != device:
+    if ordinal is not None and ordinal != device:
         return None, (f"the {role} is memory of device {ordinal}, but the current "
                       f"context's device is {device}"), False
+    need = 3 if role == "destination" else 1
+    if flags & need != need:
+        return None, (f"the {role} is pool or mapped memory that the current context's "
+                      f"device {device} was given no {'write' if need == 3 else 'read'} "
+                      "access to"), False
     return ptr, "", False
 
 

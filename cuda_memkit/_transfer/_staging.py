@@ -39,9 +39,9 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._checks import MAX_NBYTES
 from .._core._constants import EVENT_DISABLE_TIMING
-from .._core._device import Stream, StreamLike, ensure_context, stream_handle
+from .._core._device import Stream, StreamLike, device_count, ensure_context, stream_handle
 from .._core._errors import CudaError
-from .._core._operands import MEMORYTYPE_DEVICE, memory_type
+from .._core._operands import MEMORYTYPE_DEVICE, access_flags, memory_type, owning_device
 from .._host._pinned import HostBuffer
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ __all__ = [
 
 MiB = 1 << 20
 _IS_MANAGED = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
-_DEVICE_ORDINAL = _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 THREAD_PREFIX = "cuda_memkit-staging"
 
 
@@ -389,15 +388,28 @@ def _flat_bytes(arr: Any, dst: bool) -> np.ndarray[Any, Any]:
 
 
 def _device_of(ptr: int) -> int | None:
-    """The device of plain device memory at ``ptr``; None for anything else."""
+    """The device whose ring copies device memory at ``ptr``; None for anything else.
+
+    Memory of a context: that context's device. Pool or mapped memory (no
+    context): the current context's device if it may read and write it,
+    else the first device that may. Managed and host memory: None.
+    """
     if memory_type(ptr) != MEMORYTYPE_DEVICE:
         return None
-    fn = _driver.function("cuPointerGetAttribute")
-    res = fn(_IS_MANAGED, ptr)
+    res = _driver.function("cuPointerGetAttribute")(_IS_MANAGED, ptr)
     if res[0] or res[1]:
         return None
-    res = fn(_DEVICE_ORDINAL, ptr)
-    return None if res[0] else int(res[1])
+    try:
+        owner = owning_device(ptr)
+        if owner is not None:
+            return owner
+        current = ensure_context(None)
+        for d in (int(current), *range(device_count())):
+            if access_flags(ptr, d) == 3:
+                return int(d)
+    except CudaError:
+        return None
+    return None
 
 
 def staging_wanted(nbytes: int) -> bool:

@@ -563,12 +563,16 @@ def cuPointerGetAttribute(attribute: Any, ptr: Any) -> Any:
     if attr == _P.CU_POINTER_ATTRIBUTE_IS_MANAGED:
         return a.kind == "managed"
     if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        return a.device if a.device >= 0 else a.extra.get("ctx_device", 0)
+        # Read through cuda-bindings 13.3/13.4 this is 0 for every pointer (two H200s,
+        # 2026-11-26: device 1's memory too, where the driver itself says 1).
+        return 0
     if attr == _P.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
         return cu.CUdeviceptr(a.start)
     if attr == _P.CU_POINTER_ATTRIBUTE_RANGE_SIZE:
         return a.size
     if attr == _P.CU_POINTER_ATTRIBUTE_CONTEXT:
+        if a.kind in ("pool", "vmm", "host_pool"):
+            return cu.CUcontext(0)  # stream-ordered and mapped memory: no context (H100 probe)
         return cu.CUcontext(m.ctx_handle(max(a.device, 0)))
     if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         return cu.CUdeviceptr(a.extra.get("device_ptr", a.start) + (addr - a.start))

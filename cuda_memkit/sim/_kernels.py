@@ -203,8 +203,9 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
     a: Allocation | None = S.MACHINE.find(addr)
     if a is None or not a.start <= addr < a.end:
         raise _fault()  # pageable, freed or never allocated
-    if a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device):
-        raise _fault()  # another device's memory
+    if (a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device)
+            and not (a.kind == "pool" and _pool_grants(a, device, write))):
+        raise _fault()  # another device's memory (a device pool's: unless it granted access)
     if a.kind == "host_pool" and not _pool_grants(a, device, write):
         raise _fault()  # a pinned pool's memory is mapped only on devices given access
     if write and a.kind == "registered" and a.flags & _READ_ONLY:
@@ -216,10 +217,12 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
 
 
 def _pool_grants(a: Allocation, device: int, write: bool) -> bool:
-    """Whether ``device`` may read (``write``: and write) host pool allocation ``a``.
+    """Whether ``device`` may read (``write``: and write) pool allocation ``a``.
 
     The H100 gives a device no access to a ``Location.host()`` pool's memory
-    until ``cuMemPoolSetAccess`` (h100_probe: host_pool_access_dev0 0, then 3).
+    until ``cuMemPoolSetAccess`` (h100_probe: host_pool_access_dev0 0, then 3),
+    nor to another device's pool's memory (conformance
+    test_peer_access_default_none).
     """
     from ._pool import _PROT_RW, _lookup
 

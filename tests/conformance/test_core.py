@@ -335,3 +335,33 @@ def test_sync_memset_of_another_devices_memory_is_refused(two_devices: None) -> 
             _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(1))
 
     in_fresh_thread(body)
+
+
+@pytest.mark.multi_gpu
+def test_pointer_device_ordinal_reads_0_through_the_bindings(two_devices: None) -> None:
+    # Two H200s, cuda-bindings 13.3, 2026-11-26: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of
+    # device 1's cuMemAlloc memory reads 0 through the bindings (the driver called through
+    # ctypes says 1); its CONTEXT attribute is device 1's context, whose device is 1.
+    def body() -> None:
+        c1 = _driver.call("cuDevicePrimaryCtxRetain", cu.CUdevice(1))
+        try:
+            _driver.call("cuCtxSetCurrent", c1)
+            ptr = _driver.call("cuMemAlloc", 4096)
+            try:
+                P = cu.CUpointer_attribute
+                assert int(_driver.call("cuPointerGetAttribute",
+                                        P.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)) == 0
+                ctx = _driver.call("cuPointerGetAttribute", P.CU_POINTER_ATTRIBUTE_CONTEXT, ptr)
+                assert int(ctx) == int(c1)
+                _driver.call("cuCtxSetCurrent", None)
+                _driver.call("cuCtxPushCurrent", ctx)
+                assert int(_driver.call("cuCtxGetDevice")) == 1
+                _driver.call("cuCtxPopCurrent")
+            finally:
+                _driver.call("cuCtxSetCurrent", c1)
+                _driver.call("cuMemFree", ptr)
+        finally:
+            _driver.call("cuCtxSetCurrent", None)
+            _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(1))
+
+    in_fresh_thread(body)
