@@ -200,8 +200,10 @@ def test_kernel_and_another_devices_pool_memory(host: cm.HostBuffer, perm: np.nd
             with pytest.raises(ValueError, match="no write access"):
                 copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
                            sizes=B, method="kernel")
-            copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
-                       sizes=B)  # "auto": the driver's copies
+            # "auto" leaves it to the driver, which refuses a device without access too
+            with pytest.raises(cm.CudaInvalidValueError):
+                copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                           sizes=B)
             pool.set_access([0], cm.Access.READWRITE)
             buf.fill(0)
             copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,

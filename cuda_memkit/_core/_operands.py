@@ -30,8 +30,8 @@ from cuda.bindings.driver import CUpointer_attribute
 from . import _driver
 from ._checks import MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
-from ._device import ensure_any_context, ensure_context, sync_hooks
-from ._errors import CudaError
+from ._device import device_count, ensure_any_context, ensure_context, primary_pushed, sync_hooks
+from ._errors import CudaError, CudaInvalidValueError
 from ._resource import ArrayHolder, Resource, release_hooks
 
 if TYPE_CHECKING:
@@ -218,6 +218,28 @@ def owning_device(ptr: int) -> int | None:
         return int(_driver.call("cuCtxGetDevice"))
     finally:
         _driver.call("cuCtxPopCurrent")
+
+
+def _pool_owner(*ptrs: int) -> int | None:
+    """The device of the pool one of ``ptrs`` is from, where the current device has no access.
+
+    ``None``: no such operand (the copy failed for another reason).
+    """
+    current = ensure_context(None)
+    fn = _driver.function("cuPointerGetAttribute")
+    for ptr in ptrs:
+        res = fn(_POOL_ATTR, ptr)
+        if res[0] or not int(res[1] or 0):
+            continue
+        try:
+            if access_flags(ptr, current) == 3:
+                continue
+            for device in range(device_count()):
+                if access_flags(ptr, device) == 3:
+                    return device
+        except CudaError:
+            continue
+    return None
 
 
 def access_flags(ptr: int, device: int) -> int:
@@ -423,7 +445,18 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
     if not n:
         return
     ensure_any_context()
-    _driver.call("cuMemcpy", d[0], s[0], n)
+    try:
+        _driver.call("cuMemcpy", d[0], s[0], n)
+    except CudaInvalidValueError:
+        device = _pool_owner(d[0], s[0])
+        if device is None:
+            raise
+        # Pool memory of a device the current one may not access: the driver refuses
+        # the copy in this context (two H200s), so the pool's own device makes it.
+        with primary_pushed(device):
+            _driver.call("cuMemcpy", d[0], s[0], n)
+            _driver.call("cuStreamSynchronize", 0)
+        return
     if d[3] != PINNED and (d[3] != HOST or view_owner(d[4]) is not None):
         # cuMemcpy returns before a copy into device memory is done (device to
         # device, or staged from pageable memory; a numpy view of a managed

@@ -421,7 +421,25 @@ def _device_side(addr: Any, n: int) -> int:
 
 @api(0)
 def cuMemcpy(dst: Any, src: Any, ByteCount: int) -> None:
+    _refuse_unreachable_pool(dst, src)
     _copy(host_address(dst), host_address(src), ByteCount)
+
+
+def _refuse_unreachable_pool(*ptrs: Any) -> None:
+    """INVALID_VALUE for a device pool's memory the current device was given no access to.
+
+    Two H200s (2026-11-26): ``cuMemcpy`` from device 1's pool memory in device
+    0's context is refused until the pool grants device 0 access.
+    """
+    from ._kernels import _pool_grants
+
+    m = M()
+    current = m.need_ctx()
+    for p in ptrs:
+        a = m.find(int(p)) if p is not None else None
+        if (a is not None and a.kind == "pool" and a.device not in (-1, current)
+                and not _pool_grants(a, current, False)):
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
 
 
 @api(0)

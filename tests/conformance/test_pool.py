@@ -20,7 +20,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
 
-from ._helpers import expect
+from ._helpers import expect, expect_error, in_fresh_thread
 
 pytestmark = pytest.mark.usefixtures("ctx")
 
@@ -560,3 +560,36 @@ def test_memset_of_pinned_pool_memory_is_refused() -> None:
             _driver.call("cuMemFreeAsync", ptr, stream)
             _driver.call("cuStreamSynchronize", stream)
             _driver.call("cuStreamDestroy", stream)
+
+
+def test_copy_of_another_devices_pool_memory_needs_access(two_devices: None) -> None:
+    # Two H200s, 2026-11-26: cuMemcpy from device 1's pool memory in device 0's context is
+    # INVALID_VALUE until the pool grants device 0 access; then it copies.
+    handle = make_pool(props(ident=1))
+    try:
+        ptr = int(in_fresh_thread(lambda: _on_device1(lambda: _driver.call(
+            "cuMemAllocFromPoolAsync", MiB, handle, None))))
+        try:
+            host = np.zeros(MiB, np.uint8)
+            expect_error(cm.CudaInvalidValueError, R.CUDA_ERROR_INVALID_VALUE, "cuMemcpy",
+                         host.ctypes.data, ptr, MiB)
+            _driver.call("cuMemPoolSetAccess", handle, [desc(0)], 1)
+            _driver.call("cuMemcpy", host.ctypes.data, ptr, MiB)
+        finally:
+            in_fresh_thread(lambda: _on_device1(lambda: _driver.call(
+                "cuMemFreeAsync", ptr, None)))
+    finally:
+        _driver.call("cuMemPoolDestroy", handle)
+
+
+def _on_device1(fn: Any) -> Any:
+    """``fn()`` with device 1's primary context current (then none), synchronized."""
+    c1 = _driver.call("cuDevicePrimaryCtxRetain", cu.CUdevice(1))
+    try:
+        _driver.call("cuCtxSetCurrent", c1)
+        out = fn()
+        _driver.call("cuCtxSynchronize")
+        return out
+    finally:
+        _driver.call("cuCtxSetCurrent", None)
+        _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(1))
