@@ -288,7 +288,7 @@ class BufferMixin:
             device: int | None = getattr(self, "device", None)  # every buffer kind has one
             if device is not None and device != current:
                 # Another device's memory: the driver refuses a synchronous memset from
-                # this device's context (two H200s), so its own context does it.
+                # this device's context, so its own context does it.
                 with primary_pushed(device):
                     _driver.call(_MEMSET[width], ptr, pattern, n // width)
                     _driver.call("cuStreamSynchronize", 0)

@@ -478,7 +478,7 @@ class Stream(Resource):
     #: Held by ``close()`` to set ``_custream`` to ``None``, and by a release that
     #: frees memory on the stream from reading ``_custream`` to the driver call:
     #: a stream is never destroyed between the two (freeing on a destroyed
-    #: stream handle crashed the H100 process).
+    #: stream handle can crash the process).
     release_lock: threading.Lock
 
     def __init__(

@@ -45,6 +45,7 @@ __all__ = [
     "access_flags",
     "copy_size",
     "copy_sync",
+    "device_with_access",
     "is_pinned_host",
     "is_pinned_object",
     "keep_alive",
@@ -193,24 +194,18 @@ def memory_type(ptr: int) -> int | None:
 
 _CONTEXT_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_CONTEXT
 _POOL_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
-_MANAGED_ATTR = CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
 
 
 def owning_device(ptr: int) -> int | None:
-    """The device whose context allocated device memory at ``ptr`` (``cuMemAlloc``).
+    """The device whose context allocated memory at ``ptr`` (``cuMemAlloc``, not managed).
 
-    ``None`` for managed memory, memory no context owns (pool allocations and
-    mapped virtual memory: see :func:`access_flags`), and addresses the driver
-    does not know. Not ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``: through
-    cuda-bindings 13.3 and 13.4 it reads 0 for every pointer (two H200s,
-    2026-11-26: device 1's memory too, where the driver called directly says
-    1); the allocating context's device is asked instead.
+    Callers rule managed memory out first (its context is set too). ``None``
+    for memory no context owns (pool allocations and mapped virtual memory:
+    see :func:`access_flags`) and addresses the driver does not know. Not
+    ``CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL``, which reads 0 for every pointer
+    through cuda-bindings 13.3/13.4 (docs/decisions.md).
     """
-    fn = _driver.function("cuPointerGetAttribute")
-    res = fn(_MANAGED_ATTR, ptr)
-    if res[0] or res[1]:
-        return None
-    res = fn(_CONTEXT_ATTR, ptr)
+    res = _driver.function("cuPointerGetAttribute")(_CONTEXT_ATTR, ptr)
     if res[0] or not int(res[1] or 0):
         return None
     _driver.call("cuCtxPushCurrent", res[1])
@@ -218,6 +213,20 @@ def owning_device(ptr: int) -> int | None:
         return int(_driver.call("cuCtxGetDevice"))
     finally:
         _driver.call("cuCtxPopCurrent")
+
+
+def device_with_access(ptr: int, preferred: int) -> int | None:
+    """A device that may read and write pool or mapped memory at ``ptr``, ``preferred`` first.
+
+    ``None`` when none may, or the address is neither (see :func:`access_flags`).
+    """
+    try:
+        for device in (preferred, *range(device_count())):
+            if access_flags(ptr, device) == 3:
+                return int(device)
+    except CudaError:
+        return None
+    return None
 
 
 def _pool_owner(*ptrs: int) -> int | None:
@@ -231,14 +240,9 @@ def _pool_owner(*ptrs: int) -> int | None:
         res = fn(_POOL_ATTR, ptr)
         if res[0] or not int(res[1] or 0):
             continue
-        try:
-            if access_flags(ptr, current) == 3:
-                continue
-            for device in range(device_count()):
-                if access_flags(ptr, device) == 3:
-                    return device
-        except CudaError:
-            continue
+        device = device_with_access(ptr, current)
+        if device is not None and device != current:
+            return device
     return None
 
 
@@ -452,7 +456,7 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
         if device is None:
             raise
         # Pool memory of a device the current one may not access: the driver refuses
-        # the copy in this context (two H200s), so the pool's own device makes it.
+        # the copy in this context, so the pool's own device makes it.
         with primary_pushed(device):
             _driver.call("cuMemcpy", d[0], s[0], n)
             _driver.call("cuStreamSynchronize", 0)

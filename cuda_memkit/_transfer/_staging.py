@@ -39,9 +39,9 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._checks import MAX_NBYTES
 from .._core._constants import EVENT_DISABLE_TIMING
-from .._core._device import Stream, StreamLike, device_count, ensure_context, stream_handle
+from .._core._device import Stream, StreamLike, ensure_context, stream_handle
 from .._core._errors import CudaError
-from .._core._operands import MEMORYTYPE_DEVICE, access_flags, memory_type, owning_device
+from .._core._operands import MEMORYTYPE_DEVICE, device_with_access, memory_type, owning_device
 from .._host._pinned import HostBuffer
 
 if TYPE_CHECKING:
@@ -401,15 +401,9 @@ def _device_of(ptr: int) -> int | None:
         return None
     try:
         owner = owning_device(ptr)
-        if owner is not None:
-            return owner
-        current = ensure_context(None)
-        for d in (int(current), *range(device_count())):
-            if access_flags(ptr, d) == 3:
-                return int(d)
     except CudaError:
         return None
-    return None
+    return owner if owner is not None else device_with_access(ptr, ensure_context(None))
 
 
 def staging_wanted(nbytes: int) -> bool:

@@ -191,14 +191,14 @@ def _crash_if_unknown(addr: int, role: str, k: int) -> None:
 def _resolve(k: int, dst: int, src: int, size: int) -> tuple[list[tuple[int, int]],
                                                             list[tuple[int, int]]]:
     """Check entry ``k`` as the driver does; its (dst runs, src runs)."""
-    from ._core import _refuse_unreachable_pool, _writable
+    from ._core import _writable, refuse_unreachable_pool
     from ._vmm import real_runs
 
     if size == 0 or dst == 0 or src == 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _crash_if_unknown(dst, "destination", k)
     _crash_if_unknown(src, "source", k)
-    _refuse_unreachable_pool(dst, src)  # as cuMemcpy (two H200s: INVALID_VALUE)
+    refuse_unreachable_pool(dst, src)  # as cuMemcpy
     _writable(dst, size)
     return real_runs(dst, size, True), real_runs(src, size, False)
 

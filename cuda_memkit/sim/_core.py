@@ -421,24 +421,25 @@ def _device_side(addr: Any, n: int) -> int:
 
 @api(0)
 def cuMemcpy(dst: Any, src: Any, ByteCount: int) -> None:
-    _refuse_unreachable_pool(dst, src)
+    refuse_unreachable_pool(dst, src)
     _copy(host_address(dst), host_address(src), ByteCount)
 
 
-def _refuse_unreachable_pool(*ptrs: Any) -> None:
+def refuse_unreachable_pool(*ptrs: Any) -> None:
     """INVALID_VALUE for a device pool's memory the current device was given no access to.
 
-    Two H200s (2026-11-26): ``cuMemcpy`` from device 1's pool memory in device
-    0's context is refused until the pool grants device 0 access.
+    The driver refuses ``cuMemcpy`` of device 1's pool memory in device 0's
+    context until the pool grants device 0 access (conformance
+    test_copy_of_another_devices_pool_memory_needs_access).
     """
-    from ._kernels import _pool_grants
+    from ._kernels import pool_grants
 
     m = M()
     current = m.need_ctx()
     for p in ptrs:
         a = m.find(int(p)) if p is not None else None
         if (a is not None and a.kind == "pool" and a.device not in (-1, current)
-                and not _pool_grants(a, current, False)):
+                and not pool_grants(a, current, False)):
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
 
 
@@ -509,8 +510,8 @@ def _memset(dst: Any, value: int, count: int, width: int, sync: bool = False) ->
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # the H100 will not memset pinned-pool memory
     if (sync and target is not None and target.kind != "managed"
             and target.device not in (-1, current)):  # (host memory: device -1)
-        # Another device's memory from this device's context (two H200s, 2026-11-26;
-        # no peer access enabled): refused.
+        # Another device's memory from this device's context is refused (conformance
+        # test_sync_memset_of_another_devices_memory_is_refused).
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _writable(addr, n)
     for real, k in real_runs(_device_side(addr, n), n * width, True):
@@ -581,8 +582,8 @@ def cuPointerGetAttribute(attribute: Any, ptr: Any) -> Any:
     if attr == _P.CU_POINTER_ATTRIBUTE_IS_MANAGED:
         return a.kind == "managed"
     if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-        # Read through cuda-bindings 13.3/13.4 this is 0 for every pointer (two H200s,
-        # 2026-11-26: device 1's memory too, where the driver itself says 1).
+        # 0 for every pointer, as read through cuda-bindings 13.3/13.4 (conformance
+        # test_pointer_device_ordinal_reads_0_through_the_bindings).
         return 0
     if attr == _P.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
         return cu.CUdeviceptr(a.start)
@@ -590,7 +591,7 @@ def cuPointerGetAttribute(attribute: Any, ptr: Any) -> Any:
         return a.size
     if attr == _P.CU_POINTER_ATTRIBUTE_CONTEXT:
         if a.kind in ("pool", "vmm", "host_pool"):
-            return cu.CUcontext(0)  # stream-ordered and mapped memory: no context (H100 probe)
+            return cu.CUcontext(0)  # stream-ordered and mapped memory belong to no context
         return cu.CUcontext(m.ctx_handle(max(a.device, 0)))
     if attr == _P.CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         return cu.CUdeviceptr(a.extra.get("device_ptr", a.start) + (addr - a.start))

@@ -204,9 +204,9 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
     if a is None or not a.start <= addr < a.end:
         raise _fault()  # pageable, freed or never allocated
     if (a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device)
-            and not (a.kind == "pool" and _pool_grants(a, device, write))):
+            and not (a.kind == "pool" and pool_grants(a, device, write))):
         raise _fault()  # another device's memory (a device pool's: unless it granted access)
-    if a.kind == "host_pool" and not _pool_grants(a, device, write):
+    if a.kind == "host_pool" and not pool_grants(a, device, write):
         raise _fault()  # a pinned pool's memory is mapped only on devices given access
     if write and a.kind == "registered" and a.flags & _READ_ONLY:
         raise _fault()
@@ -216,7 +216,7 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
         raise _fault() from None
 
 
-def _pool_grants(a: Allocation, device: int, write: bool) -> bool:
+def pool_grants(a: Allocation, device: int, write: bool) -> bool:
     """Whether ``device`` may read (``write``: and write) pool allocation ``a``.
 
     The H100 gives a device no access to a ``Location.host()`` pool's memory

@@ -243,10 +243,9 @@ class Machine:
 
         The H100 answered ``CUDA_ERROR_INVALID_CONTEXT`` for a destroyed stream
         handle in an isolated process; in a longer-lived process using one can
-        crash it (2026-11-26: ``cuMemFreeAsync`` on a stream another thread had
-        just destroyed segfaulted the test process), so cuda_memkit never does
-        (a release holds the Stream's ``release_lock``) and no conformance case
-        tries.
+        crash it (``cuMemFreeAsync`` on a stream another thread had just
+        destroyed did), so cuda_memkit never does (a release holds the Stream's
+        ``release_lock``) and no conformance case tries.
         """
         h = int(handle) if handle is not None else 0
         if h in (0, 1, 2):
