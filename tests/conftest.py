@@ -43,6 +43,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that needs two devices is a multi_gpu test, however it asks for them: a GPU
+    # machine can then run the rest one process per device and these with every device.
+    multi = pytest.mark.multi_gpu
+    for item in items:
+        if "two_devices" in getattr(item, "fixturenames", ()):
+            item.add_marker(multi)
     if BACKEND == "sim":
         return
     skip = pytest.mark.skip(reason="simulator-only test (exercises simulator configuration)")
