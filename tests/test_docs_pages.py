@@ -4,6 +4,7 @@ site itself is checked by scripts/check_site.py in .ci/run)."""
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -87,3 +88,63 @@ def test_doc_comments_document_attributes(roles: tuple[object, object]) -> None:
     _ext, pkg = roles
     kinds = pkg["MEMORY_KINDS"]
     assert kinds.docstring is not None and "memory kind" in kinds.docstring.value
+
+
+# -- signatures written in the guides are the code's ------------------------------------------
+
+#: A signature on a line of its own, or opening a heading: `` `MemoryPool(device=0, *, ...)` ``.
+SIGNATURE = re.compile(r"^(?:`|#+ `)(?P<name>[A-Za-z_][\w.]*)\((?P<params>[^`]*)\)`")
+#: The class whose methods a page's bare method signatures (`` `advise(...)` ``) belong to.
+PAGE_CLASS = {"managed.md": "ManagedBuffer"}
+
+
+def _params(obj: object) -> str:
+    """``obj``'s parameters as a guide writes them: names and defaults, no annotations."""
+    parts, star = [], False
+    for p in inspect.signature(obj).parameters.values():  # type: ignore[arg-type]
+        if p.name == "self":
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+            star = True
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    return ", ".join(parts)
+
+
+def _written_signatures() -> list[tuple[str, int, str, str]]:
+    found = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name == "decisions.md":  # headings name calls there, not signatures
+            continue
+        for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            m = SIGNATURE.match(line)
+            alone = m is not None and (line.startswith("#") or m.end() == len(line.rstrip()))
+            if m and alone and "..." not in m["params"] and not m["name"].startswith("cm."):
+                found.append((page.name, i, m["name"], m["params"]))
+    return found
+
+
+def test_signatures_in_the_guides_are_the_code() -> None:
+    """A signature written out in a guide lists the parameters and defaults the code has."""
+    found = _written_signatures()
+    assert len(found) >= 5  # MemoryPool and the managed buffer's hints at least
+    wrong = []
+    for page, line, name, params in found:
+        owner: object = cm
+        if "." not in name and not hasattr(cm, name):
+            owner = getattr(cm, PAGE_CLASS.get(page, ""), None)
+        obj = owner
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if obj is None:
+            wrong.append(f"{page}:{line}: {name} is not a name of cuda_memkit")
+        elif params != _params(obj):
+            wrong.append(f"{page}:{line}: {name}({params}) but the code has ({_params(obj)})")
+    assert wrong == []
