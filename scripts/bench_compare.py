@@ -40,6 +40,7 @@ class Spec:
     short: str
     bench: str
     key: str
+    unit: str
     about: str
     rows: tuple[tuple[str, str, str], ...]
 
@@ -49,7 +50,7 @@ _H2D, _D2H = r"^\d+ MiB pageable H2D: ", r"^\d+ MiB pageable D2H: "
 
 SPECS = (
     Spec("pool-pair", "Allocate + free a 1 MiB device block", "1 MiB pool block",
-         "bench_pool", "us",
+         "bench_pool", "us", "us per pair",
          "One allocate + free pair from a stream-ordered pool: the cost every temporary "
          "array pays.",
          ((MEMKIT, "`MemoryPool(cache=True)`", r"^1 MiB: MemoryPool\(cache=True\)"),
@@ -61,7 +62,7 @@ SPECS = (
           ("raw driver", "`cuMemAllocFromPoolAsync` + `cuMemFreeAsync`",
            r"^1 MiB: raw cuMemAllocFromPoolAsync"))),
     Spec("pinned-pair", "Allocate + free a 4 KiB pinned block", "4 KiB pinned block",
-         "bench_pool", "us",
+         "bench_pool", "us", "us per pair",
          "A small pinned staging buffer: `cuMemHostAlloc` pins pages on every call, so every "
          "library caches them.",
          ((MEMKIT, "`HostBuffer.pooled(4096)`", r"^4 KiB pinned: HostBuffer\.pooled"),
@@ -71,7 +72,7 @@ SPECS = (
           ("raw driver", "`cuMemHostAlloc` + `cuMemFreeHost`",
            r"^4 KiB pinned: raw cuMemHostAlloc"))),
     Spec("small-blocks", "Copy 4 KiB blocks from pinned memory to scattered device slots",
-         "4 KiB blocks to scattered slots", "bench_transfers", "gbps",
+         "4 KiB blocks to scattered slots", "bench_transfers", "gbps", "GB/s",
          "A KV-cache swap: many small blocks, each to its own slot. The driver spends about "
          "as long per copy, batched or not, as a 4 KiB block takes to move.",
          ((MEMKIT, "`copy_batch`", _N4 + r"copy_batch \(auto\)"),
@@ -81,7 +82,7 @@ SPECS = (
           ("raw driver", "a loop of `cuMemcpyAsync`", _N4 + r"raw loop"),
           ("raw driver", "one contiguous copy of the same bytes", _N4 + r"raw contiguous"))),
     Spec("pageable-h2d", "Copy a pageable numpy array to the device", "pageable array to device",
-         "bench_transfers", "gbps",
+         "bench_transfers", "gbps", "GB/s",
          "A 1 GiB array that was never pinned: the driver stages it through a small bounce "
          "buffer; cuda_memkit stages it through pinned buffers on worker threads.",
          ((MEMKIT, "`copy(dev, array)`", _H2D + r"memkit staged"),
@@ -90,14 +91,15 @@ SPECS = (
           ("CuPy", "`cupy.asarray`", _H2D + r"cupy asarray"),
           ("raw driver", "`cuMemcpyHtoD` from pageable memory", _H2D + r"driver pageable"))),
     Spec("pageable-d2h", "Copy device memory into a pageable numpy array",
-         "device to pageable array", "bench_transfers", "gbps", "The same 1 GiB the other way.",
+         "device to pageable array", "bench_transfers", "gbps", "GB/s",
+         "The same 1 GiB the other way.",
          ((MEMKIT, "`copy(array, dev)`", _D2H + r"memkit staged"),
           ("PyTorch", "`copy_` into `from_numpy(array)`", _D2H + r"torch copy_ into"),
           ("PyTorch", "`copy_` via a pinned tensor", _D2H + r"torch copy_ via"),
           ("CuPy", "`get(out=array)`", _D2H + r"cupy get"),
           ("raw driver", "`cuMemcpyDtoH` into pageable memory", _D2H + r"driver pageable"))),
     Spec("cupy-step", "A CuPy training step (small MLP) under each allocator",
-         "CuPy training step, small MLP", "bench_workload", "us",
+         "CuPy training step, small MLP", "bench_workload", "us", "us per step",
          "Forward, backward and SGD update of a two-layer MLP (64 x 256, hidden 512), "
          "every temporary allocated through CuPy's current allocator.",
          ((MEMKIT, "`cupy_allocator()`", r"^small .*: memkit cached$"),
@@ -215,6 +217,14 @@ class Comparison:
         ax.spines[["top", "right"]].set_visible(False)
         ax.tick_params(axis="x", labelsize=8)
 
+    def headline_view(self) -> Comparison:
+        """cuda_memkit's answer and the other libraries' rows, without the raw driver's."""
+        ref = self.reference()
+        keep = [e for e in self.entries
+                if e is ref or e.library not in (MEMKIT, "raw driver")]
+        return Comparison(self.id, self.title, self.short, self.bench, self.unit,
+                          self.higher_better, self.about, keep)
+
     def draw(self, path: Path) -> None:
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(7.2, 0.32 * len(self.measured()) + 1.1))
@@ -230,10 +240,11 @@ class Headline:
 
     def draw(self, path: Path) -> None:
         plt = _pyplot()
-        heights = [0.32 * len(c.measured()) + 1.0 for c in self.parts]
-        fig, axes = plt.subplots(len(self.parts), 1, figsize=(7.2, sum(heights)),
+        parts = [c.headline_view() for c in self.parts]
+        heights = [0.32 * len(c.measured()) + 1.0 for c in parts]
+        fig, axes = plt.subplots(len(parts), 1, figsize=(7.2, sum(heights)),
                                  gridspec_kw={"height_ratios": heights}, squeeze=False)
-        for c, ax in zip(self.parts, axes[:, 0], strict=True):
+        for c, ax in zip(parts, axes[:, 0], strict=True):
             c.bars(ax)
         _save(fig, path)
 
@@ -253,7 +264,8 @@ def _save(fig: Any, path: Path) -> None:
     _pyplot().close(fig)
 
 
-def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+def rows_of(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A benchmark's rows (its JSON's ``rows``, dicts only)."""
     return [r for r in data.get("rows", []) if isinstance(r, dict)]
 
 
@@ -270,23 +282,20 @@ def comparisons(benches: dict[str, dict[str, Any]], anchors: dict[str, list[str]
     out = []
     for spec in SPECS:
         data = benches.get(spec.bench)
-        c = Comparison(spec.id, spec.title, spec.short, spec.bench, UNITS[spec.key],
+        c = Comparison(spec.id, spec.title, spec.short, spec.bench, spec.unit,
                        spec.key in HIGHER, spec.about)
         if data is not None:
-            rows = _rows(data)
+            rows = rows_of(data)
             for lib, label, pattern in spec.rows:
                 for i, r in enumerate(rows):
                     if re.search(pattern, str(r.get("case", ""))):
-                        unit = r.get("unit")
-                        if unit and spec.key == "us":
-                            c.unit = str(unit).replace("us/", "us per ")
                         c.entries.append(Entry(lib, label, r.get(spec.key),
                                                anchors[spec.bench][i], str(r.get("note", ""))))
                         break
         out.append(c)
     tagged: dict[str, Comparison] = {}
     for name, data in benches.items():
-        for i, r in enumerate(_rows(data)):
+        for i, r in enumerate(rows_of(data)):
             key = _value_key(r)
             if not (r.get("compare") and r.get("library") and key):
                 continue
@@ -308,13 +317,25 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def _cell(c: Comparison, library: str) -> str:
+def _cell(c: Comparison, library: str, best: Entry | None) -> str:
+    """A why-table cell: each of the library's rows, its value (bold if the best of all)."""
     mine = [e for e in c.entries if e.library == library]
     if not mine:
         return NONE
-    parts = [("not measured" if e.value is None else fmt_value("x", e.value))
-             + f" <small>{e.label}</small>" for e in mine]
+    parts = []
+    for e in mine:
+        value = "not measured" if e.value is None else fmt_value("x", e.value)
+        value = f"**{value}**" if e is best else value
+        # plain words, not code: a long call may wrap inside this narrow cell
+        parts.append(f"{value} <small>{e.label.replace('`', '')}</small>")
     return "<br>".join(parts)
+
+
+def best_library_entry(c: Comparison) -> Entry | None:
+    """The best measured row of a library (the raw driver's rows are limits, not rivals)."""
+    rivals = [e for e in c.measured() if e.library != "raw driver"]
+    return max(rivals, key=lambda e: float(e.value or 0) * (1 if c.higher_better else -1),
+               default=None)
 
 
 def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headline: str | None,
@@ -336,24 +357,19 @@ def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headlin
     head += (f"*Measured on {where}, every library in the same run; cuda_memkit in colour. "
              f"The [benchmark report]({report}) has every table, including where others "
              "are faster.*\n")
-    rows = [f"| | {MEMKIT} | " + " | ".join(PEERS) + " | fastest |",
-            "|---|" + "---|" * (len(PEERS) + 2)]
+    rows = [f"| | {MEMKIT} | " + " | ".join(PEERS) + " |", "|---|" + "---|" * (len(PEERS) + 1)]
     faster = []
     for c in comps:
         if not c.entries:
             continue
-        best = max(c.measured(), key=lambda e: e.value if c.higher_better else -(e.value or 0),
-                   default=None)
-        ref = c.reference()
-        winner = NONE if best is None else f"{best.library} <small>{best.label}</small>"
+        best, ref = best_library_entry(c), c.reference()
         rows.append(f"| [{c.title}]({report}#{c.id}) <small>({c.unit_words()})</small> | "
-                    + " | ".join(_cell(c, lib) for lib in (MEMKIT, *PEERS))
-                    + f" | {winner} |")
-        if best is not None and ref is not None and best.library not in (MEMKIT, "raw driver"):
+                    + " | ".join(_cell(c, lib, best) for lib in (MEMKIT, *PEERS)) + " |")
+        if best is not None and ref is not None and best.library != MEMKIT:
             faster.append(f"- **{c.title}**: {best.library}'s {best.label} "
                           f"({fmt_value('x', best.value)} {c.unit}) is {c.speed(best).strip('*')} "
                           f"than cuda_memkit's {ref.label} ({fmt_value('x', ref.value)}).")
-    peers = "\n".join(rows) + "\n\n"
+    peers = "\n".join(rows) + "\n\nThe best of each row in bold.\n\n"
     if not any(e.library == "RMM" for c in comps for e in c.entries):
         peers += "RMM is measured by no benchmark of this run (it is not installed there).\n\n"
     if faster:

@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_compare
-from bench_compare import NONE, Comparison, fmt_value
+from bench_compare import NONE, Comparison, fmt_value, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -270,17 +270,13 @@ def _target(row: dict[str, Any]) -> str:
     return " ".join(x for x in (md_text(target), verdict) if x)
 
 
-def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in data.get("rows", []) if isinstance(r, dict)]
-
-
 def row_anchors(benches: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     """The HTML id of every row of every benchmark (the rows' links, unique on the page)."""
     ids = {spec.id for spec in bench_compare.SPECS}
     anchors = {}
     for name, data in benches.items():
         last, mine = "", []
-        for r in _rows(data):
+        for r in rows_of(data):
             last, case = _split(r, last)
             mine.append(_unique(slug(f"{name.removeprefix('bench_')} {last} {case}"), ids))
         anchors[name] = mine
@@ -289,7 +285,7 @@ def row_anchors(benches: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
 
 def bench_tables(data: dict[str, Any], anchors: list[str]) -> list[str]:
     """The Markdown of one benchmark's tables: one per group of rows."""
-    rows = _rows(data)
+    rows = rows_of(data)
     if not rows:
         why = data.get("not_measured") or "no rows"
         return [f"Not measured in this run: {md_text(str(why))}.", ""]
@@ -353,7 +349,7 @@ def targets_table(benches: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| benchmark | case | result | target |", "|---|---|---:|---|"]
     for name, data in benches.items():
         last = ""
-        for r in _rows(data):
+        for r in rows_of(data):
             last, case = _split(r, last)
             if r.get("ok") is None:
                 continue
@@ -444,7 +440,8 @@ def render(results: Path, docs: Path) -> tuple[dict[Path, str], dict[str, Compar
     anchors = row_anchors(benches)
     comparisons = bench_compare.comparisons(benches, anchors)
     plots = {c.id: f"{IMAGES}/{c.id}-{c.digest()}.png" for c in comparisons if c.plottable()}
-    headline = [c for c in comparisons if c.id in bench_compare.HEADLINE and c.plottable()]
+    headline = [c for c in comparisons
+                if c.id in bench_compare.HEADLINE and c.headline_view().plottable()]
     if headline:
         digest = hashlib.sha1("".join(c.digest() for c in headline).encode()).hexdigest()[:10]
         plots["headline"] = f"{IMAGES}/headline-{digest}.png"
@@ -520,7 +517,7 @@ def main() -> int:
             print("run: python scripts/bench_report.py", file=sys.stderr)
         return 1 if problems else 0
     for p in write(args.results, args.docs):
-        print(f"wrote {p}")
+        print(f"{'wrote' if p.exists() else 'removed'} {p}")
     return 0
 
 

@@ -156,8 +156,8 @@ def test_signatures_in_the_guides_are_the_code() -> None:
 #: How the project was built, which a user or a contributor of the repository does not have:
 #: work sessions, runs of the machine that lends GPUs and its tool, paths outside the
 #: repository, issue numbers, the lent machines.
-HISTORY = re.compile(r"\bsessions?\b|\bdevice (?:runs?|calls?|tool)\b|\bgpu runs? \d|\bruns? \d+ of\b"
-                     r"|`carry`|\bcarry\b[^.\n]*\.whl|\.\./shared|\bissues? #?\d+"
+HISTORY = re.compile(r"\bsessions?\b|\bdevice (?:runs?|calls?|tool)\b|\bgpu runs? \d"
+                     r"|\bruns? \d+ of\b|`carry`|\bcarry\b[^.\n]*\.whl|\.\./shared|\bissues? #?\d+"
                      r"|\blent (?:H100|H200|GPU|machine)|\brun of record\b", re.I)
 #: A measured time or rate: guides link to the benchmark report's rows instead.
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|GB/s|MB/s)\b")
