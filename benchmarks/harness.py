@@ -3,6 +3,20 @@
 Imported by the ``bench_*.py`` scripts (run as ``python benchmarks/bench_x.py``,
 so this folder is on ``sys.path``); it puts the repository root on the path
 too, for ``import cuda_memkit`` from a checkout.
+
+Results: every script's ``--json PATH`` writes one object with ``backend``
+(``"cuda"`` or ``"sim"``), ``simulated`` and ``rows``, a list of dicts, one per
+printed row: ``case`` (``"group: case"`` puts rows in one table of the report;
+a case starting with spaces continues the row above), the measured values under
+keys naming their unit (``us`` with ``unit`` such as ``"us/pair"``, ``gbps``,
+``ms``, ...), and where they apply ``ratio`` with ``vs`` (what it is against),
+``target`` with ``ok`` (``None`` for information rows) and ``note``. Optional
+top-level ``title`` and ``about`` name a new script's section of the report.
+A row that compares libraries also carries ``compare`` (the question, the same
+for each of its rows), ``library`` (``"cuda_memkit"``, ``"CuPy"``,
+``"cuda.core"``, ``"PyTorch"``, ``"RMM"`` or ``"raw driver"``) and ``label``
+(what was called, in Markdown). ``scripts/bench_report.py`` turns the results of
+a GPU run into ``docs/benchmarks.md``, its plots and the why page's numbers.
 """
 
 from __future__ import annotations

@@ -45,12 +45,10 @@ def _select_backend(requested: str | None, say: Say) -> str:
     try:
         _driver.call("cuDriverGetVersion")
         return "cuda"
-    except CudaDriverNotFoundError as exc:
+    except CudaDriverNotFoundError:
         _driver.reset_backend()
         _driver.use_backend("sim")
-        say("No NVIDIA driver was found on this machine:")
-        say(f"  {exc.description}")
-        say("Showing the CPU SIMULATOR instead. Everything below is SIMULATED.")
+        say("No NVIDIA driver here: showing the CPU simulator, every figure [simulated].")
         say("")
         return "sim"
 
@@ -208,16 +206,25 @@ _BACKEND_HELP = (f"the backend: cuda (the real driver) or sim (the CPU simulator
                  f"${_driver.ENV_VAR} is never replaced by the simulator")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _prog(argv0: str) -> str:
+    """The command as it was invoked: ``python -m cuda_memkit`` or the script's name."""
+    name = os.path.basename(argv0)
+    return "python -m cuda_memkit" if name in ("__main__.py", "-c", "") else name
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    from . import __version__
+
     # --backend goes before or after the command: both parsers know it, the value given wins.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--backend", choices=_driver.BACKENDS, default=argparse.SUPPRESS,
                         help=_BACKEND_HELP)
     ap = argparse.ArgumentParser(
-        prog="python -m cuda_memkit", parents=[common],
+        prog=prog, parents=[common],
         description="cuda_memkit command line: look at the driver, the devices and memory "
                     "through cuda_memkit. Without a command, runs info.",
-        epilog="Each command has its own help: python -m cuda_memkit COMMAND --help")
+        epilog=f"Each command has its own help: {prog} COMMAND --help")
+    ap.add_argument("--version", action="version", version=f"cuda_memkit {__version__}")
     sub = ap.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for name, (summary, detail) in COMMANDS.items():
         p = sub.add_parser(name, parents=[common], help=summary,
@@ -229,7 +236,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    ap = _parser()
+    # A program passing argv calls the module, not a script: name it the canonical way.
+    ap = _parser(_prog(sys.argv[0] if sys.argv else "") if argv is None
+                 else "python -m cuda_memkit")
     args = ap.parse_args(argv)
     command = args.command or "info"
     as_json = bool(getattr(args, "json", False))

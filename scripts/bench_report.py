@@ -1,110 +1,525 @@
-"""Write docs/benchmarks.md from an unpacked gpu-check results folder.
+"""Write the benchmark report from the recorded results of one GPU run.
 
-    python scripts/bench_report.py RESULTS_DIR > docs/benchmarks.md
+    python scripts/bench_report.py                  # write the report from benchmarks/results/
+    python scripts/bench_report.py --import PATH    # first take a GPU run's results, then write
+    python scripts/bench_report.py --check          # exit 1 if a written file is out of date
+    python scripts/bench_report.py --machine PATH   # record this machine (gpu-check bench does)
 
-RESULTS_DIR is ``results.tar.gz`` of ``scripts/gpu-check`` unpacked: its
-``machine.txt`` and ``bench_*.log`` tables are quoted verbatim.
+``--import`` takes what ``bash scripts/gpu-check bench`` brought back (its
+``results.tar.gz``, its ``summary.json``, or an unpacked folder): every
+``bench_*.json`` and the ``machine.json`` beside them. Each result is stored as
+``benchmarks/results/<bench>.json`` with the machine record of its run; results
+of the simulator are refused (``--allow-simulated`` takes them, for a preview
+written elsewhere with ``--results`` and ``--docs``).
+
+What is written, from those files alone:
+
+* ``docs/benchmarks.md``: the machine and versions, the comparisons with the
+  other libraries (a plot each), every target, and one table per benchmark;
+* the plots, ``docs/images/benchmarks/<name>-<digest>.png`` (the digest is
+  that of the plotted numbers, so the page names the data it shows);
+* the regions between ``<!-- bench-report:NAME -->`` and
+  ``<!-- /bench-report:NAME -->`` of README.md, docs/index.md and docs/why.md
+  (the headline plot, the table of numbers beside each peer).
+
+Any benchmark script's JSON is rendered (see ``benchmarks/harness.py`` for the
+format): rows are dicts with a ``case`` (``"group: case"`` splits the table),
+value keys (``us``, ``gbps``, ``ms`` ...), and optionally ``ratio``/``vs``,
+``target``/``ok`` and ``note``. A row with ``library`` and ``compare`` keys
+joins the comparison of that title; the comparisons of the existing scripts
+are listed in ``bench_compare.py``.
 """
 
 from __future__ import annotations
 
-import pathlib
+import argparse
+import hashlib
+import io
+import json
+import re
 import sys
+import tarfile
+from pathlib import Path
+from typing import Any
 
-INTRO = {
-    "bench_driver": ("Driver gateway",
-                     "Per-call cost of `_driver.call` against the raw binding, and import time. "
-                     "Targets: <= 0.3 us added per call; `import cuda_memkit` <= 1.2x "
-                     "`import cuda.bindings.driver`."),
-    "bench_pinned": ("Pinned host memory",
-                     "256 MiB transfers through `copy()` against raw `cuMemcpy*Async` on raw "
-                     "pinned memory, and `HostBuffer` allocation against raw "
-                     "`cuMemHostAlloc`/`cuMemFreeHost`. Targets: >= 0.97x raw bandwidth both "
-                     "ways; allocation within 5 % of raw."),
-    "bench_managed": ("Managed memory prefetch",
-                      "512 MiB of managed memory prefetched to the GPU as one range, as "
-                      "`PrefetchPlan`s of 64 x 8 MiB and 4096 x 128 KiB entries, and as raw "
-                      "loops / raw batch calls of the same entries. Target: the plans within "
-                      "1.1x of the whole-range prefetch."),
-    "bench_vmm": ("Virtual memory",
-                  "Growing a `GrowableBuffer` by one 32 MiB chunk at buffer sizes from 32 MiB "
-                  "to 8 GiB, against raw create+map+set-access of one chunk and "
-                  "cuMemAlloc+copy+free. Target: <= 1.2x raw per chunk, flat in buffer size."),
-    "bench_pool": ("Memory pools",
-                   "Allocate+free pairs from pools against raw calls, CuPy, cuda.core and "
-                   "torch in the same run. Targets (issue 22): the `MemoryPool(cache=True)` "
-                   "1 MiB pair at most CuPy's caching `MemoryPool().malloc` pair and ahead of "
-                   "cuda.core and torch; the uncached pair <= 1.35x the raw pair; "
-                   "`HostBuffer.pooled(4096).close()` <= 0.8x CuPy's pinned pool. Each "
-                   "target row carries the pure-Python floor of its kind (column `floor "
-                   "us`: not memkit, the thinnest wrapper with the same API) measured in "
-                   "the same run."),
-    "bench_transfers": ("Many blocks and pageable arrays",
-                        "Scattered blocks pinned->device through `copy_batch` against a raw "
-                        "loop, a raw batch call and one contiguous copy; 1 GiB pageable "
-                        "arrays through staged `copy()` against the driver's path, "
-                        "register+copy, torch and CuPy; 4096-entry prefetch plans built "
-                        "from arrays against the whole-range prefetch."),
-    "bench_frameworks": ("CuPy and numba adaptors",
-                         "The 1 MiB pair through CuPy's own entry point under CuPy's "
-                         "allocators and memkit's adaptor (cached by default, and "
-                         "uncached), `cupy.empty`, a workload, and the pinned allocator. "
-                         "Targets (issue 22): workload <= 1.0x CuPy's `MemoryPool` and <= "
-                         "0.92x `malloc_async`; `cupy.empty(1 MiB)` <= 1.05x CuPy's "
-                         "`MemoryPool`; the `cupy.cuda.alloc` pair <= 1.35x CuPy's "
-                         "`MemoryPool` and <= 0.5x `malloc_async`; the pinned adaptor <= "
-                         "1.2x CuPy's pinned pool. The floor column is the pure-Python "
-                         "cached allocator of the same run: not memkit, a yardstick."),
-    "bench_workload": ("A CuPy training step",
-                       "A 2-layer MLP forward+backward+SGD step in CuPy at three sizes, "
-                       "time per iteration under `malloc_async`, CuPy's `MemoryPool`, the "
-                       "memkit adaptor uncached and cached, and the pure-Python cached "
-                       "floor; ratios against `malloc_async` (info rows)."),
-    "bench_observe": ("Observing memory",
-                      "The cost of tracking (`track()`, `track(stacks=True)`) on the pool "
-                      "pair, the pooled pinned pair and `HostBuffer.empty`. The statistics "
-                      "themselves are always on (the ledger): their cost is in the "
-                      "before/after rows of the memory pools section."),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_compare
+from bench_compare import NONE, Comparison, fmt_value, rows_of
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+IMAGES = "images/benchmarks"  # under docs/
+#: The README links to the site's sources on GitHub (it is also the package's description).
+README_LINKS = "https://github.com/cuda-memkit/cuda_memkit/blob/main/docs/"
+REGION = re.compile(r"(<!-- bench-report:([\w-]+) -->\n)(.*?)(<!-- /bench-report:\2 -->)", re.S)
+
+#: What each benchmark measures, in the order of the report. A script not listed here is
+#: reported after them, under the ``title`` and ``about`` of its JSON (or its name).
+AREAS: dict[str, tuple[str, str]] = {
+    "bench_driver": (
+        "Driver gateway",
+        "The cost `_driver.call` adds to a raw binding call, and the time to import "
+        "`cuda_memkit` against `import cuda.bindings.driver`."),
+    "bench_pinned": (
+        "Pinned host memory",
+        "Large copies through `copy()` against raw `cuMemcpy*Async` on raw pinned memory, "
+        "and `HostBuffer` allocation against raw `cuMemHostAlloc` / `cuMemFreeHost`."),
+    "bench_pool": (
+        "Memory pools",
+        "Allocate + free pairs from pools against the raw driver pair, CuPy, cuda.core and "
+        "PyTorch in the same run. The pure-Python floors (not cuda_memkit) show what the "
+        "thinnest wrapper with the same API costs; `floor us` is the floor of a target row."),
+    "bench_transfers": (
+        "Many blocks and pageable arrays",
+        "Scattered blocks through `copy_batch` against a raw loop, raw batch calls, "
+        "cuda.core and one contiguous copy of the same bytes; pageable arrays through "
+        "staged `copy()` against the driver's path, PyTorch and CuPy; prefetch plans built "
+        "from arrays."),
+    "bench_frameworks": (
+        "CuPy adaptors",
+        "CuPy's own entry points (`cupy.cuda.alloc`, `cupy.empty`, a small workload) under "
+        "CuPy's allocators and cuda_memkit's adaptors."),
+    "bench_workload": (
+        "A CuPy training step",
+        "A two-layer MLP forward + backward + SGD step in CuPy at three sizes under "
+        "`malloc_async`, CuPy's `MemoryPool` and cuda_memkit's adaptor."),
+    "bench_managed": (
+        "Managed memory prefetch",
+        "Managed memory prefetched to the GPU as one range and as `PrefetchPlan`s of many "
+        "entries, against raw loops and raw batch calls of the same entries."),
+    "bench_vmm": (
+        "Virtual memory",
+        "Growing a `GrowableBuffer` by one chunk at buffer sizes up to 8 GiB, against raw "
+        "create + map + set-access of one chunk and a re-allocation with a copy."),
+    "bench_observe": (
+        "Observing memory",
+        "What tracking (`track()`, `track(stacks=True)`) adds to the pool pair, the pooled "
+        "pinned pair and `HostBuffer.empty`. The statistics are always on: their cost is "
+        "inside every memkit row of the other tables."),
 }
 
+#: Column headers of the known row keys; other keys are shown under their own name.
+HEADERS = {"gbps": "GB/s", "ms": "ms", "median_ms": "ms", "raw_us": "raw us",
+           "memkit_us": "memkit us", "added_us": "added us", "raw_ms": "raw ms",
+           "memkit_ms": "memkit ms", "growable_us": "GrowableBuffer us",
+           "realloc_us": "realloc + copy us", "realloc_vs_raw": "realloc vs raw",
+           "floor_us": "floor us", "vs_raw": "vs raw", "vs_off": "vs untracked",
+           "driver_calls": "driver calls", "size": "size"}
+#: Keys that are not columns: folded into others (``vs`` into ratio, ``ok`` into target,
+#: ``unit`` into the header), or shown elsewhere (``note``), or kept for the comparisons.
+FOLDED = {"case", "vs", "ok", "target", "unit", "note", "path", "group", "library",
+          "compare", "better"}
 
-def main() -> None:
-    folder = pathlib.Path(sys.argv[1])
-    out = ["# Benchmarks", "",
-           "Measured on the lent H100 (`scripts/gpu-check bench` runs every script; each "
-           "table compares against raw `cuda.bindings` and the other libraries measured "
-           "in that same run; where tables come from different runs, the sections say "
-           "so). Re-run with `bash scripts/gpu-check bench` on a "
-           "GPU machine; each script also runs on the simulator (`--quick`), where it labels "
-           "its numbers as simulated.", ""]
-    machine = folder / "machine.txt"
-    if machine.exists():
-        out += ["## Machine", "", "```text", machine.read_text().strip(), "```", ""]
-    extra = folder / "extra.md"  # sections written by hand (before/after, targets)
-    runs = {}  # optional runs.txt: "bench_pool: device run 8 of 2026-11-24" per line
-    if (folder / "runs.txt").exists():
-        for ln in (folder / "runs.txt").read_text().splitlines():
-            name, _, where = ln.partition(":")
-            runs[name.strip()] = where.strip()
-    for name, (title, text) in INTRO.items():
-        log = folder / f"{name}.log"
-        if not log.exists():
+
+# -- the results ------------------------------------------------------------------------------
+
+
+def load(results: Path) -> dict[str, dict[str, Any]]:
+    """Every ``bench_*.json`` under ``results``, by benchmark name, in the report's order."""
+    found = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("bench_*.json"))}
+    order = [n for n in AREAS if n in found] + sorted(n for n in found if n not in AREAS)
+    return {n: found[n] for n in order}
+
+
+def machine_record() -> dict[str, Any]:
+    """This machine: GPUs, driver, Python and the versions of every library measured."""
+    import datetime
+    import platform
+    import shutil
+    import subprocess
+    from importlib import metadata
+
+    rec: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             check=False).stdout.strip().splitlines()
+        if out:
+            name, driver, mib = (x.strip() for x in out[0].split(","))
+            rec.update(gpu=name, gpus=len(out), driver=driver, memory_gib=round(int(mib) / 1024))
+    versions = {}
+    for dist in ("cuda-bindings", "numpy", "cupy-cuda13x", "cupy", "torch", "cuda-core",
+                 "numba-cuda", "cuda_memkit"):
+        try:
+            versions[dist.replace("-cuda13x", "")] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
             continue
-        lines = []  # the table, without warnings (and the source line Python echoes)
-        after_warning = False
-        for ln in log.read_text().splitlines():
-            if "Warning" in ln or (after_warning and ln.startswith("  ")):
-                after_warning = "Warning" in ln
+    rec["versions"] = versions
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit:
+        rec["commit"] = commit
+    return rec
+
+
+def _git(*args: str) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+    except OSError:
+        return ""
+
+
+def take_results(source: Path, results: Path, allow_simulated: bool) -> list[str]:
+    """Store the results of one GPU run (a tarball, a folder or a summary.json) in ``results``.
+
+    Each stored file is the benchmark's JSON with ``machine``: the record of its run.
+    Returns the names stored; raises ``SystemExit`` for simulated results or none at all.
+    """
+    files: dict[str, Any] = {}
+    if source.is_dir():
+        files = {p.name: json.loads(p.read_text()) for p in source.rglob("*.json")}
+    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tarfile.open(source) as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m) if m.isfile() and m.name.endswith(".json") else None
+                if f is not None:
+                    files[Path(m.name).name] = json.load(io.TextIOWrapper(f))
+    else:  # gpu-check's summary.json
+        summary = json.loads(source.read_text())
+        files = {f"{k}.json": v for k, v in summary.get("benchmarks", {}).items()}
+        if "machine" in summary:
+            files["machine.json"] = summary["machine"]
+    machine = files.pop("machine.json", None) or {}
+    if "commit" not in machine:  # the GPU machine's copy of the tree has no history
+        commit = _git("rev-parse", "--short", "HEAD")
+        if commit:
+            machine["commit"] = commit + (" (+ changes)" if _git("status", "--porcelain") else "")
+    benches = {k[:-5]: v for k, v in files.items()
+               if k.startswith("bench_") and isinstance(v, dict) and "error" not in v}
+    if not benches:
+        raise SystemExit(f"no bench_*.json results in {source}")
+    simulated = [n for n, d in benches.items() if d.get("simulated") or d.get("backend") == "sim"]
+    if simulated and not allow_simulated:
+        raise SystemExit(f"simulated results, not a GPU's: {', '.join(simulated)} "
+                         "(--allow-simulated takes them for a preview)")
+    results.mkdir(parents=True, exist_ok=True)
+    for name, data in benches.items():
+        data = {**data, "machine": machine}
+        (results / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    return list(benches)
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def slug(text: str) -> str:
+    """An HTML id made of ``text``'s words."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def md_text(text: str) -> str:
+    """``text`` safe inside a Markdown table cell (no emphasis, no tags, no cell breaks)."""
+    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*")
+            .replace("_", "\\_").replace("<", "&lt;").replace("`", "\\`"))
+
+
+def _split(row: dict[str, Any], last_group: str) -> tuple[str, str]:
+    """The row's group and case text: ``"group: case"``, or a continuation of the last."""
+    case = str(row.get("case", ""))
+    if "group" in row or "path" in row:
+        return str(row.get("group", row.get("path"))), case
+    if case.startswith(" "):
+        return last_group, case.strip()
+    if "case" not in row and "size" in row:
+        return "", fmt_value("size", row["size"])
+    group, sep, rest = case.partition(": ")
+    return (group, rest) if sep else ("", case)
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The row keys shown as columns, in the order they first appear."""
+    cols: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if (k not in FOLDED and k not in cols and v is not None
+                    and not isinstance(v, (list, dict)) and not (k == "size" and "case" not in r)):
+                cols.append(k)
+    return cols
+
+
+def _header(key: str, rows: list[dict[str, Any]]) -> str:
+    units = {r.get("unit") for r in rows if r.get(key) is not None}
+    if key == "us" and len(units) == 1 and None not in units:
+        return str(units.pop())
+    return HEADERS.get(key, key.replace("_", " "))
+
+
+def _cell(key: str, row: dict[str, Any], header: str) -> str:
+    v = row.get(key)
+    if v is None:
+        return NONE
+    if key == "ratio" and row.get("vs"):
+        return f'<span class="num">{v:.3f}x</span> {md_text(str(row["vs"]))}'
+    text = fmt_value(key, v)
+    if key == "us" and row.get("unit") and header != row["unit"]:
+        text += f" {row['unit']}"
+    return f'<span class="num">{md_text(text)}</span>'
+
+
+def _target(row: dict[str, Any]) -> str:
+    target, ok = str(row.get("target") or ""), row.get("ok")
+    verdict = "" if ok is None else ("**OK**" if ok else "**MISS**")
+    if target in ("info", "reference") and not verdict:
+        return f"<small>{target}</small>"
+    return " ".join(x for x in (md_text(target), verdict) if x)
+
+
+def row_anchors(benches: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """The HTML id of every row of every benchmark (the rows' links, unique on the page)."""
+    ids = {spec.id for spec in bench_compare.SPECS}
+    anchors = {}
+    for name, data in benches.items():
+        last, mine = "", []
+        for r in rows_of(data):
+            last, case = _split(r, last)
+            mine.append(_unique(slug(f"{name.removeprefix('bench_')} {last} {case}"), ids))
+        anchors[name] = mine
+    return anchors
+
+
+def bench_tables(data: dict[str, Any], anchors: list[str]) -> list[str]:
+    """The Markdown of one benchmark's tables: one per group of rows."""
+    rows = rows_of(data)
+    if not rows:
+        why = data.get("not_measured") or "no rows"
+        return [f"Not measured in this run: {md_text(str(why))}.", ""]
+    groups: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
+    last = ""
+    for r, anchor in zip(rows, anchors, strict=True):
+        last, case = _split(r, last)
+        groups.setdefault(last, []).append((case, anchor, r))
+    out: list[str] = []
+    for group, members in groups.items():
+        grows = [r for _, _, r in members]
+        cols = _columns(grows)
+        heads = [_header(c, grows) for c in cols]
+        has_target = any(r.get("target") or r.get("ok") is not None for r in grows)
+        if group:
+            out += [f"**{md_text(group)}**", ""]
+        out.append("| case | " + " | ".join(heads) + (" | target |" if has_target else " |"))
+        out.append("|---|" + "---:|" * len(cols) + ("---|" if has_target else ""))
+        notes = []
+        for case, anchor, r in members:
+            label = md_text(case) if case else NONE
+            if r.get("note"):
+                notes.append(f"{case}: {r['note']}")
+                label += f" <sup>{len(notes)}</sup>"
+            cells = [f'<span id="{anchor}"></span>{label}']
+            cells += [_cell(c, r, h) for c, h in zip(cols, heads, strict=True)]
+            if has_target:
+                cells.append(_target(r))
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+        if notes:
+            out += [f"{i}. {md_text(n)}" for i, n in enumerate(notes, 1)] + [""]
+    return out
+
+
+def _unique(anchor: str, ids: set[str]) -> str:
+    n, base = 2, anchor
+    while anchor in ids:
+        anchor, n = f"{base}-{n}", n + 1
+    ids.add(anchor)
+    return anchor
+
+
+def machine_lines(machine: dict[str, Any]) -> list[str]:
+    """Device, driver, library versions, date and commit, as a short list."""
+    if not machine:
+        return ["- machine: not recorded"]
+    gpu = machine.get("gpu", "unknown GPU")
+    if machine.get("gpus", 1) > 1:
+        gpu = f"{machine['gpus']} x {gpu}"
+    if machine.get("memory_gib"):
+        gpu += f" ({machine['memory_gib']} GiB)"
+    vers = ", ".join(f"{k} {v}" for k, v in machine.get("versions", {}).items())
+    return [f"- GPU: {gpu}, driver {machine.get('driver', '?')}",
+            f"- Python {machine.get('python', '?')}; {vers}",
+            f"- date: {machine.get('date', '?')}; commit: {machine.get('commit', 'not recorded')}"]
+
+
+def targets_table(benches: dict[str, dict[str, Any]]) -> list[str]:
+    """Every row that has a target, with its verdict."""
+    lines = ["| benchmark | case | result | target |", "|---|---|---:|---|"]
+    for name, data in benches.items():
+        last = ""
+        for r in rows_of(data):
+            last, case = _split(r, last)
+            if r.get("ok") is None:
                 continue
-            after_warning = False
-            lines.append(ln)
-        where = f" ({runs[name]})" if name in runs else ""
-        out += [f"## {title}", "", text, "", f"`python benchmarks/{name}.py`{where}", "",
-                "```text", *lines, "```", ""]
-    if extra.exists():
-        out += [extra.read_text().rstrip(), ""]
-    print("\n".join(out))
+            value = next((fmt_value(k, r[k]) + (f" {r['unit']}" if k == "us" and r.get("unit")
+                                                 else f" {HEADERS.get(k, k)}")
+                          for k in ("us", "gbps", "ms", "median_ms", "growable_us")
+                          if r.get(k) is not None), NONE)
+            ratio = f"{r['ratio']:.3f}x {r.get('vs', '')}".strip() if r.get("ratio") else ""
+            result = f"{value}, {ratio}" if ratio else value
+            label = f"{group_label(last)}{case}"
+            lines.append(f"| {name.removeprefix('bench_')} | {md_text(label)} | "
+                         f'<span class="num">{md_text(result)}</span> | {_target(r)} |')
+    return [*lines, ""] if len(lines) > 2 else ["No recorded row has a target.", ""]
+
+
+def group_label(group: str) -> str:
+    return f"{group}: " if group else ""
+
+
+def report(benches: dict[str, dict[str, Any]], comparisons: list[Comparison],
+           plots: dict[str, str], anchors: dict[str, list[str]]) -> str:
+    """The Markdown of docs/benchmarks.md: every section, measured or not (guides link them)."""
+    machines = {json.dumps(d.get("machine", {}), sort_keys=True) for d in benches.values()}
+    out = ["# Benchmarks", "",
+           "<!-- Written by scripts/bench_report.py from benchmarks/results/: edit those, "
+           "not this page. -->", "",
+           "Each benchmark script measures cuda_memkit, the raw `cuda.bindings` calls and the "
+           "other libraries **in the same process, interleaved**, and reports medians. "
+           "Compare the rows of one table; absolute times move between runs with the host.",
+           "", "- `ratio`: against the row named after it (`contig`: one contiguous copy of the "
+           "same bytes; `raw`: the raw driver calls).",
+           "- `target`: the bound the project holds the row to, and whether this run met it; "
+           "`info` and `reference` rows have none.",
+           "- Reproduce: `bash scripts/gpu-check bench` on a GPU machine, then "
+           "`python scripts/bench_report.py --import .gpu-out/results.tar.gz`; each script also "
+           "runs alone (`python benchmarks/bench_pool.py`; `--quick` on the simulator, which "
+           "labels its numbers simulated).", ""]
+    out += ["## Machine", ""]
+    if not benches:
+        out += ["No GPU run is recorded in `benchmarks/results/` yet.", ""]
+    elif len(machines) == 1:
+        out += [*machine_lines(next(iter(benches.values())).get("machine", {})), ""]
+    else:
+        out += ["The benchmarks below come from more than one run:", ""]
+        for name, data in benches.items():
+            m = data.get("machine", {})
+            out.append(f"- {name}: {m.get('gpu', '?')}, {m.get('date', '?')}, "
+                       f"commit {m.get('commit', '?')}")
+        out.append("")
+    out += ["## Against the other libraries", "",
+            "The comparisons the [why page](why.md) quotes: cuda_memkit's bars in colour, the "
+            "other libraries' in grey, the raw driver's in light grey.", ""]
+    for c in comparisons:
+        out += c.section(plots.get(c.id))
+    out += ["## Targets", "", "Every row that carries a target, as its run judged it.", ""]
+    out += targets_table(benches)
+    for name in [*AREAS, *(n for n in benches if n not in AREAS)]:
+        data = benches.get(name)
+        title, about = AREAS.get(name, (str((data or {}).get("title", name)),
+                                        str((data or {}).get("about", ""))))
+        out += [f"## {title}", ""]
+        if about:
+            out += [about, ""]
+        if data is None:
+            out += [f"`python benchmarks/{name}.py`: not in the recorded results.", ""]
+            continue
+        if len(machines) > 1:
+            m = data.get("machine", {})
+            out += [f"Measured {m.get('date', '?')} on {m.get('gpu', '?')}.", ""]
+        out += [f"`python benchmarks/{name}.py`", ""]
+        out += bench_tables(data, anchors[name])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def fill_regions(text: str, regions: dict[str, str]) -> str:
+    """``text`` with each ``bench-report`` region replaced by its new content."""
+    def sub(m: re.Match[str]) -> str:
+        if m.group(2) not in regions:
+            raise SystemExit(f"unknown bench-report region {m.group(2)!r}")
+        return m.group(1) + regions[m.group(2)] + m.group(4)
+
+    return REGION.sub(sub, text)
+
+
+def render(results: Path, docs: Path) -> tuple[dict[Path, str], dict[str, Comparison]]:
+    """Everything the results make: ``{path: text}`` and the plots by file name."""
+    benches = load(results)
+    anchors = row_anchors(benches)
+    comparisons = bench_compare.comparisons(benches, anchors)
+    plots = {c.id: f"{IMAGES}/{c.id}-{c.digest()}.png" for c in comparisons if c.plottable()}
+    headline = [c for c in comparisons
+                if c.id in bench_compare.HEADLINE and c.headline_view().plottable()]
+    if headline:
+        digest = hashlib.sha1("".join(c.digest() for c in headline).encode()).hexdigest()[:10]
+        plots["headline"] = f"{IMAGES}/headline-{digest}.png"
+    files = {docs / "benchmarks.md": report(benches, comparisons, plots, anchors)}
+    regions_docs = bench_compare.regions(benches, comparisons, plots.get("headline"), "")
+    regions_readme = bench_compare.regions(benches, comparisons, plots.get("headline"), "docs/",
+                                           README_LINKS)
+    for page, regions in ((docs / "index.md", regions_docs), (docs / "why.md", regions_docs),
+                          (docs.parent / "README.md", regions_readme)):
+        if page.exists():
+            files[page] = fill_regions(page.read_text(), regions)
+    by_file = {Path(p).name: c for c in comparisons if (p := plots.get(c.id))}
+    if "headline" in plots:
+        by_file[Path(plots["headline"]).name] = bench_compare.Headline(headline)
+    return files, by_file
+
+
+def write(results: Path, docs: Path) -> list[Path]:
+    """Write the report, the regions and the plots; remove plots no page names any more."""
+    files, plots = render(results, docs)
+    changed = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+    for p in changed:
+        p.write_text(files[p])
+    folder = docs / IMAGES
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, plot in plots.items():
+        if not (folder / name).exists():
+            plot.draw(folder / name)
+            changed.append(folder / name)
+    for old in folder.glob("*.png"):
+        if old.name not in plots:
+            old.unlink()
+            changed.append(old)
+    return changed
+
+
+def stale(results: Path, docs: Path) -> list[str]:
+    """What differs from what the results make (the plots by name: their names carry the data)."""
+    files, plots = render(results, docs)
+    problems = [f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p} is not what the "
+                "results make" for p, text in files.items()
+                if not p.exists() or p.read_text() != text]
+    folder = docs / IMAGES
+    have = {p.name for p in folder.glob("*.png")} if folder.exists() else set()
+    problems += [f"missing plot {IMAGES}/{n}" for n in sorted(set(plots) - have)]
+    problems += [f"plot no page shows: {IMAGES}/{n}" for n in sorted(have - set(plots))]
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--import", dest="source", type=Path,
+                    help="take a GPU run's results first (results.tar.gz, summary.json, folder)")
+    ap.add_argument("--allow-simulated", action="store_true",
+                    help="take simulated results too (for a preview: use --results elsewhere)")
+    ap.add_argument("--check", action="store_true", help="only say what is out of date")
+    ap.add_argument("--machine", type=Path, help="write this machine's record there and stop")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the results folder")
+    ap.add_argument("--docs", type=Path, default=ROOT / "docs", help="the docs folder")
+    args = ap.parse_args()
+    if args.machine:
+        args.machine.parent.mkdir(parents=True, exist_ok=True)
+        args.machine.write_text(json.dumps(machine_record(), indent=1) + "\n")
+        return 0
+    if args.source:
+        names = take_results(args.source, args.results, args.allow_simulated)
+        print(f"took {len(names)} result(s): {', '.join(sorted(names))}")
+    if args.check:
+        problems = stale(args.results, args.docs)
+        for p in problems:
+            print(p)
+        if problems:
+            print("run: python scripts/bench_report.py", file=sys.stderr)
+        return 1 if problems else 0
+    for p in write(args.results, args.docs):
+        print(f"{'wrote' if p.exists() else 'removed'} {p}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

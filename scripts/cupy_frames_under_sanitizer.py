@@ -5,12 +5,10 @@
 
 Plain CuPy: cuda_memkit is not imported. Each step runs a small function,
 collects garbage, then counts that function's frames still alive after it
-returned and the references to them the garbage collector can see. On the
-H100 (CuPy 14.2.0, compute-sanitizer 2025.3.1, 2026-11-25) the plain run keeps
-none; under memcheck ``cupy.arange`` keeps one frame per call and the FFT
-one (and so the arrays in their locals), referred to by nothing the collector
-can see, while ``cupy.empty`` and ``x * 3`` keep none. ``tests/_sanitizer.py`` is what the
-suite does about it. Exits 0 when no frame is kept, 1 otherwise.
+returned and the references to them the garbage collector can see (what an
+H100 showed is in docs/decisions.md, "compute-sanitizer runs without host
+backtraces"). ``tests/_sanitizer.py`` is what the suite does about it. Exits 0
+when no frame is kept, 1 otherwise.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Summarise a gpu-check work folder: pass counts from JUnit XML and benchmark JSON."""
+"""Summarise a gpu-check work folder: pass counts from JUnit XML, benchmark JSON, the machine."""
 
 from __future__ import annotations
 
@@ -37,11 +37,14 @@ def main() -> None:
         "suite": counts(work / "junit-suite.xml"),
         "benchmarks": {},
     }
-    for f in sorted(work.glob("bench_*.json")):
+    for f in sorted((work / "results").glob("bench_*.json")):
         try:
             summary["benchmarks"][f.stem] = json.loads(f.read_text())  # type: ignore[index]
         except ValueError as exc:
             summary["benchmarks"][f.stem] = {"error": str(exc)}  # type: ignore[index]
+    machine = work / "results" / "machine.json"
+    if machine.exists():
+        summary["machine"] = json.loads(machine.read_text())
     nb = work / "notebooks.log"
     if nb.exists():
         summary["notebooks"] = nb.read_text()[-2000:]

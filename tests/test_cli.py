@@ -75,6 +75,27 @@ def test_each_command_has_its_own_help(command: str, capsys: pytest.CaptureFixtu
         assert _cli.COMMANDS[other][0][1:] not in flat  # not the top-level help again
 
 
+@pytest.mark.parametrize("argv0, prog", [
+    ("/usr/lib/python3/site-packages/cuda_memkit/__main__.py", "python -m cuda_memkit"),
+    ("/home/me/.venv/bin/cuda-memkit", "cuda-memkit"),
+    ("cuda-memkit", "cuda-memkit"),
+])
+def test_usage_names_the_command_as_invoked(argv0: str, prog: str) -> None:
+    code = (f"import sys; sys.argv = [{argv0!r}, '--help']\n"
+            "from cuda_memkit._cli import main\nmain()")
+    proc = _run([], "sim", code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: {prog} [-h]")
+    assert f"Each command has its own help: {prog} COMMAND --help" in proc.stdout
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _cli.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"cuda_memkit {cm.__version__}\n"
+
+
 # -- the backend: --backend and CUDA_MEMKIT_BACKEND alike -----------------------------------------
 
 
@@ -151,6 +172,21 @@ def test_simulator_named_in_the_environment_is_used() -> None:
     assert len(figures) > 4
     assert [line for line in figures if "[simulated]" not in line] == [
         line for line in figures if line.startswith("cuda-bindings")]
+
+
+@pytest.mark.slow_subprocess
+def test_no_driver_notice_is_one_short_line() -> None:
+    """Without a driver and without a backend named, one line says the simulator is shown."""
+    code = (_NO_LIBCUDA if HAVE_DRIVER else "") + (
+        "import sys\nfrom cuda_memkit._cli import main\nsys.exit(main(['info']))")
+    proc = _run([], None, code=code)
+    assert proc.returncode == 0, proc.stderr
+    notice, blank, first = proc.stdout.splitlines()[:3]
+    assert notice == ("No NVIDIA driver here: showing the CPU simulator, every figure "
+                      "[simulated].")
+    assert blank == "" and first.startswith("backend        : sim")
+    assert proc.stdout.lower().count("driver here") == 1
+    assert "libcuda" not in proc.stdout and proc.stderr == ""
 
 
 # -- output -------------------------------------------------------------------------------------

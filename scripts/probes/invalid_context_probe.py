@@ -1,6 +1,6 @@
 """What each release call answers when the releasing thread's current context is not the owner's.
 
-Issue 15: after a CuPy cuFFT plan failure, pool buffers collected later warned
+After a CuPy cuFFT plan failure, pool buffers collected later once warned
 ``cuMemFreeAsync: CUDA_ERROR_INVALID_CONTEXT`` and kept their memory. This probe
 records, on the real driver, for every call cuda_memkit releases with, what it
 returns in each situation a finalizer may run in, whether a retry with device
@@ -225,7 +225,7 @@ class Env:
 
 
 def cupy_failure(env: Env, out: dict[str, Any]) -> None:
-    """Make a CuPy FFT plan fail inside a user allocator that raises (as in issue 15)."""
+    """Make a CuPy FFT plan fail inside a user allocator that raises (the case that warned)."""
     import cupy
 
     x = cupy.arange(1 << 16, dtype=cupy.complex64)

@@ -1,0 +1,253 @@
+"""The benchmark report (scripts/bench_report.py): written from the recorded results alone.
+
+The committed pages must be what the committed results make, so that no number on them can
+drift from its run; the generator itself is tested on a small made-up run (every number
+below is invented for the test).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_compare  # noqa: E402
+import bench_report  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
+
+MACHINE = {"date": "2030-01-02 03:04 UTC", "gpu": "Test GPU", "gpus": 2, "driver": "999.1",
+           "memory_gib": 80, "python": "3.12.0", "versions": {"numpy": "2.0", "cupy": "14"},
+           "commit": "abc1234"}
+
+
+def _pool_rows() -> list[dict[str, Any]]:
+    def row(case: str, us: float | None, target: str = "info", ok: bool | None = None,
+            note: str = "") -> dict[str, Any]:
+        r: dict[str, Any] = {"case": case, "us": us, "unit": "us/pair", "ratio": None,
+                             "target": target, "ok": ok, "floor_us": None}
+        if note:
+            r["note"] = note
+        return r
+
+    return [
+        row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", 2.0, "reference"),
+        row("1 MiB: MemoryPool(cache=True).allocate(stream=s).free()", 1.0,
+            "<= 1x CuPy MemoryPool().malloc (2.00x)", False),
+        row("   the same row", 1.0, "ahead of torch (0.5x)", True),
+        row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", 2.5),
+        row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", 0.5),
+        row("1 MiB: CuPy malloc_async", 1.5),
+        row("1 MiB: cuda.core Device.allocate + Buffer.close", None, note="ImportError: no"),
+        row("1 MiB: torch.empty(device='cuda')", 2.0),
+        row("4 KiB pinned: HostBuffer.pooled(4096).close()", 0.8),
+    ]
+
+
+def _write_run(folder: Path, *, simulated: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    pool = {"backend": "sim" if simulated else "cuda", "simulated": simulated,
+            "rows": _pool_rows()}
+    multi = {"backend": "cuda", "title": "Several GPUs", "about": "Copies between two GPUs.",
+             "rows": [
+                 {"case": "peer copy 1 GiB: memkit copy", "gbps": 300.0, "ratio": 1.0,
+                  "compare": "Copy 1 GiB between two GPUs", "library": "cuda_memkit",
+                  "label": "`copy(dst, src)`"},
+                 {"case": "peer copy 1 GiB: torch copy_", "gbps": 350.0,
+                  "compare": "Copy 1 GiB between two GPUs", "library": "PyTorch",
+                  "label": "`copy_`"}]}
+    empty = {"backend": "cuda", "rows": [], "not_measured": "needs CuPy on a GPU"}
+    for name, data in (("bench_pool", pool), ("bench_multigpu", multi),
+                       ("bench_workload", empty)):
+        (folder / f"{name}.json").write_text(json.dumps(data))
+    (folder / "machine.json").write_text(json.dumps(MACHINE))
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> tuple[Path, Path]:
+    """A results folder holding an imported made-up run, and a docs folder with regions."""
+    run = tmp_path / "run"
+    _write_run(run)
+    results, docs = tmp_path / "results", tmp_path / "site" / "docs"
+    docs.mkdir(parents=True)
+    region = "x\n<!-- bench-report:{0} -->\nold\n<!-- /bench-report:{0} -->\ny\n"
+    (docs / "index.md").write_text(region.format("headline"))
+    (docs / "why.md").write_text(region.format("peers"))
+    (docs.parent / "README.md").write_text(region.format("headline"))
+    assert sorted(bench_report.take_results(run, results, False)) == [
+        "bench_multigpu", "bench_pool", "bench_workload"]
+    return results, docs
+
+
+def test_committed_pages_are_what_the_committed_results_make() -> None:
+    problems = bench_report.stale(bench_report.RESULTS, ROOT / "docs")
+    assert problems == [], "run: python scripts/bench_report.py\n" + "\n".join(problems)
+
+
+def test_committed_results_are_a_gpus() -> None:
+    for path in bench_report.RESULTS.glob("bench_*.json"):
+        data = json.loads(path.read_text())
+        assert not data.get("simulated") and data.get("backend") != "sim", path.name
+        assert data.get("machine", {}).get("gpu"), f"{path.name}: no machine record"
+
+
+def test_import_stores_each_result_with_its_machine(site: tuple[Path, Path]) -> None:
+    results, _docs = site
+    pool = json.loads((results / "bench_pool.json").read_text())
+    assert pool["machine"] == MACHINE
+    assert pool["rows"] == _pool_rows()
+    assert not (results / "machine.json").exists()
+
+
+def test_import_refuses_simulated_results(tmp_path: Path) -> None:
+    _write_run(tmp_path / "run", simulated=True)
+    with pytest.raises(SystemExit, match="simulated results, not a GPU's: bench_pool"):
+        bench_report.take_results(tmp_path / "run", tmp_path / "results", False)
+    assert not (tmp_path / "results").exists()
+    assert "bench_pool" in bench_report.take_results(tmp_path / "run", tmp_path / "results",
+                                                     True)
+
+
+@pytest.mark.parametrize("form", ["tarball", "summary"])
+def test_import_takes_what_gpu_check_brings_back(tmp_path: Path, form: str) -> None:
+    run = tmp_path / "work" / "results"
+    _write_run(run)
+    if form == "tarball":
+        source = tmp_path / "results.tar.gz"
+        with tarfile.open(source, "w:gz") as tar:
+            tar.add(tmp_path / "work", arcname=".")
+            log = b"not json"
+            info = tarfile.TarInfo("./bench_pool.log")
+            info.size = len(log)
+            tar.addfile(info, io.BytesIO(log))
+    else:
+        source = tmp_path / "summary.json"
+        source.write_text(json.dumps({
+            "suite": {}, "machine": MACHINE,
+            "benchmarks": {p.stem: json.loads(p.read_text()) for p in run.glob("bench_*.json")}}))
+    names = bench_report.take_results(source, tmp_path / "results", False)
+    assert sorted(names) == ["bench_multigpu", "bench_pool", "bench_workload"]
+    stored = json.loads((tmp_path / "results" / "bench_multigpu.json").read_text())
+    assert stored["machine"] == MACHINE
+
+
+def test_import_without_results_says_so(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match="no bench_"):
+        bench_report.take_results(tmp_path / "run", tmp_path / "results", False)
+
+
+def test_report_tables_targets_and_machine(site: tuple[Path, Path]) -> None:
+    results, docs = site
+    files, _plots = bench_report.render(results, docs)
+    page = files[docs / "benchmarks.md"]
+    assert "- GPU: 2 x Test GPU (80 GiB), driver 999.1" in page
+    assert "commit: abc1234" in page and "2030-01-02 03:04 UTC" in page
+    # One table per group of rows, every row with its anchor; a continuation row stays in it.
+    assert "**1 MiB**" in page and "**4 KiB pinned**" in page
+    assert ('<span id="pool-1-mib-memorypool-cache-true-allocate-stream-s-free"></span>'
+            "MemoryPool(cache=True).allocate(stream=s).free()") in page
+    assert '<span id="pool-1-mib-the-same-row"></span>the same row' in page
+    assert "| us/pair | floor us | target |" not in page  # an empty column is left out
+    assert "&lt;= 1x CuPy MemoryPool().malloc (2.00x) **MISS**" in page
+    assert "ahead of torch (0.5x) **OK**" in page
+    # The targets table gathers both verdicts; a script that did not measure says why.
+    targets = page.split("## Targets", 1)[1].split("## ", 1)[0]
+    assert targets.count("**MISS**") == 1 and targets.count("**OK**") == 1
+    assert "Not measured in this run: needs CuPy on a GPU." in page
+    # A script the report does not know gets a section under its own title.
+    assert "## Several GPUs\n\nCopies between two GPUs.\n\n`python benchmarks/bench_multigpu.py`" \
+        in page
+    # Every known area has its section, measured or not (the guides link to them).
+    for title, _about in bench_report.AREAS.values():
+        assert f"\n## {title}\n" in page
+    assert "`python benchmarks/bench_vmm.py`: not in the recorded results." in page
+
+
+def test_comparisons_say_plainly_where_a_peer_is_faster(site: tuple[Path, Path]) -> None:
+    results, docs = site
+    files, _plots = bench_report.render(results, docs)
+    page = files[docs / "benchmarks.md"]
+    pool = page.split("{#pool-pair}", 1)[1].split("###", 1)[0]
+    assert "| [CuPy](#pool-1-mib-cupy-memorypool-malloc-caching-direct) | `MemoryPool().malloc` |" \
+        in pool
+    assert "**2.00x faster**" in pool        # CuPy's pool: 0.5 against memkit's 1.0
+    assert "| 1.50x slower |" in pool        # malloc_async
+    assert "not measured</span>" in pool and "ImportError: no" in pool
+    assert "images/benchmarks/pool-pair-" in pool
+    # Throughput: more is better; a comparison tagged in the rows of a new script.
+    multi = page.split("{#copy-1-gib-between-two-gpus}", 1)[1].split("##", 1)[0]
+    assert "GB/s, higher is better" in multi and "**1.17x faster**" in multi
+    why = files[docs / "why.md"]
+    assert ("CuPy's `MemoryPool().malloc` (0.500 us per pair) is 2.00x faster than "
+            "cuda_memkit's `MemoryPool(cache=True)` (1.000).") in why
+    assert "PyTorch's `copy_` (350.0 GB/s) is 1.17x faster" in why
+    assert "RMM is measured by no benchmark of this run" in why
+    assert "*Measured on Test GPU, 2030-01-02, every library in the same run.*" in why
+    assert why.startswith("x\n<!-- bench-report:peers -->\n") and why.endswith(
+        "<!-- /bench-report:peers -->\ny\n")
+
+
+def test_headline_regions_name_the_plot(site: tuple[Path, Path]) -> None:
+    results, docs = site
+    files, plots = bench_report.render(results, docs)
+    readme, index = files[docs.parent / "README.md"], files[docs / "index.md"]
+    headline = next(n for n in plots if n.startswith("headline-"))
+    assert f"(docs/images/benchmarks/{headline})" in readme
+    assert f"({bench_report.README_LINKS}benchmarks.md)" in readme
+    assert f"(images/benchmarks/{headline})" in index and "(benchmarks.md)" in index
+    assert isinstance(plots[headline], bench_compare.Headline)
+
+
+def test_write_draws_the_plots_and_then_nothing_is_stale(site: tuple[Path, Path]) -> None:
+    pytest.importorskip("matplotlib", reason="the plots are drawn with matplotlib")
+    results, docs = site
+    folder = docs / bench_report.IMAGES
+    folder.mkdir(parents=True)
+    (folder / "pool-pair-0000000000.png").write_bytes(b"an old plot")
+    assert bench_report.stale(results, docs)
+    bench_report.write(results, docs)
+    assert bench_report.stale(results, docs) == []
+    names = sorted(p.name for p in folder.glob("*.png"))
+    assert not any(n.startswith("pool-pair-0000") for n in names)
+    # The pinned comparison has cuda_memkit's row alone in this run: nothing to set it against.
+    assert {n.split("-")[0] for n in names} == {"copy", "headline", "pool"}
+    assert all((folder / n).read_bytes().startswith(b"\x89PNG") for n in names)
+    # A number changes: the page and the plot's name change with it.
+    data = json.loads((results / "bench_pool.json").read_text())
+    data["rows"][1]["us"] = 0.9
+    (results / "bench_pool.json").write_text(json.dumps(data))
+    problems = bench_report.stale(results, docs)
+    assert any("benchmarks.md is not what the results make" in p for p in problems)
+    assert any(p.startswith("missing plot images/benchmarks/pool-pair-") for p in problems)
+
+
+def test_without_results_every_page_says_none_is_recorded(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "why.md").write_text("<!-- bench-report:peers -->\nx\n<!-- /bench-report:peers -->\n")
+    files, plots = bench_report.render(tmp_path / "none", docs)
+    assert plots == {}
+    assert "No GPU run is recorded in `benchmarks/results/` yet." in files[docs / "benchmarks.md"]
+    assert "No GPU run is recorded yet" in files[docs / "why.md"]
+
+
+def test_an_unknown_region_is_an_error() -> None:
+    with pytest.raises(SystemExit, match="unknown bench-report region 'nope'"):
+        bench_report.fill_regions("<!-- bench-report:nope -->\n<!-- /bench-report:nope -->",
+                                  {"peers": ""})
+
+
+@pytest.mark.parametrize("key, value, text", [
+    ("size", 32 << 20, "32 MiB"), ("size", 3000, "3000 B"), ("ratio", 1.23456, "1.235x"),
+    ("vs_raw", 2.0, "2.000x"), ("us", 123.456, "123.5"), ("us", 12.345, "12.35"),
+    ("us", 1.23456, "1.235"), ("entries", 64, "64"), ("ok", True, "yes")])
+def test_values_are_formatted_by_their_key(key: str, value: Any, text: str) -> None:
+    assert bench_compare.fmt_value(key, value) == text
