@@ -993,6 +993,7 @@ class CopyBatch(Resource):
         with self._lock:
             if self._state is State.OPEN:
                 self._memo.resident.release()
+                self._memo.forget()  # the last kernel pick names the pairs, and their operands
                 self._groups = []
             super().close()
 
