@@ -13,6 +13,8 @@ import sys
 import textwrap
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,3 +74,149 @@ def test_the_exit_report_does_not_name_a_closed_batchs_operands(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert "no memory left at exit" in proc.stderr, proc.stderr
 
+
+
+# -- addresses never wrap past 2**64 -------------------------------------------------------
+
+TOP = 1 << 64
+
+
+class FakeCAI:
+    """A ``__cuda_array_interface__`` object claiming memory that runs past 2**64."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,),
+                                         "typestr": "|u1", "version": 3, "strides": None}
+
+
+def _wrapping_calls(victim: cm.DeviceBuffer, other: cm.HostBuffer,
+                    stream: cm.Stream) -> dict[str, Any]:
+    """Calls whose destination or source address wraps onto ``victim``."""
+    low = TOP - BLOCK  # + an offset of victim.ptr + BLOCK wraps to victim.ptr
+    wrap = [(victim.ptr + BLOCK, 0, 64)]
+    back = [(0, victim.ptr + BLOCK, 64)]
+    cai = FakeCAI(TOP - 64, 4 * BLOCK)  # 4 KiB claimed from 64 bytes below the top
+
+    def batch(dst: Any, src: Any, blocks: list[tuple[int, int, int]]) -> Any:
+        return lambda: cm.CopyBatch().add(dst, src, blocks=blocks)
+
+    out: dict[str, Any] = {}
+    for method in ("driver", "kernel", "auto"):
+        out[f"dst int, {method}"] = lambda m=method: cm.copy_batch(low, other, blocks=wrap,
+                                                                   method=m)
+        out[f"src int, {method}"] = lambda m=method: cm.copy_batch(other, low, blocks=back,
+                                                                   method=m)
+        out[f"dst int, stream, {method}"] = lambda m=method: cm.copy_batch(
+            low, other, blocks=wrap, method=m, stream=stream)
+        out[f"dst int arrays, {method}"] = lambda m=method: cm.copy_batch(
+            low, other, dst_offsets=np.array([victim.ptr + BLOCK], np.uint64),
+            src_offsets=[0], sizes=np.array([64]), method=m)
+        out[f"dst int one size, {method}"] = lambda m=method: cm.copy_batch(
+            low, other, dst_offsets=[0, victim.ptr + BLOCK], src_offsets=[0, 64], sizes=64,
+            method=m)
+        out[f"dst CAI, {method}"] = lambda m=method: cm.copy_batch(
+            cai, other, blocks=[(0, 0, 2 * BLOCK)], method=m)
+    out["CopyBatch dst int"] = batch(low, other, wrap)
+    out["CopyBatch src int"] = batch(other, low, back)
+    out["copy dst int"] = lambda: cm.copy(TOP - 16, other, nbytes=64)
+    out["copy src int"] = lambda: cm.copy(other, TOP - 16, nbytes=64)
+    out["copy dst int, sized source"] = lambda: cm.copy(TOP - 16, other)
+    out["copy_async dst int"] = lambda: cm.copy_async(TOP - 16, other, nbytes=64,
+                                                      stream=stream)
+    out["copy dst CAI"] = lambda: cm.copy(cai, other)
+    return out
+
+
+WRAPPING = list(_wrapping_calls(SimpleNamespace(ptr=0), None, None))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", WRAPPING)
+def test_every_path_refuses_an_address_that_wraps_past_2_64(
+        name: str, stream: cm.Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Address + offset + size past 2**64 would land on another allocation (the review's
+    case: ``copy_batch(2**64 - 4096, src, blocks=[(victim.ptr + 4096, 0, 64)])`` wrote into
+    ``victim``): refused with ValueError on every path, before anything is issued."""
+    from ._nothing import nothing_allocated
+
+    victim = cm.DeviceBuffer.zeros(2 * BLOCK)
+    other = cm.HostBuffer.from_array(np.full(4 * BLOCK, 7, np.uint8))
+    try:
+        call = _wrapping_calls(victim, other, stream)[name]
+        with nothing_allocated(monkeypatch), pytest.raises(ValueError, match=r"2\*\*64"):
+            call()
+        stream.synchronize()
+        assert (victim.to_numpy() == 0).all()
+    finally:
+        other.close()
+        victim.close()
+
+
+def test_a_range_ending_at_2_64_itself_does_not_wrap() -> None:
+    """The check is exact: the last block may end at 2**64 (nothing wraps; the driver
+    decides about such an address when the batch runs)."""
+    other = cm.HostBuffer.zeros(BLOCK)
+    try:
+        with cm.CopyBatch() as b:
+            b.add(TOP - BLOCK, other, blocks=[(BLOCK - 64, 0, 64)])
+            b.add(other, TOP - BLOCK, dst_offsets=[0], src_offsets=[BLOCK - 64], sizes=64)
+            with pytest.raises(ValueError, match=r"2\*\*64"):
+                b.add(TOP - BLOCK, other, blocks=[(BLOCK - 64, 0, 65)])
+    finally:
+        other.close()
+
+
+# -- object arrays are a TypeError, integers past 64 bits a ValueError -----------------------
+
+SMALL_OBJECTS = np.array([0, BLOCK], dtype=object)
+
+
+def _object_array_calls(dev: Any, host: Any, managed: Any) -> dict[str, Any]:
+    return {
+        "dst_offsets": lambda: cm.copy_batch(dev, host, dst_offsets=SMALL_OBJECTS,
+                                             src_offsets=[0, BLOCK], sizes=64),
+        "src_offsets": lambda: cm.copy_batch(dev, host, dst_offsets=[0, BLOCK],
+                                             src_offsets=SMALL_OBJECTS, sizes=[64, 64]),
+        "sizes": lambda: cm.copy_batch(dev, host, dst_offsets=[0, BLOCK],
+                                       src_offsets=[0, BLOCK], sizes=SMALL_OBJECTS),
+        "blocks": lambda: cm.copy_batch(dev, host, blocks=np.array([[0, 0, 64]], object)),
+        "CopyBatch.add": lambda: cm.CopyBatch().add(dev, host, dst_offsets=SMALL_OBJECTS,
+                                                    src_offsets=[0, BLOCK], sizes=64),
+        "add_ranges offsets": lambda: cm.PrefetchPlan().add_ranges(
+            managed, cm.Location.device(0), SMALL_OBJECTS, 64),
+        "add_ranges sizes": lambda: cm.PrefetchPlan().add_ranges(
+            managed, cm.Location.device(0), [0, BLOCK], SMALL_OBJECTS),
+    }
+
+
+@pytest.mark.uses_managed_memory
+@pytest.mark.parametrize("name", list(_object_array_calls(None, None, None)))
+def test_an_object_array_of_small_ints_is_a_type_error(name: str) -> None:
+    """The transfers page's rule: offset and size arrays are integer arrays; an object
+    array is a TypeError naming its dtype (not "integers past 64 bits", which it does not
+    hold)."""
+    dev, host = cm.DeviceBuffer.zeros(2 * BLOCK), cm.HostBuffer.zeros(2 * BLOCK)
+    managed = cm.ManagedBuffer.zeros(2 * BLOCK)
+    try:
+        with pytest.raises(TypeError, match="integers, not object"):
+            _object_array_calls(dev, host, managed)[name]()
+    finally:
+        for b in (dev, host, managed):
+            b.close()
+
+
+@pytest.mark.parametrize("values", [[0, 2**70], [0, -2**70], [-1, 2**63],
+                                    np.array([0, 2**64], dtype=object)])
+def test_integers_past_64_bits_stay_a_value_error(values: Any) -> None:
+    """Also ``[-1, 2**63]``, which numpy makes float64 (no integer dtype holds both): the
+    ints are out of range, not floats."""
+    dev, host = cm.DeviceBuffer.zeros(2 * BLOCK), cm.HostBuffer.zeros(2 * BLOCK)
+    try:
+        with pytest.raises(ValueError, match="past 64 bits"):
+            cm.copy_batch(dev, host, dst_offsets=values, src_offsets=[0, 64], sizes=64)
+        with pytest.raises(ValueError, match="past 64 bits"):
+            cm.copy_batch(dev, host, blocks=[(v, 0, 64) for v in values])
+        with pytest.raises(TypeError, match="not float64"):  # floats stay a TypeError
+            cm.copy_batch(dev, host, dst_offsets=[0.0, 64.0], src_offsets=[0, 64], sizes=64)
+    finally:
+        dev.close()
+        host.close()

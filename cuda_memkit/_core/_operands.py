@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUpointer_attribute
 
 from . import _driver
-from ._checks import MAX_U64, byte_count, u64
+from ._checks import ADDRESS_END, MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
 from ._device import device_count, ensure_any_context, ensure_context, primary_pushed, sync_hooks
 from ._errors import CudaError, CudaInvalidValueError
@@ -452,29 +452,44 @@ def _from_cai(cai: dict[str, Any], dst: bool) -> Operand:
 
 
 def copy_size(d: Operand, s: Operand, nbytes: int | None) -> int:
-    """The byte count of a copy from ``s`` to ``d``: ``nbytes``, or the operands' common size."""
+    """The byte count of a copy from ``s`` to ``d``: ``nbytes``, or the operands' common size.
+
+    Neither side may run past the last 64-bit address (an int address near
+    2**64 would wrap around onto another allocation).
+    """
+    n = _common_size(d, s) if nbytes is None else _prefix_size(d, s, nbytes)
+    for op, role in ((d, "destination"), (s, "source")):
+        if op[0] + n > ADDRESS_END:  # only an int address can get here
+            raise ValueError(f"the copy {role} 0x{op[0]:x} + {n} bytes passes 2**64 (it "
+                             "would wrap around to another allocation)")
+    return n
+
+
+def _common_size(d: Operand, s: Operand) -> int:
     dn, sn = d[1], s[1]
-    if nbytes is None:
-        if dn is None and sn is None:
-            raise ValueError("copying between two raw pointers needs nbytes=")
-        if dn is not None and sn is not None:
-            if dn != sn:
-                raise ValueError(
-                    f"size mismatch: the destination has {dn} bytes, the source {sn}; "
-                    "pass nbytes= to copy a prefix"
-                )
-            if d[2] is not None and s[2] is not None and d[2] != s[2]:
-                raise ValueError(
-                    f"dtype mismatch: the destination is {d[2]}, the source {s[2]}; "
-                    "pass nbytes= to copy raw bytes"
-                )
-            return dn
-        return dn if dn is not None else sn  # type: ignore[return-value]
+    if dn is None and sn is None:
+        raise ValueError("copying between two raw pointers needs nbytes=")
+    if dn is not None and sn is not None:
+        if dn != sn:
+            raise ValueError(
+                f"size mismatch: the destination has {dn} bytes, the source {sn}; "
+                "pass nbytes= to copy a prefix"
+            )
+        if d[2] is not None and s[2] is not None and d[2] != s[2]:
+            raise ValueError(
+                f"dtype mismatch: the destination is {d[2]}, the source {s[2]}; "
+                "pass nbytes= to copy raw bytes"
+            )
+        return dn
+    return dn if dn is not None else sn  # type: ignore[return-value]
+
+
+def _prefix_size(d: Operand, s: Operand, nbytes: int) -> int:
     n = byte_count(nbytes)
-    if dn is not None and n > dn:
-        raise ValueError(f"nbytes={n} is larger than the destination ({dn} bytes)")
-    if sn is not None and n > sn:
-        raise ValueError(f"nbytes={n} is larger than the source ({sn} bytes)")
+    if d[1] is not None and n > d[1]:
+        raise ValueError(f"nbytes={n} is larger than the destination ({d[1]} bytes)")
+    if s[1] is not None and n > s[1]:
+        raise ValueError(f"nbytes={n} is larger than the source ({s[1]} bytes)")
     return n
 
 

@@ -46,8 +46,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
+from .._core._checks import ADDRESS_END, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
-from .._core._checks import int64_array, refuse_negative
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._device import (
     StreamLike,
@@ -136,7 +136,7 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
             raise TypeError("pass either blocks= or dst_offsets=/src_offsets=/sizes=, not both")
         if isinstance(blocks, (str, bytes)):
             raise TypeError("blocks must be (dst_offset, src_offset, size) triples")
-        b = np.asarray(blocks)
+        b = integer_array(blocks)
         if b.size == 0:
             z = np.zeros(0, np.int64)
             return z, z, z
@@ -179,6 +179,25 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
         raise ValueError(
             f"block {i} is out of range: {role} bytes [{int(off[i])}, "
             f"{int(off[i]) + int(sz[i])}) of a {limit}-byte {role}")
+
+
+def _check_wrap(op: Any, need: int, off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any],
+                role: str) -> None:
+    """The blocks end below 2**64 from the operand's address ``op[0]``: none wraps around.
+
+    ``need`` is the largest end offset of the blocks (known from the bounds
+    pass): one comparison, and the block is named only when one fails.
+    """
+    import numpy as np
+
+    base = op[0]
+    if base + need <= ADDRESS_END:
+        return
+    over = np.flatnonzero(off + sz > ADDRESS_END - base)  # < need <= 2**63 - 1: exact in int64
+    i = int(over[0]) if len(over) else 0
+    raise ValueError(
+        f"block {i}: the {role} address 0x{base:x} + offset {int(off[i])} + size "
+        f"{int(sz[i])} passes 2**64 (it would wrap around to another allocation)")
 
 
 def _sort_merge(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any], z: np.ndarray[Any, Any],
@@ -263,6 +282,8 @@ class _Group:
             # The bytes each operand must have (checked again by refresh()).
             self.dst_need = int((d + z).max()) if len(z) else 0
             self.src_need = int((s + z).max()) if len(z) else 0
+        _check_wrap(self.dst_op, self.dst_need, d, z, "destination")
+        _check_wrap(self.src_op, self.src_need, s, z, "source")
         self.blocks = len(z)
         idx = None
         if span is None:
@@ -347,6 +368,9 @@ class _Group:
                 raise ValueError(
                     f"the {role} now has {op[1]} bytes, but the batch's blocks reach byte "
                     f"{need} of it (it was resized since they were added)")
+            if op[0] + need > ADDRESS_END:  # an object now at another address
+                _check_wrap(op, need, self.d if role == "destination" else self.s, self.z,
+                            role)
         self._check_null()
 
     def direction(self) -> int:
