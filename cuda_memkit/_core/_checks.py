@@ -24,6 +24,7 @@ __all__ = [
     "MAX_U64",
     "as_index",
     "byte_count",
+    "check_bool",
     "check_dtype",
     "check_flags",
     "check_shape",
@@ -71,6 +72,16 @@ def u64(value: object, what: str) -> int:
     if v > MAX_U64:
         raise ValueError(f"{what} {v:#x} does not fit in 64 bits")
     return v
+
+
+def check_bool(value: object, what: str) -> bool:
+    """``value`` if it is ``True`` or ``False``, else ``TypeError``.
+
+    No truthiness: ``"False"``, ``1`` and ``None`` are refused.
+    """
+    if value is True or value is False:
+        return value
+    raise TypeError(f"{what} must be True or False, not {type(value).__name__}")
 
 
 def positive(what: str, value: object) -> int:

@@ -46,7 +46,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
-from .._core._checks import ADDRESS_END, int64_array, integer_array, refuse_negative
+from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._device import (
@@ -918,7 +918,8 @@ def copy_batch(
     ------
     TypeError
         Non-integer offset or size arrays, both or neither of ``blocks`` and
-        the arrays, operands that are not memory.
+        the arrays, operands that are not memory, an ``allow_pageable`` that
+        is not a bool.
     ValueError
         Arrays of different lengths, negative offsets or sizes, a block past
         the end of its buffer, overlapping destination blocks, a source block
@@ -946,6 +947,7 @@ def copy_batch(
     >>> host.close(); dev.close()
     """
     _kernels.check_method(method)
+    check_bool(allow_pageable, "allow_pageable")
     g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location,
                method)
     _run([g], stream, stream is None, allow_pageable, method)
@@ -1088,6 +1090,7 @@ class CopyBatch(Resource):
         with self._lock:
             self._check_open()
             _kernels.check_method(method)
+            check_bool(allow_pageable, "allow_pageable")
             for g in self._groups:
                 g.refresh()
             _run(self._groups, stream, stream is None, allow_pageable, method, self._memo)

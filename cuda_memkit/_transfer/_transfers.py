@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import _buffer, _driver
+from .._core._checks import check_bool
 from .._core._device import StreamLike, ensure_any_context, stream_handle
 from .._core._operands import (
     DRIVER,
@@ -88,7 +89,8 @@ def copy(
     Raises
     ------
     TypeError
-        For operands that are not memory, or object dtypes.
+        For operands that are not memory, object dtypes, or an
+        ``allow_pageable`` or ``staged`` that is not a bool.
     ValueError
         For mismatched sizes or dtypes, non-contiguous or read-only
         destinations, or pageable memory in a stream-ordered copy without
@@ -98,6 +100,7 @@ def copy(
     """
     if staged is not None and not isinstance(staged, bool):
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
+    check_bool(allow_pageable, "allow_pageable")
     if stream is not None:
         _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable, staged)
         return dst
@@ -158,7 +161,8 @@ def copy_async(
     -------
     dst
     """
-    _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable)
+    _copy_async(dst, src, nbytes, stream_handle(stream),
+                check_bool(allow_pageable, "allow_pageable"))
     return dst
 
 
