@@ -220,3 +220,91 @@ def test_integers_past_64_bits_stay_a_value_error(values: Any) -> None:
     finally:
         dev.close()
         host.close()
+
+
+# -- ids the driver cannot take, devices that do not exist: ValueError before anything -------
+
+BIG_IDS = [2**31, 2**40, 2**64]
+
+
+def _big_id_calls(dev: Any, host: Any, big: int) -> dict[str, Any]:
+    L, T = cm.Location, cm.LocationType
+    return {
+        "copy_batch(dst_location=int)": lambda: cm.copy_batch(dev, host, blocks=[(0, 0, 64)],
+                                                              dst_location=big),
+        "Location.device": lambda: L.device(big),
+        "Location.host_numa": lambda: L.host_numa(big),
+        "Location(HOST_NUMA, id)": lambda: L(T.HOST_NUMA, big),
+        "MemoryPool(location=Location.host_numa(id), cache=True)":
+            lambda: cm.MemoryPool(location=L(T.HOST_NUMA, big), cache=True),
+        "MemoryPool(managed=True, location=Location.device(id))":
+            lambda: cm.MemoryPool(managed=True, location=L(T.DEVICE, big)),
+        "MemoryPool(device=id)": lambda: cm.MemoryPool(big),
+        "Device(id)": lambda: cm.Device(big),
+        "Stream(device=id)": lambda: cm.Stream(big),
+        "DeviceBuffer.empty(device=id)": lambda: cm.DeviceBuffer.empty(64, device=big),
+    }
+
+
+@pytest.mark.parametrize("big", BIG_IDS)
+@pytest.mark.parametrize("name", list(_big_id_calls(None, None, 0)))
+def test_ids_past_the_drivers_int_are_a_value_error(name: str, big: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device ordinals and location ids go to the driver as C ints: one past 2**31 - 1 is a
+    ValueError naming the limit (never the bindings' OverflowError), before anything."""
+    from ._nothing import nothing_allocated
+
+    dev, host = cm.DeviceBuffer.zeros(BLOCK), cm.HostBuffer.zeros(BLOCK)
+    try:
+        with nothing_allocated(monkeypatch), pytest.raises(ValueError, match=r"2\*\*31"):
+            _big_id_calls(dev, host, big)[name]()
+    finally:
+        dev.close()
+        host.close()
+
+
+@pytest.mark.parametrize("side", ["dst_location", "src_location"])
+@pytest.mark.parametrize(("api", "method"), [(api, m) for api in ("copy_batch",
+                                                                  "copy_batch(stream=)")
+                                             for m in ("driver", "kernel", "auto")]
+                         + [("CopyBatch.add", "")])
+def test_a_hint_naming_no_device_is_refused_on_every_path(
+        method: str, side: str, api: str, ndevices: int, stream: cm.Stream,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One behaviour whichever path would copy: ValueError before anything is issued (the
+    driver refused such a hint in its call, after a kernel launch of the same batch; the
+    kernel and auto paths ignored it)."""
+    from ._nothing import nothing_allocated
+
+    managed, host = cm.ManagedBuffer.zeros(2 * BLOCK), cm.HostBuffer.zeros(2 * BLOCK)
+    hint = {side: ndevices}  # one past the last device
+    try:
+        with nothing_allocated(monkeypatch), pytest.raises(ValueError, match="does not exist"):
+            if api == "CopyBatch.add":
+                cm.CopyBatch().add(managed, host, blocks=[(0, 0, 64)], **hint)
+            else:
+                cm.copy_batch(managed, host, blocks=[(0, 0, 64), (BLOCK, BLOCK, 64)],
+                              method=method, stream=stream if "stream" in api else None,
+                              **hint)
+    finally:
+        managed.close()
+        host.close()
+
+
+@pytest.mark.uses_managed_memory
+@pytest.mark.parametrize("hint", [0, cm.Location.host(), cm.Location.host_numa(0),
+                                  cm.Location.host_numa(99), cm.Location.host_numa_current()])
+def test_hints_of_existing_devices_and_any_host_node_are_taken(hint: Any) -> None:
+    """Hints are hints: a device that exists, or any host location (the driver takes a
+    NUMA node it does not have as a hint too), copy as without one."""
+    managed, host = cm.ManagedBuffer.zeros(2 * BLOCK), cm.HostBuffer.zeros(2 * BLOCK)
+    try:
+        host.array[:] = 5
+        for method in ("driver", "kernel"):
+            managed.fill(0)
+            cm.copy_batch(managed, host, blocks=[(0, 0, 64)], method=method,
+                          dst_location=hint, src_location=hint)
+            assert (managed.to_numpy()[:64] == 5).all() and (managed.to_numpy()[64:] == 0).all()
+    finally:
+        managed.close()
+        host.close()

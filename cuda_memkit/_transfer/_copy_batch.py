@@ -52,6 +52,7 @@ from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._device import (
     StreamLike,
     as_location,
+    check_exists,
     ensure_any_context,
     forked_stream,
     stream_handle,
@@ -255,8 +256,12 @@ class _Group:
         self.dst, self.src = dst, src
         self.dst_op = operand(dst, True)
         self.src_op = operand(src, False)
-        self.src_hint = None if src_location is None else as_location(src_location)
-        self.dst_hint = None if dst_location is None else as_location(dst_location)
+        # A device hint must name a device that exists, whichever path copies (the driver
+        # refuses one that does not, the kernel would ignore it): checked before anything.
+        self.src_hint = None if src_location is None else check_exists(
+            as_location(src_location))
+        self.dst_hint = None if dst_location is None else check_exists(
+            as_location(dst_location))
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
         one = _scalar_size(sizes) if blocks is None else None
         span = None
