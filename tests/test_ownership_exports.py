@@ -308,3 +308,51 @@ def test_a_copy_of_an_unrelated_array_holds_no_owner(
         stream.synchronize()
         plain.close()
         dev.close()
+
+
+def test_a_registered_array_copied_again_after_close_waits_for_both_copies(
+        stream: cm.Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The array outlives its registration object: a copy of it issued after ``close()``
+    (still registered: the unregistration waits for the first copy) holds the
+    unregistration too, which happens once the last of the copies has finished."""
+    array = np.zeros(N, np.uint8)
+    reg = cm.register_host(array)
+    dev = cm.DeviceBuffer.zeros(N)
+    running: set[Any] = set()
+    done = _operands._event_done
+    monkeypatch.setattr(_operands, "_event_done", lambda ev: ev not in running and done(ev))
+    real_keep = _operands.keep_alive
+
+    def keep(stream_: int, refs: tuple[Any, ...]) -> None:  # every new copy starts running
+        real_record = _driver.call
+
+        def record(api: str, *args: Any) -> Any:
+            out = real_record(api, *args)
+            if api == "cuEventCreate":
+                running.add(out)
+            return out
+
+        with monkeypatch.context() as m:
+            m.setattr(_driver, "call", record)
+            real_keep(stream_, refs)
+
+    monkeypatch.setattr(_operands, "keep_alive", keep)
+    import cuda_memkit._transfer._transfers as transfers
+    monkeypatch.setattr(transfers, "keep_alive", keep)
+    try:
+        ptr = reg.ptr
+        cm.copy_async(dev, array, stream=stream)
+        first = set(running)
+        reg.close()
+        assert ptr in live_keys()
+        cm.copy_async(dev, array, stream=stream)  # registered still: a second copy
+        running.difference_update(first)  # the first copy ends
+        _operands.reap_pending()
+        assert ptr in live_keys(), "unregistered under the second copy"
+        running.clear()
+        stream.synchronize()
+        assert ptr not in live_keys()
+    finally:
+        running.clear()
+        stream.synchronize()
+        dev.close()
