@@ -138,7 +138,9 @@ def copy_async(
     It returns before the copy is done; synchronize the stream (or record an
     event) before reading the destination or reusing the source. The Python
     operands are kept alive until the stream has finished the copy, so
-    dropping them early is safe (explicit ``close()`` is not: it frees at once).
+    dropping them early is safe; so is ``close()`` of a buffer the copy uses,
+    given itself or through a view of it (``as_array()``, a numpy view, a
+    registered array): its memory is released once the copy has finished.
 
     Copies from or to pageable numpy memory are refused unless
     ``allow_pageable=True``: the driver stages them through a bounce buffer,
