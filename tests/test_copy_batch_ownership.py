@@ -7,9 +7,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import weakref
 from pathlib import Path
@@ -21,7 +18,7 @@ import pytest
 
 import cuda_memkit as cm
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._helpers import run_script
 
 pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 
@@ -66,11 +63,7 @@ def test_the_exit_report_does_not_name_a_closed_batchs_operands(tmp_path: Path) 
         b.close()
         del h, d
     """))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
-    env.update(CUDA_MEMKIT_LEAK_REPORT="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(script, CUDA_MEMKIT_LEAK_REPORT="1")
     assert proc.returncode == 0, proc.stderr
     assert "no memory left at exit" in proc.stderr, proc.stderr
 

@@ -260,26 +260,15 @@ def test_shrinking_a_growable_buffer_waits_for_copies_of_its_view(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """resize() down unmaps the tail: a copy still writing it through an ``as_array()``
     view is waited for first (on its event), as one through the buffer itself is."""
+    from ._helpers import call_order
+
     g = cm.granularity(0)
-    order: list[str] = []
-    real_call, real_function = _driver.call, _driver.function
-
-    def call(api: str, *args: Any) -> Any:
-        order.append(api)
-        return real_call(api, *args)
-
-    def function(api: str) -> Any:
-        fn = real_function(api)
-        return (lambda *a: (order.append(api), fn(*a))[1]) if api == "cuEventSynchronize" else fn
-
     buf = cm.GrowableBuffer(4 * g, chunk=g)
     host = cm.HostBuffer.empty(2 * g)
     try:
         buf.resize(2 * g)
         cm.copy_async(buf.as_array(np.uint8), host, stream=stream)
-        with monkeypatch.context() as m:
-            m.setattr(_driver, "call", call)
-            m.setattr(_driver, "function", function)
+        with call_order(monkeypatch) as order:
             buf.resize(g)
         assert "cuEventSynchronize" in order and "cuMemUnmap" in order
         assert order.index("cuEventSynchronize") < order.index("cuMemUnmap")
