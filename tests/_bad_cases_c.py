@@ -93,6 +93,31 @@ case("CopyBatch().execute(method='kernel', pageable)",
      lambda o: cm.CopyBatch().add(o.dev, o.page, dst_offsets=_OFF, src_offsets=_OFF,
                                   sizes=_SZ).execute(method="kernel"), ValueError, "pageable")
 
+# -- allow_pageable is a bool everywhere (a truthy string must not enable pageable memory)
+for _bad in ("False", 1, None, np.bool_(False)):
+    case(f"copy(allow_pageable={_bad!r})",
+         lambda o, v=_bad: cm.copy(o.dev, o.host, allow_pageable=v), TypeError, "allow_pageable")
+    case(f"copy_async(allow_pageable={_bad!r})",
+         lambda o, v=_bad: cm.copy_async(o.dev, o.page, stream=o.stream, allow_pageable=v),
+         TypeError, "allow_pageable")
+    case(f"copy_batch(allow_pageable={_bad!r})", lambda o, v=_bad: _batch(o, allow_pageable=v),
+         TypeError, "allow_pageable")
+    case(f"CopyBatch().execute(allow_pageable={_bad!r})",
+         lambda o, v=_bad: cm.CopyBatch().add(o.dev, o.page, dst_offsets=_OFF,
+                                              src_offsets=_OFF, sizes=_SZ).execute(
+             o.stream, allow_pageable=v), TypeError, "allow_pageable")
+
+# -- int addresses: address + offset + size must stay below 2**64 (never wrap)
+case("copy_batch(int destination wrapping past 2**64)",
+     lambda o: cm.copy_batch((1 << 64) - 4096, o.host, blocks=[(4096 + 64, 0, 64)],
+                             stream=o.stream), ValueError, "2\\*\\*64")
+case("copy(int source wrapping past 2**64)",
+     lambda o: cm.copy(o.host, (1 << 64) - 16, nbytes=64), ValueError, "2\\*\\*64")
+
+# -- offset arrays: objects are a TypeError
+case("copy_batch(dst_offsets=object array)",
+     lambda o: _batch(o, dst_offsets=np.array([0, 1024], object)), TypeError, "dst_offsets")
+
 # == staging settings ====================================================================
 
 case("configure_staging(chunk=100)", lambda o: cm.configure_staging(chunk=100), ValueError,

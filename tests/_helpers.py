@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from cuda_memkit._core import _driver
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: Driver calls as recorded by :func:`record_calls`: (api, args).
 Calls = list[tuple[str, tuple[Any, ...]]]
@@ -33,6 +39,37 @@ def record_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
     with monkeypatch.context() as m:
         m.setattr(_driver, "call", spy)
         yield calls
+
+
+@contextlib.contextmanager
+def call_order(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The names of the driver calls made inside, in order (``cuEventSynchronize`` too,
+    which the waits call through ``_driver.function``)."""
+    order: list[str] = []
+    real_call, real_function = _driver.call, _driver.function
+
+    def call(api: str, *args: Any) -> Any:
+        order.append(api)
+        return real_call(api, *args)
+
+    def function(api: str) -> Any:
+        fn = real_function(api)
+        return (lambda *a: (order.append(api), fn(*a))[1]) if api == "cuEventSynchronize" else fn
+
+    with monkeypatch.context() as m:
+        m.setattr(_driver, "call", call)
+        m.setattr(_driver, "function", function)
+        yield order
+
+
+def run_script(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter from the repository root, with this run's
+    environment less its leak report and pytest options, plus ``env``."""
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
+    full.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(script)], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=120)
 
 
 def page_aligned_zeros(nbytes: int) -> np.ndarray:

@@ -9,9 +9,6 @@ quietly at exit too. The basic cases per kind are in ``tests/test_ownership.py``
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import Callable
@@ -24,7 +21,7 @@ import pytest
 import cuda_memkit as cm
 from cuda_memkit._core import _operands, _resource
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._helpers import run_script
 
 pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 
@@ -95,12 +92,7 @@ def test_the_leak_report_at_exit_lets_go_of_finished_copies(tmp_path: Path) -> N
         d.close()
         _operands._event_done = done               # ... and has finished by exit
     """))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
-    env.update(CUDA_MEMKIT_BACKEND="sim", CUDA_MEMKIT_LEAK_REPORT="1",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(script, CUDA_MEMKIT_BACKEND="sim", CUDA_MEMKIT_LEAK_REPORT="1")
     assert proc.returncode == 0, proc.stderr
     assert "no memory left at exit" in proc.stderr, proc.stderr
 
@@ -353,11 +345,7 @@ def test_exit_with_a_buffer_closed_under_a_running_copy_is_quiet(tmp_path: Path)
         cm.copy_async(d, h, stream=s)
         h.close()
     """))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUDA_MEMKIT_LEAK_REPORT", "PYTEST_ADDOPTS")}
-    env.update(CUDA_MEMKIT_BACKEND="sim", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script(script, CUDA_MEMKIT_BACKEND="sim")
     assert proc.returncode == 0, proc.stderr
     assert "Exception ignored" not in proc.stderr, proc.stderr
 

@@ -605,18 +605,9 @@ def test_shrinking_a_growable_buffer_waits_for_its_copies_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """resize() down unmaps the tail: under a copy still running that faults the device, so
     it waits on the copy's event first (and never on copies of other buffers)."""
+    from ._helpers import call_order
+
     g = cm.granularity(0)
-    order: list[str] = []
-    real_call, real_function = _driver.call, _driver.function
-
-    def call(api: str, *args: Any) -> Any:
-        order.append(api)
-        return real_call(api, *args)
-
-    def function(api: str) -> Any:
-        fn = real_function(api)
-        return (lambda *a: (order.append(api), fn(*a))[1]) if api == "cuEventSynchronize" else fn
-
     buf = cm.GrowableBuffer(4 * g, chunk=g)
     other = cm.DeviceBuffer.empty(4096)
     host = cm.HostBuffer.empty(g)
@@ -624,9 +615,7 @@ def test_shrinking_a_growable_buffer_waits_for_its_copies_first(
         buf.resize(2 * g)
         cm.copy_async(other, host, nbytes=4096, stream=stream)  # a copy of other buffers
         cm.copy_async(buf, host, nbytes=g, stream=stream)
-        with monkeypatch.context() as m:
-            m.setattr(_driver, "call", call)
-            m.setattr(_driver, "function", function)
+        with call_order(monkeypatch) as order:
             buf.resize(g)
         assert order.count("cuEventSynchronize") == 1  # the copy into buf, not the other one
         assert order.index("cuEventSynchronize") < order.index("cuMemUnmap")

@@ -18,15 +18,18 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
+    "ADDRESS_END",
     "INT64_MAX",
     "MAX_NBYTES",
     "MAX_U64",
     "as_index",
     "byte_count",
+    "check_bool",
     "check_dtype",
     "check_flags",
     "check_shape",
     "int64_array",
+    "integer_array",
     "nonneg",
     "positive",
     "shape_nbytes",
@@ -52,6 +55,8 @@ def as_index(value: object, what: str) -> int:
 
 #: Largest address, handle or size the driver takes (a 64-bit unsigned value).
 MAX_U64 = (1 << 64) - 1
+#: One past the last 64-bit address: a range of memory ends at most here (never wraps).
+ADDRESS_END = MAX_U64 + 1
 
 
 def u64(value: object, what: str) -> int:
@@ -67,6 +72,16 @@ def u64(value: object, what: str) -> int:
     if v > MAX_U64:
         raise ValueError(f"{what} {v:#x} does not fit in 64 bits")
     return v
+
+
+def check_bool(value: object, what: str) -> bool:
+    """``value`` if it is ``True`` or ``False``, else ``TypeError``.
+
+    No truthiness: ``"False"``, ``1`` and ``None`` are refused.
+    """
+    if value is True or value is False:
+        return value
+    raise TypeError(f"{what} must be True or False, not {type(value).__name__}")
 
 
 def positive(what: str, value: object) -> int:
@@ -199,10 +214,13 @@ def int64_array(value: object, what: str, *, nonnegative: bool = False,
 
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what} must be an array of integers, not {type(value).__name__}")
-    a = np.asarray(value)
+    a = integer_array(value)
     kind = a.dtype.kind
-    if kind == "O" and a.size and all(type(v) is int for v in a.ravel().tolist()):
-        raise ValueError(f"{what} holds integers past 64 bits")  # numpy kept them as objects
+    if kind == "O" and a.size:
+        values = a.ravel().tolist()
+        if all(type(v) is int for v in values) and not all(
+                -INT64_MAX - 1 <= v <= INT64_MAX for v in values):
+            raise ValueError(f"{what} holds integers past 64 bits")
     if kind not in "iu" and not (a.size == 0 and kind in "fO"):  # np.asarray([]) is float64
         raise TypeError(f"{what} must be an array of integers, not {a.dtype}")
     if a.ndim != 1:
@@ -215,6 +233,23 @@ def int64_array(value: object, what: str, *, nonnegative: bool = False,
     a = np.array(a, dtype=np.int64) if copy else a.astype(np.int64, copy=False)
     if nonnegative and a.size and int(a.min()) < 0:
         refuse_negative(a, what)
+    return a
+
+
+def integer_array(value: object) -> np.ndarray[Any, Any]:
+    """``np.asarray(value)``, but Python ints numpy would turn into floats stay exact objects.
+
+    numpy makes a list of ints that no one integer dtype holds (``[-1, 2**63]``)
+    float64, and one holding an int past 64 bits an object array: both are then
+    told from arrays of floats or objects by what they hold.
+    """
+    import numpy as np
+
+    a = np.asarray(value)
+    if a.dtype.kind == "f" and a.size and not isinstance(value, np.ndarray):
+        exact = np.asarray(value, dtype=object)
+        if all(type(v) is int for v in exact.ravel().tolist()):
+            return exact
     return a
 
 

@@ -47,6 +47,10 @@ def device_count() -> int:
     return int(_driver.call("cuDeviceGetCount"))
 
 
+#: The largest device ordinal or location id the driver takes (a C ``int``).
+MAX_ORDINAL = (1 << 31) - 1
+
+
 def check_ordinal(ordinal: object, what: str = "device") -> int:
     if isinstance(ordinal, bool) or not isinstance(ordinal, int):
         if isinstance(ordinal, Device):
@@ -54,6 +58,9 @@ def check_ordinal(ordinal: object, what: str = "device") -> int:
         raise TypeError(f"{what} must be an int ordinal or a Device, not {type(ordinal).__name__}")
     if ordinal < 0:
         raise ValueError(f"{what} ordinal must be >= 0, got {ordinal}")
+    if ordinal > MAX_ORDINAL:  # never an OverflowError from the bindings
+        raise ValueError(f"{what} ordinal {ordinal} is past the largest the driver takes "
+                         "(2**31 - 1)")
     return ordinal
 
 
@@ -750,6 +757,9 @@ class Location:
             raise TypeError(f"Location id must be an int, not {type(i).__name__}")
         if i < 0:
             raise ValueError(f"Location id must be >= 0, got {i}")
+        if i > MAX_ORDINAL:  # CUmemLocation.id is a C int: never an OverflowError later
+            raise ValueError(f"Location id {i} is past the largest the driver takes "
+                             "(2**31 - 1)")
         if type(i) is not int:
             object.__setattr__(self, "id", int(i))  # numpy ints, IntEnums: a plain int
 

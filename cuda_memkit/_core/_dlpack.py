@@ -10,6 +10,7 @@ kept the memory allocated (a ``close()`` made meanwhile frees it then).
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -54,15 +55,19 @@ _lock = threading.Lock()
 _registry: dict[int, tuple[Any, ...]] = {}
 
 
-def _release(address: int | None) -> None:
-    if address is None:
+# The two callbacks below may run after this module's globals were cleared at interpreter
+# exit (a capsule or a consumer's array held by a module that outlives cuda_memkit): what
+# they use is bound as defaults, and at exit they drop nothing (the process is ending).
+def _release(address: int | None, _lock: Any = _lock, _registry: Any = _registry,
+             _finalizing: Any = sys.is_finalizing) -> None:
+    if address is None or _finalizing():
         return
     with _lock:
         _registry.pop(address, None)
 
 
 @_Deleter  # type: ignore[untyped-decorator]
-def _deleter(address: int | None) -> None:
+def _deleter(address: int | None, _release: Any = _release) -> None:
     _release(address)
 
 
@@ -79,11 +84,21 @@ _Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 @_Destructor  # type: ignore[untyped-decorator]
-def _capsule_destructor(capsule: int | None) -> None:
+def _capsule_destructor(capsule: int | None, _valid: Any = _capsule_is_valid,
+                        _pointer: Any = _capsule_get_pointer, _name: bytes = _CAPSULE_NAME,
+                        _release: Any = _release) -> None:
     # An unconsumed capsule still carries the name "dltensor"; a consumer
     # renames it "used_dltensor" and calls the deleter itself.
-    if capsule and _capsule_is_valid(capsule, _CAPSULE_NAME):
-        _release(_capsule_get_pointer(capsule, _CAPSULE_NAME))
+    if capsule and _valid(capsule, _name):
+        _release(_pointer(capsule, _name))
+
+
+# Capsules and consumers hold the C addresses of these two callbacks, not the Python
+# objects: one reference each is kept for the life of the process, so that the code
+# stays valid when a capsule is destroyed after this module's teardown.
+_incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
+_incref(_deleter)
+_incref(_capsule_destructor)
 
 
 # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool

@@ -154,6 +154,11 @@ class DeviceArrayView:
         """The buffer this view belongs to."""
         return self._owner
 
+    @property
+    def closed(self) -> bool:
+        """Whether the buffer behind the view was freed or closed (the view is then unusable)."""
+        return bool(getattr(self._owner, "closed", False))
+
     def _check_owner(self) -> None:
         owner = self._owner
         if getattr(owner, "closed", False):

@@ -23,15 +23,17 @@ import collections
 import math
 import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings.driver import CUpointer_attribute
 
 from . import _driver
-from ._checks import MAX_U64, byte_count, u64
+from ._checks import ADDRESS_END, MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
 from ._device import device_count, ensure_any_context, ensure_context, primary_pushed, sync_hooks
 from ._errors import CudaError, CudaInvalidValueError
+from ._interop import DeviceArrayView
 from ._resource import ArrayHolder, Resource, release_hooks
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ __all__ = [
     "copy_size",
     "copy_sync",
     "device_with_access",
+    "export_owner",
     "is_pinned_host",
     "is_pinned_object",
     "keep_alive",
@@ -60,6 +63,7 @@ __all__ = [
     "reap_pending",
     "refuse_pageable",
     "registered_flags",
+    "registration_owner",
     "release_after_copies",
     "releases_waiting",
     "wait_for_copies",
@@ -87,18 +91,19 @@ a :data:`HOST` operand."""
 
 # -- host memory the driver pins ---------------------------------------------------------
 
-#: Live registrations made by ``register_host``: base address -> (end, flags).
-_registered: dict[int, tuple[int, int]] = {}
+#: Live registrations made by ``register_host``: base address -> (end, flags, owner), the
+#: owner a weak reference to the ``RegisteredHost`` (a copy of the array holds it).
+_registered: dict[int, tuple[int, int, weakref.ref[Any] | None]] = {}
 _reg_lock = threading.Lock()
 
 #: cuda_memkit classes whose objects are pinned host memory (registered by their modules).
 _pinned_classes: tuple[type, ...] = ()
 
 
-def note_registration(ptr: int, nbytes: int, flags: int) -> None:
-    """Record a live ``cuMemHostRegister`` range."""
+def note_registration(ptr: int, nbytes: int, flags: int, owner: Resource | None = None) -> None:
+    """Record a live ``cuMemHostRegister`` range (``owner``: the object that unregisters it)."""
     with _reg_lock:
-        _registered[ptr] = (ptr + nbytes, flags)
+        _registered[ptr] = (ptr + nbytes, flags, None if owner is None else weakref.ref(owner))
 
 
 def forget_registration(ptr: int) -> None:
@@ -112,9 +117,19 @@ def registered_flags(ptr: int, nbytes: int) -> int | None:
     if not _registered:
         return None
     end = ptr + nbytes
-    for start, (stop, flags) in list(_registered.items()):
+    for start, (stop, flags, _owner) in list(_registered.items()):
         if start <= ptr and end <= stop:
             return flags
+    return None
+
+
+def registration_owner(ptr: int, nbytes: int) -> Resource | None:
+    """The ``RegisteredHost`` whose live registration holds ``[ptr, ptr+nbytes)``, or None."""
+    end = ptr + nbytes
+    for start, (stop, _flags, ref) in list(_registered.items()):
+        if start <= ptr and end <= stop:
+            owner = None if ref is None else ref()
+            return owner if isinstance(owner, Resource) else None
     return None
 
 
@@ -129,7 +144,7 @@ def page_sharing_registration(ptr: int, nbytes: int, page: int) -> tuple[int, in
     first = ptr - ptr % page
     last = ptr + nbytes - 1
     last += page - last % page
-    for start, (stop, flags) in list(_registered.items()):
+    for start, (stop, flags, _owner) in list(_registered.items()):
         if start < last and first < stop:
             return start, stop, flags
     return None
@@ -178,6 +193,36 @@ def view_owner(arr: np.ndarray[Any, Any]) -> Resource | None:
     if type(base) is ArrayHolder and isinstance(base.owner, Resource):
         return base.owner
     return None
+
+
+def export_owner(obj: Any) -> Resource | None:
+    """The cuda_memkit object whose memory ``obj``, a view or an export of it, is (or None).
+
+    An ``as_array()`` view's owner, the buffer a numpy array is a view of
+    (through its bases), or the ``RegisteredHost`` whose registration holds a
+    host array. DLPack consumers hold their buffer's export record, which
+    defers its release by itself; a foreign ``__cuda_array_interface__``
+    object names a bare address and no owner.
+    """
+    if type(obj) is DeviceArrayView:
+        owner = obj.owner
+        return owner if isinstance(owner, Resource) else None
+    numpy_mod: Any = sys.modules.get("numpy")
+    if numpy_mod is None:
+        return None
+    if isinstance(obj, numpy_mod.ndarray):
+        arr = obj
+    elif _registered and not hasattr(obj, "__cuda_array_interface__"):
+        try:  # a registered bytearray, memoryview, ...
+            arr = numpy_mod.asarray(memoryview(obj))
+        except TypeError:
+            return None
+    else:
+        return None
+    owner = view_owner(arr)
+    if owner is None and _registered and arr.nbytes:
+        owner = registration_owner(int(arr.__array_interface__["data"][0]), int(arr.nbytes))
+    return owner
 
 
 def memory_type(ptr: int) -> int | None:
@@ -407,29 +452,44 @@ def _from_cai(cai: dict[str, Any], dst: bool) -> Operand:
 
 
 def copy_size(d: Operand, s: Operand, nbytes: int | None) -> int:
-    """The byte count of a copy from ``s`` to ``d``: ``nbytes``, or the operands' common size."""
+    """The byte count of a copy from ``s`` to ``d``: ``nbytes``, or the operands' common size.
+
+    Neither side may run past the last 64-bit address (an int address near
+    2**64 would wrap around onto another allocation).
+    """
+    n = _common_size(d, s) if nbytes is None else _prefix_size(d, s, nbytes)
+    for op, role in ((d, "destination"), (s, "source")):
+        if op[0] + n > ADDRESS_END:  # only an int address can get here
+            raise ValueError(f"the copy {role} 0x{op[0]:x} + {n} bytes passes 2**64 (it "
+                             "would wrap around to another allocation)")
+    return n
+
+
+def _common_size(d: Operand, s: Operand) -> int:
     dn, sn = d[1], s[1]
-    if nbytes is None:
-        if dn is None and sn is None:
-            raise ValueError("copying between two raw pointers needs nbytes=")
-        if dn is not None and sn is not None:
-            if dn != sn:
-                raise ValueError(
-                    f"size mismatch: the destination has {dn} bytes, the source {sn}; "
-                    "pass nbytes= to copy a prefix"
-                )
-            if d[2] is not None and s[2] is not None and d[2] != s[2]:
-                raise ValueError(
-                    f"dtype mismatch: the destination is {d[2]}, the source {s[2]}; "
-                    "pass nbytes= to copy raw bytes"
-                )
-            return dn
-        return dn if dn is not None else sn  # type: ignore[return-value]
+    if dn is None and sn is None:
+        raise ValueError("copying between two raw pointers needs nbytes=")
+    if dn is not None and sn is not None:
+        if dn != sn:
+            raise ValueError(
+                f"size mismatch: the destination has {dn} bytes, the source {sn}; "
+                "pass nbytes= to copy a prefix"
+            )
+        if d[2] is not None and s[2] is not None and d[2] != s[2]:
+            raise ValueError(
+                f"dtype mismatch: the destination is {d[2]}, the source {s[2]}; "
+                "pass nbytes= to copy raw bytes"
+            )
+        return dn
+    return dn if dn is not None else sn  # type: ignore[return-value]
+
+
+def _prefix_size(d: Operand, s: Operand, nbytes: int) -> int:
     n = byte_count(nbytes)
-    if dn is not None and n > dn:
-        raise ValueError(f"nbytes={n} is larger than the destination ({dn} bytes)")
-    if sn is not None and n > sn:
-        raise ValueError(f"nbytes={n} is larger than the source ({sn} bytes)")
+    if d[1] is not None and n > d[1]:
+        raise ValueError(f"nbytes={n} is larger than the destination ({d[1]} bytes)")
+    if s[1] is not None and n > s[1]:
+        raise ValueError(f"nbytes={n} is larger than the source ({s[1]} bytes)")
     return n
 
 
@@ -630,8 +690,35 @@ def pending_count() -> int:
     return sum(len(q) for q in pending_operands.values())
 
 
+def _with_owners(refs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``refs`` plus the owners of the views and exports among them (:func:`export_owner`).
+
+    A closed owner whose release already waits for copies lends its stand-in
+    too (a registered array copied again after its ``close()``), so that the
+    release waits for this copy as well. Called under the lock.
+    """
+    extra: tuple[Any, ...] = ()
+    for r in refs:
+        if type(r) is int or isinstance(r, Resource):
+            continue
+        owner = export_owner(r)
+        if owner is None or any(owner is x for x in refs + extra):
+            continue
+        extra += (owner,)
+        if owner.closed:
+            for entry in _holders.get(id(owner), ()):
+                extra += tuple(x for x in entry[1] if type(x) is _ReleaseWhenCopied
+                               and x.owner is owner and all(x is not y for y in extra))
+    return refs + extra if extra else refs
+
+
 def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
-    """Hold ``refs`` until the work queued on ``stream`` so far has finished."""
+    """Hold ``refs`` until the work queued on ``stream`` so far has finished.
+
+    The owners of views and exports among them (an ``as_array()`` view, a numpy
+    view, a registered array) are held and indexed too: their ``close()`` (or a
+    shrink) waits for this work as it would had the owner itself been given.
+    """
     try:
         ev = _driver.call("cuEventCreate", EVENT_DISABLE_TIMING)
     except CudaError:
@@ -650,13 +737,15 @@ def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
     if _event_done(ev):
         _destroy_event(ev)
         return
-    entry = [ev, refs]
     with _pending_lock:
+        entry = [ev, _with_owners(refs)]
         q = pending_operands.get(stream)
         if q is None:
             q = pending_operands[stream] = collections.deque()
         q.append(entry)
-        for r in refs:
+        for r in entry[1]:
+            if type(r) is _ReleaseWhenCopied:
+                continue  # a stand-in: never indexed
             entries = _holders.get(id(r))
             if entries is None:
                 _holders[id(r)] = [entry]

@@ -147,9 +147,11 @@ class PinnedAlloc(Unshareable):
             _ACCOUNT.remove(ptr)
             release_call(0, "cuMemFreeHost", ptr)
 
-    def __del__(self) -> None:
+    # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit,
+    # when a module that outlives this one drops the buffer)
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
         ptr = self.ptr
-        if ptr and not sys.is_finalizing():
+        if ptr and not _finalizing():
             try:
                 self.release()
             except CudaError as exc:

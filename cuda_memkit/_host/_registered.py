@@ -300,7 +300,7 @@ def register_host(
     ensure_context()
     _driver.call("cuMemHostRegister", ptr, self._nbytes, fl)
     self._ptr = ptr
-    note_registration(ptr, self._nbytes, fl)
+    note_registration(ptr, self._nbytes, fl, self)
     _ACCOUNT.add(ptr, self._nbytes)
     self._open(make_finalizer(self, f"registration 0x{ptr:x}", _unregister, ptr))
     return self

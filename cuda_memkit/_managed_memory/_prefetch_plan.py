@@ -25,7 +25,6 @@ from .._core._checks import as_index, span, u64
 from .._core._device import Location, StreamLike, as_location, stream_handle
 from .._core._errors import ClosedError, CudaError
 from .._core._operands import keep_alive
-from .._core._resource import Resource
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
     BATCH_API,
@@ -138,7 +137,7 @@ class PlannedCall:
 
 @dataclass
 class _Compiled:
-    buffers: tuple[Resource, ...]
+    buffers: tuple[Any, ...]  # the buffers, views and buffer-like objects of the entries
     raw_allocs: tuple[tuple[int, int], ...]
     steps: list[tuple[str, list[Range]]]
 
@@ -402,7 +401,7 @@ class PrefetchPlan:
     # -- validation and coalescing ------------------------------------------------
     def _compile(self) -> _Compiled:
         ndev = _device.device_count()
-        buffers: dict[int, Resource] = {}
+        buffers: dict[int, Any] = {}
         # Raw pointers: one managed_extent() lookup per distinct allocation;
         # further pointers are checked against the cached [start, end).
         starts: list[int] = []
@@ -469,8 +468,10 @@ class PrefetchPlan:
                         if type(t) is not int and getattr(t, "closed", False):
                             # A freed pool buffer's address may be another owner's now.
                             raise ClosedError(f"{type(t).__name__} was freed or closed")
-                        if isinstance(t, Resource) and id(t) not in buffers:
-                            buffers[id(t)] = t  # re-checked by every execute()
+                        if type(t) is not int and id(t) not in buffers:
+                            # re-checked by every execute(), held while the plan runs (a
+                            # view's owner with it)
+                            buffers[id(t)] = t
                         ptr = base + off
                         k = bisect_right(starts, ptr) - 1
                         if k >= 0 and ptr < extents[k][0] + extents[k][1]:
@@ -547,7 +548,7 @@ class PrefetchPlan:
             c = self._compiled = self._compile()
             return c
         for buf in c.buffers:
-            if buf.closed:
+            if getattr(buf, "closed", False):
                 self._compiled = None
                 return self._compiled_checked()  # re-validate to name the entry
         for start, size in c.raw_allocs:

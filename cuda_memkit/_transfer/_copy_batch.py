@@ -46,12 +46,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
+from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
-from .._core._checks import int64_array, refuse_negative
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._device import (
     StreamLike,
     as_location,
+    check_exists,
     ensure_any_context,
     forked_stream,
     stream_handle,
@@ -136,7 +137,7 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
             raise TypeError("pass either blocks= or dst_offsets=/src_offsets=/sizes=, not both")
         if isinstance(blocks, (str, bytes)):
             raise TypeError("blocks must be (dst_offset, src_offset, size) triples")
-        b = np.asarray(blocks)
+        b = integer_array(blocks)
         if b.size == 0:
             z = np.zeros(0, np.int64)
             return z, z, z
@@ -179,6 +180,25 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
         raise ValueError(
             f"block {i} is out of range: {role} bytes [{int(off[i])}, "
             f"{int(off[i]) + int(sz[i])}) of a {limit}-byte {role}")
+
+
+def _check_wrap(op: Any, need: int, off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any],
+                role: str) -> None:
+    """The blocks end below 2**64 from the operand's address ``op[0]``: none wraps around.
+
+    ``need`` is the largest end offset of the blocks (known from the bounds
+    pass): one comparison, and the block is named only when one fails.
+    """
+    import numpy as np
+
+    base = op[0]
+    if base + need <= ADDRESS_END:
+        return
+    over = np.flatnonzero(off + sz > ADDRESS_END - base)  # < need <= 2**63 - 1: exact in int64
+    i = int(over[0]) if len(over) else 0
+    raise ValueError(
+        f"block {i}: the {role} address 0x{base:x} + offset {int(off[i])} + size "
+        f"{int(sz[i])} passes 2**64 (it would wrap around to another allocation)")
 
 
 def _sort_merge(d: np.ndarray[Any, Any], s: np.ndarray[Any, Any], z: np.ndarray[Any, Any],
@@ -236,8 +256,12 @@ class _Group:
         self.dst, self.src = dst, src
         self.dst_op = operand(dst, True)
         self.src_op = operand(src, False)
-        self.src_hint = None if src_location is None else as_location(src_location)
-        self.dst_hint = None if dst_location is None else as_location(dst_location)
+        # A device hint must name a device that exists, whichever path copies (the driver
+        # refuses one that does not, the kernel would ignore it): checked before anything.
+        self.src_hint = None if src_location is None else check_exists(
+            as_location(src_location))
+        self.dst_hint = None if dst_location is None else check_exists(
+            as_location(dst_location))
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
         one = _scalar_size(sizes) if blocks is None else None
         span = None
@@ -263,6 +287,8 @@ class _Group:
             # The bytes each operand must have (checked again by refresh()).
             self.dst_need = int((d + z).max()) if len(z) else 0
             self.src_need = int((s + z).max()) if len(z) else 0
+        _check_wrap(self.dst_op, self.dst_need, d, z, "destination")
+        _check_wrap(self.src_op, self.src_need, s, z, "source")
         self.blocks = len(z)
         idx = None
         if span is None:
@@ -347,6 +373,9 @@ class _Group:
                 raise ValueError(
                     f"the {role} now has {op[1]} bytes, but the batch's blocks reach byte "
                     f"{need} of it (it was resized since they were added)")
+            if op[0] + need > ADDRESS_END:  # an object now at another address
+                _check_wrap(op, need, self.d if role == "destination" else self.s, self.z,
+                            role)
         self._check_null()
 
     def direction(self) -> int:
@@ -894,7 +923,8 @@ def copy_batch(
     ------
     TypeError
         Non-integer offset or size arrays, both or neither of ``blocks`` and
-        the arrays, operands that are not memory.
+        the arrays, operands that are not memory, an ``allow_pageable`` that
+        is not a bool.
     ValueError
         Arrays of different lengths, negative offsets or sizes, a block past
         the end of its buffer, overlapping destination blocks, a source block
@@ -922,6 +952,7 @@ def copy_batch(
     >>> host.close(); dev.close()
     """
     _kernels.check_method(method)
+    check_bool(allow_pageable, "allow_pageable")
     g = _Group(dst, src, dst_offsets, src_offsets, sizes, blocks, src_location, dst_location,
                method)
     _run([g], stream, stream is None, allow_pageable, method)
@@ -993,6 +1024,7 @@ class CopyBatch(Resource):
         with self._lock:
             if self._state is State.OPEN:
                 self._memo.resident.release()
+                self._memo.forget()  # the last kernel pick names the pairs, and their operands
                 self._groups = []
             super().close()
 
@@ -1063,6 +1095,7 @@ class CopyBatch(Resource):
         with self._lock:
             self._check_open()
             _kernels.check_method(method)
+            check_bool(allow_pageable, "allow_pageable")
             for g in self._groups:
                 g.refresh()
             _run(self._groups, stream, stream is None, allow_pageable, method, self._memo)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
+from .._core._checks import ADDRESS_END
 from .._core._device import ensure_any_context
 from .._core._errors import CudaError
 from .._core._operands import (
@@ -264,6 +265,11 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
                     f"copy_batch(method='kernel'): {why or why_s}; use method='auto' or "
                     "'driver', or copy from a HostBuffer / register_host() memory")
             continue
+        for base, need, role in ((d, g.dst_need, "destination"), (s, g.src_need, "source")):
+            if base + need > ADDRESS_END:  # a mapped address of pinned memory: the kernel's
+                raise ValueError(   # own base, checked like the operand's
+                    f"copy_batch: the {role}'s device address 0x{base:x} + the blocks' "
+                    f"{need} bytes pass 2**64")
         out.append((g, d, s))
     return out
 

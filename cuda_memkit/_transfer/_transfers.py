@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import _buffer, _driver
+from .._core._checks import check_bool
 from .._core._device import StreamLike, ensure_any_context, stream_handle
 from .._core._operands import (
     DRIVER,
@@ -88,7 +89,8 @@ def copy(
     Raises
     ------
     TypeError
-        For operands that are not memory, or object dtypes.
+        For operands that are not memory, object dtypes, or an
+        ``allow_pageable`` or ``staged`` that is not a bool.
     ValueError
         For mismatched sizes or dtypes, non-contiguous or read-only
         destinations, or pageable memory in a stream-ordered copy without
@@ -98,6 +100,7 @@ def copy(
     """
     if staged is not None and not isinstance(staged, bool):
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
+    check_bool(allow_pageable, "allow_pageable")
     if stream is not None:
         _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable, staged)
         return dst
@@ -135,7 +138,9 @@ def copy_async(
     It returns before the copy is done; synchronize the stream (or record an
     event) before reading the destination or reusing the source. The Python
     operands are kept alive until the stream has finished the copy, so
-    dropping them early is safe (explicit ``close()`` is not: it frees at once).
+    dropping them early is safe; so is ``close()`` of a buffer the copy uses,
+    given itself or through a view of it (``as_array()``, a numpy view, a
+    registered array): its memory is released once the copy has finished.
 
     Copies from or to pageable numpy memory are refused unless
     ``allow_pageable=True``: the driver stages them through a bounce buffer,
@@ -158,7 +163,8 @@ def copy_async(
     -------
     dst
     """
-    _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable)
+    _copy_async(dst, src, nbytes, stream_handle(stream),
+                check_bool(allow_pageable, "allow_pageable"))
     return dst
 
 
