@@ -161,8 +161,6 @@ HISTORY = re.compile(r"\bsessions?\b|\bdevice (?:runs?|calls?|tool)\b|\bgpu runs
                      r"|\blent (?:H100|H200|GPU|machine)|\brun of record\b", re.I)
 #: A measured time or rate: guides link to the benchmark report's rows instead.
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ns|us|µs|ms|GB/s|MB/s)\b")
-#: Pages another branch is rewriting now: a strict xfail, so that the marker goes when they land.
-REWRITTEN_ELSEWHERE = {"docs/reliability.md": "rewritten on the ownership branch"}
 
 
 def _user_pages() -> list[tuple[str, str]]:
@@ -180,10 +178,8 @@ def _user_pages() -> list[tuple[str, str]]:
     return out
 
 
-def _page_params(elsewhere: dict[str, str]) -> list[object]:
-    return [pytest.param(name, text, id=name, marks=[pytest.mark.xfail(
-        reason=elsewhere[name], strict=True)] if name in elsewhere else [])
-        for name, text in _user_pages()]
+def _page_params() -> list[object]:
+    return [pytest.param(name, text, id=name) for name, text in _user_pages()]
 
 
 def _hits(pattern: re.Pattern[str], text: str) -> list[str]:
@@ -192,13 +188,13 @@ def _hits(pattern: re.Pattern[str], text: str) -> list[str]:
             for m in pattern.finditer(text)]
 
 
-@pytest.mark.parametrize("name, text", _page_params(REWRITTEN_ELSEWHERE))
+@pytest.mark.parametrize("name, text", _page_params())
 def test_user_docs_tell_no_history(name: str, text: str) -> None:
     """No sessions, runs of the lending machine or its tool, issue numbers, outside paths."""
     assert _hits(HISTORY, text) == []
 
 
-@pytest.mark.parametrize("name, text", _page_params({}))
+@pytest.mark.parametrize("name, text", _page_params())
 def test_user_docs_quote_no_measurements(name: str, text: str) -> None:
     """Times and rates live in the benchmark report (one run, one number per fact)."""
     assert _hits(MEASURED, text) == []
