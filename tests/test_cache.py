@@ -31,6 +31,16 @@ def used(pool: cm.MemoryPool) -> int:
     return pool.stats().used_current
 
 
+def used_by(handle: int) -> int:
+    """USED_MEM_CURRENT of a driver pool, asked directly (its MemoryPool may be closed)."""
+    from cuda.bindings import driver as cu
+
+    from cuda_memkit._core import _driver
+
+    return int(_driver.call("cuMemPoolGetAttribute", cu.CUmemoryPool(handle),
+                            cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT))
+
+
 # -- sizes ----------------------------------------------------------------------------------
 
 
@@ -231,18 +241,47 @@ def test_pool_close_releases_the_cache(stream: cm.Stream) -> None:
     assert cache.cached == 0 and not cache.open
 
 
-def test_a_buffer_freed_after_a_forced_close_goes_to_the_driver(stream: cm.Stream) -> None:
+@pytest.mark.parametrize("how", ["free", "close", "drop"])
+def test_a_buffer_freed_after_a_forced_close_goes_to_the_driver(stream: cm.Stream,
+                                                                how: str) -> None:
     pool = cm.MemoryPool(0, cache=True)
-    buf = pool.allocate(KiB, stream=stream)
-    cache = pool.cache
+    pool.allocate(4 * KiB, stream=stream).free()  # a cached block: the close releases it
+    buf = pool.allocate(1000, stream=stream)
+    cache, handle = pool.cache, pool.handle
+    assert cache is not None
     pool.close(force=True)
-    del pool  # the buffer keeps it alive
-    assert cache is not None and cache.open
-    buf.free()
-    assert cache.cached == KiB
-    del buf
-    gc.collect()  # the pool's finalizer closes the cache before destroying the pool
-    assert not cache.open and cache.cached == 0
+    assert not cache.open and pool.cached_bytes == 0
+    if how == "free":
+        buf.free()
+    elif how == "close":
+        buf.close()
+    else:
+        del buf
+        gc.collect()
+    assert pool.cached_bytes == 0 and cache.cached == 0  # to the driver, not the closed cache
+    stream.synchronize()
+    assert used_by(handle) == 0
+    del pool
+    gc.collect()  # the pool's finalizer destroys it: nothing of it is in use
+
+
+def test_a_forced_close_empties_the_pinned_cache_and_later_closes_free() -> None:
+    hp = cm.MemoryPool(location=cm.Location.host())
+    handle = hp.handle
+    cm.HostBuffer.pooled(4096, pool=hp).close()
+    h = cm.HostBuffer.pooled(1000, pool=hp)
+    e = cm.HostBuffer.empty(300, pool=hp)
+    assert hp.cached_bytes == 4096
+    hp.close(force=True)
+    assert hp.cached_bytes == 0
+    h.close()
+    del e
+    gc.collect()
+    assert hp.cached_bytes == 0
+    cm.Device(0).synchronize()
+    assert used_by(handle) == 0
+    with pytest.raises(cm.ClosedError):
+        cm.HostBuffer.pooled(1000, pool=hp)
 
 
 # -- threads ----------------------------------------------------------------------------------
@@ -287,8 +326,8 @@ def test_no_block_is_lent_twice(sizes: list[int], nthreads: int) -> None:
         assert stats.live == 0 and stats.current == 0
         cache = pool.cache
         assert cache is not None
-        held = sum(len(blocks) * size for sb in cache.streams.values()
-                   for size, blocks in sb.items())
+        held = sum(len(b.blocks or ()) * b.size for lane in cache.streams.values()
+                   for b in lane.values())
         assert cache.cached == held  # exact under the GIL
     finally:
         s.close()

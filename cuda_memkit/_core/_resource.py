@@ -466,13 +466,29 @@ class Account:
         if watchers:
             notify(self, key, nbytes, True, stream)
 
-    def remove(self, key: object, stream: int | None = None) -> None:
-        """Allocation ``key`` was freed (nothing happens if it is not registered)."""
+    def remove(self, key: object, stream: Any = None) -> int | None:
+        """Allocation ``key`` was freed: its bytes, or ``None`` if it was not registered.
+
+        The ``dict.pop`` is the claim of a release: of two threads releasing one
+        allocation, exactly one gets its bytes (and frees it).
+        """
         n = self.live.pop(key, None)
         if n is not None:
             self.current -= n
             if watchers:
                 notify(self, key, n, False, stream)
+        return n
+
+    def restore(self, key: object, nbytes: int, stream: Any = None) -> None:
+        """A release the driver refused: allocation ``key`` of ``nbytes`` is live again.
+
+        Not a new allocation (:attr:`total` stays); watchers, told of the free,
+        are told of the allocation again.
+        """
+        self.live[key] = nbytes
+        self.current += nbytes
+        if watchers:
+            notify(self, key, nbytes, True, stream)
 
     def resize(self, key: object, nbytes: int) -> None:
         """Live allocation ``key`` now holds ``nbytes`` (a growable buffer resized)."""

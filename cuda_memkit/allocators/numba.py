@@ -44,6 +44,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -204,8 +205,9 @@ def _close(obj: Any) -> None:
 
 
 def _releaser(state: _State, key: int, deferrable: bool = True) -> Any:
-    def release() -> None:
-        if _exiting:
+    # Everything it uses is bound or an attribute: module globals may be gone at exit.
+    def release(_finalizing: Any = sys.is_finalizing) -> None:
+        if _finalizing() or _exiting:
             return
         entry = state.live.pop(key, None)
         if entry is None:  # reset() freed it already
