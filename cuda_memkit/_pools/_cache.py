@@ -491,7 +491,8 @@ class BlockCache:
     limit : int
         Most bytes held (a give beyond it goes to the driver).
     max_block : int
-        Largest rounded size cached.
+        Largest rounded size cached (at least :data:`SMALL`: the hot paths
+        round and lend blocks of up to 1 MiB without asking).
 
     Attributes
     ----------
@@ -511,6 +512,7 @@ class BlockCache:
 
     def __init__(self, cupool: Any, device: int | None, account: Account, limit: int,
                  max_block: int = DEFAULT_MAX_BLOCK) -> None:
+        assert max_block >= SMALL
         driver_pair()
         self.cupool = cupool
         self.device = device

@@ -508,12 +508,12 @@ class MemoryPool(PoolAttributes, Resource):
         if cache is None:
             b = self._bin
         else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
-            if nbytes > cache.max_block:
-                r = 0
-            elif nbytes <= 1048576:
+            if nbytes <= 1048576:  # (every cache keeps blocks of up to 1 MiB)
                 r = (nbytes + 511) & -512  # round_size() of the common case
-            else:
+            elif nbytes <= cache.max_block:
                 r = _cache.round_size(nbytes)
+            else:
+                r = 0
             h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
             lane = cache.streams.get(h)
             found = lane.get(r) if lane is not None else None

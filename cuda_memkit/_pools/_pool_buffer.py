@@ -166,7 +166,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
             raise ClosedError("the stream this buffer was allocated on is closed; "
                               "free it with stream=another stream, or close() it")
         self._dptr = None
-        try:  # raises (a named stream the driver refuses is never replaced), or freed
+        try:  # raises (a named stream the driver refuses is never replaced), or given back
             self._bin.give(d, sref, on)
         except BaseException:
             self._dptr = d  # still allocated: the bin put it back in the ledger

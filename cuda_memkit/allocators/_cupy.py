@@ -310,12 +310,12 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
             b = direct[dev]
         else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
             c = caches[dev]
-            if size > c.max_block:
-                r = 0
-            elif size <= _SMALL:
+            if size <= _SMALL:  # (every cache keeps blocks of up to 1 MiB)
                 r = (size + 511) & -512
-            else:
+            elif size <= c.max_block:
                 r = round_size(size)
+            else:
+                r = 0
             lane = c.streams.get(h)
             found = lane.get(r) if lane is not None else None
             b = found if found is not None else c.bin(r, h, cus, st)
