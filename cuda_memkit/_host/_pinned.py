@@ -191,8 +191,14 @@ class PoolSource(Protocol):
         Checks ``pool`` and ``flags`` first; ``nbytes == 0`` only checks (returns None).
         """
 
-    def pooled(self, cls: type[HostBuffer], shape: Any, dtype: Any, pool: Any) -> HostBuffer:
-        """``HostBuffer.pooled(shape, dtype, pool=pool)`` for ``cls``."""
+    def bin_for(self, pool: object, nbytes: int) -> Any:
+        """The bin (``cuda_memkit._pools._cache.Bin``) a block of ``nbytes`` > 0 comes from.
+
+        ``pool`` as for :meth:`take`, checked.
+        """
+
+    def default_pool(self) -> object:
+        """The default pinned pool (``MemoryPool.default_pinned()``)."""
 
 
 #: Set by ``cuda_memkit._host._pinned_pool`` when it loads.
@@ -418,14 +424,25 @@ class HostBuffer(TypedBufferMixin, Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
-        bins = default_bins
-        if (bins is not None and pool is None and type(shape) is int and 0 < shape <= 1048576
-                and cls is HostBuffer
+        if (type(shape) is int and 0 < shape <= MAX_NBYTES and cls is HostBuffer
                 and (dtype is _UINT8_NAME or (type(dtype) is str and dtype == "uint8"))):
-            b = bins.get((shape + 511) & -512)
-            if b is not None:  # the default pool's bin of this size: no call into the pool
-                return pooled_buffer(b, shape)
-        return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
+            # 1-D bytes (the common case): a PooledHostBuffer on a block of the pool's bin,
+            # the default pool's found here without a call.
+            bins = default_bins
+            b = (bins.get((shape + 511) & -512) if bins is not None and pool is None
+                 and shape <= 1048576 else None)
+            if b is None:
+                b = (pool_source or _pool_source()).bin_for(pool, shape)  # checks the pool
+            self = _new_object(PooledHostBuffer)
+            self._ptr = b.take(shape, b.cus)
+            self._nbytes = shape
+            self._views = None
+            self._block = b
+            self._state = OPEN
+            return self
+        if pool is None:
+            pool = (pool_source or _pool_source()).default_pool()
+        return cls.empty(shape, dtype, pool=pool)
 
     # -- lifetime ----------------------------------------------------------------------
     def _release_deferred(self) -> None:
@@ -575,20 +592,13 @@ class PooledHostBuffer(HostBuffer):
             return  # a copy in flight still uses the block: it goes back after the copy
         self._release_deferred()
 
-    def _release_deferred(self) -> None:
-        b: Any = self._block
-        if b is not None:
-            self._block = None
-            try:
-                b.give(self._ptr)
-            except CudaError as exc:  # close() never raises driver errors
-                warn_free_failed("pinned pool block", self._ptr, exc)
-
     # Everything it uses is bound or an attribute: module globals may be gone at exit.
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
-        """A buffer collected unclosed (CuPy's pinned adaptor drops them) gives its block back.
+    def _release_deferred(self, _finalizing: Any = sys.is_finalizing) -> None:
+        """Give the block back, once: at close, after the last export, or at collection.
 
-        Or one closed under a copy still running at interpreter exit (the copy holds it).
+        The collection of a buffer runs it too (``__del__``): one collected
+        unclosed (CuPy's pinned adaptor drops them), or closed under a copy
+        still running at interpreter exit (the copy holds it).
         """
         try:
             b: Any = self._block
@@ -599,16 +609,8 @@ class PooledHostBuffer(HostBuffer):
         self._block = None
         try:
             b.give(self._ptr)
-        except CudaError as exc:  # a finalizer must not raise
+        except CudaError as exc:  # close() and finalizers never raise driver errors
             warn_free_failed("pinned pool block", self._ptr, exc)
 
+    __del__ = _release_deferred
 
-def pooled_buffer(b: Any, nbytes: int) -> PooledHostBuffer:
-    """A 1-D ``uint8`` :class:`PooledHostBuffer` of ``nbytes`` on a block of bin ``b``."""
-    self = _new_object(PooledHostBuffer)
-    self._ptr = b.take(nbytes, b.cus)
-    self._nbytes = nbytes
-    self._views = None
-    self._block = b
-    self._state = OPEN
-    return self

@@ -32,7 +32,6 @@ import sys
 import threading
 from typing import Any
 
-from .._core._checks import MAX_NBYTES
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
@@ -41,10 +40,9 @@ from .._pools import _pool
 from .._pools._cache import Bin, BlockCache, round_size
 from .._pools._pool import MemoryPool
 from . import _pinned
-from ._pinned import HostBuffer
 
 __all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBin", "HostBlock", "HostCache",
-           "host_cache", "take"]
+           "bin_for", "take"]
 
 #: Largest block the cache keeps (larger requests go to the pool every time).
 HOST_CACHE_MAX_BLOCK = 1 << 20
@@ -54,7 +52,6 @@ HOST_CACHE_LIMIT = 32 << 20
 #: Ledger account of buffers lent from pinned pools (host memory: no device).
 _ACCOUNT = account("pinned_pooled")
 _lock = threading.Lock()
-_UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
 
 
 class HostBin(Bin):
@@ -167,11 +164,6 @@ class HostBlock(Unshareable):
             _pinned.warn_free_failed("pinned pool block", self.ptr, exc)
 
 
-def host_cache(pool: object) -> HostCache:
-    """The pinned cache in front of host pool ``pool`` (checked; made on first use)."""
-    return _cache_of(pool, 0)
-
-
 def _cache_of(pool: object, flags: int) -> HostCache:
     """The cache in front of host pool ``pool``, checked and made on first use."""
     if type(pool) is not MemoryPool or not pool.is_host:
@@ -257,30 +249,23 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
     return HostBlock(b, b.take(nbytes, b.cus))
 
 
-# -- HostBuffer.pooled(n) ---------------------------------------------------------------
+def bin_for(pool: object, nbytes: int) -> Bin:
+    """The bin a block of ``nbytes`` > 0 of host pool ``pool`` (``None``: the default) comes from.
 
-
-def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
-    """``HostBuffer.pooled(shape, dtype, pool=pool)`` past its hit path.
-
-    1-D bytes (the common case) give a :class:`PooledHostBuffer` on a block of
-    the pool's bin (the default pool's bins that exist already are used by
-    ``HostBuffer.pooled`` itself); anything else is
-    ``cls.empty(shape, dtype, pool=...)``.
+    What ``HostBuffer.pooled`` takes a block from when it has not found the
+    default pool's bin itself; ``pool`` is checked.
     """
-    if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
-            or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
-        return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
-    b = _bin_of(pool, shape)  # checks the pool
-    assert b is not None  # shape > 0
-    return _pinned.pooled_buffer(b, shape)
+    b = _bin_of(pool, nbytes)
+    assert b is not None  # nbytes > 0
+    return b
 
 
 class _Source:
     """What ``_pinned.pool_source`` holds: this module's entry points (no wrapper frames)."""
 
     take = staticmethod(take)
-    pooled = staticmethod(pooled)
+    bin_for = staticmethod(bin_for)
+    default_pool = staticmethod(_pool.default_pinned)
 
 
 _pinned.pool_source = _Source()

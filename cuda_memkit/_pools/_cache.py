@@ -134,7 +134,7 @@ def round_size(nbytes: int) -> int:
 
     Up to 1 MiB: the next multiple of 512 B. Above: the next multiple of 1/8
     of the largest power of two not above ``nbytes`` (so at most 12.5 % more).
-    The hot paths write the first case out: ``(n + 511) & -512``.
+    The hot paths round the first case themselves: ``(n + 511) & -512``.
     """
     if nbytes <= SMALL:
         return (nbytes + GRANULE - 1) & -GRANULE

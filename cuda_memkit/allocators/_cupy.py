@@ -56,7 +56,6 @@ from cuda.bindings import driver as _cu
 from .._core._device import StreamRef
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import Unshareable
-from .._host import _pinned, _pinned_pool
 from .._host._pinned import HostBuffer
 from .._pools import _pool
 from .._pools._cache import round_size
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
-_SMALL = 1 << 20  # round_size's 512-byte range, written on the hot path as its formula
+_SMALL = 1 << 20  # round_size's 512-byte range: (n + 511) & -512
 
 #: Set at interpreter exit: frees are skipped from then on (a leak at exit is
 #: better than a driver call during teardown).
@@ -392,21 +391,22 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
             return pinned_pointer(_UncachedPinned(buf, size), 0)
 
         return allocate_uncached
-    # The pool's pinned cache, made now (not inside the first allocation), and its bins.
-    host = _pinned_pool.host_cache(MemoryPool.default_pinned() if pool is None else pool)
-    bins, bin_of, given = host.bins, host.bin, pool
-    empty, pooled_buffer = HostBuffer.empty, _pinned.pooled_buffer
+    pooled = HostBuffer.pooled
+    if pool is None:
+        MemoryPool.default_pinned()  # made now, not inside the first allocation
 
-    def allocate(size: int) -> Any:
-        if given is not None and not host.open:
-            raise ClosedError("the MemoryPool behind this CuPy pinned allocator was closed")
-        if type(size) is not int or size <= 0:
-            size = _size_arg(size)
-            if not size:
-                return pinned_pointer(empty(0), 0)
-        found = bins.get((size + 511) & -512) if size <= _SMALL else None
-        buf = pooled_buffer(found if found is not None else bin_of(size), size)
-        return pinned_pointer(buf, 0)
+        def allocate(size: int) -> Any:
+            return pinned_pointer(pooled(size), 0)
+
+        return allocate
+
+    given = pool
+
+    def allocate_from_pool(size: int) -> Any:
+        return pinned_pointer(pooled(size, pool=given), 0)
+
+    return allocate_from_pool
+
 
     return allocate
 
