@@ -344,12 +344,8 @@ class Bin(Unshareable):
 
     def __init__(self, account: Account, cupool: Any, device: int | None,
                  cache: BlockCache | None = None, cus: Any = None, size: int = 0) -> None:
-        self.account = account
-        self.cupool = cupool
-        self.device = device
-        self.cache = cache
-        self.cus = cus
-        self.size = size
+        self.account, self.cupool, self.device = account, cupool, device
+        self.cache, self.cus, self.size = cache, cus, size
         self.blocks: list[Any] | None = [] if size else None
 
     def take(self, nbytes: int, cus: Any) -> Any:

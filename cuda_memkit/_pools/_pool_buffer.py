@@ -304,11 +304,7 @@ def new_buffer(cls: type[PoolBufferBase], dptr: Any, nbytes: int, sref: Stream |
                pool: PoolOwner, b: Bin) -> Any:
     """A buffer of class ``cls`` owning the pool allocation ``dptr``, given back to bin ``b``."""
     buf = _new_object(cls)
-    buf._dptr = dptr
-    buf._nbytes = nbytes
-    buf._sref = sref
-    buf._pool = pool
-    buf._bin = b
-    buf._views = None
-    buf._deferred = None
+    buf._dptr, buf._nbytes, buf._sref = dptr, nbytes, sref
+    buf._pool, buf._bin = pool, b
+    buf._views = buf._deferred = None
     return buf
