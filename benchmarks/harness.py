@@ -323,3 +323,299 @@ def pinned_floor(blocks: list[Any], ledger: Any = None) -> Callable[[int], Any]:
         return b
 
     return take
+
+
+# -- ablation floors: the floors with the ledger and what a buffer promises -----------------
+#
+# What a memkit buffer promises beyond the ledger, with no call a floor would not make:
+# the argument checks, the buffer's fields (what its properties answer), free()/close()
+# refusing or deferring while exports or copies live, the cache's byte counters with its
+# limit and peak, and a finalizer that gives back the block of a buffer collected unfreed
+# (no class swap: a freed buffer's __del__ runs and returns). With ``one_path``, the
+# block is also taken and given back as memkit does it, through a bin's take() and give()
+# that call the ledger's add() and remove() (an Account's): the one release path. Not
+# memkit: the ablation rows of the promises and of the structure.
+
+
+class _FloorBin:
+    """A free list of one rounded size and a cache's counters; take() / give() as memkit's."""
+
+    __slots__ = ("blocks", "cache", "ledger", "size")
+
+    def __init__(self, size: int, cache: Any, ledger: Any, blocks: list[Any]) -> None:
+        self.blocks, self.cache, self.ledger, self.size = blocks, cache, ledger, size
+
+    def take(self, nbytes: int) -> Any:
+        block = self.blocks.pop()
+        self.cache.cached -= self.size
+        self.ledger.add(block, nbytes)
+        return block
+
+    def give(self, block: Any) -> None:
+        if self.ledger.remove(block) is None:
+            return
+        cache = self.cache
+        c = cache.cached + self.size
+        if c <= cache.limit:
+            self.blocks.append(block)
+            cache.cached = c
+            if c > cache.peak:
+                cache.peak = c
+
+
+class _FloorCache:
+    __slots__ = ("cached", "limit", "peak")
+
+    def __init__(self) -> None:
+        self.cached = self.peak = 0
+        self.limit = 1 << 30
+
+
+def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
+                          stream_type: type, one_path: bool = False) -> Callable[..., Any]:
+    """The cached floor with the exact ledger and a cached PoolBuffer's promises (see above).
+
+    ``allocate(n, stream=s)`` takes ``s`` of ``stream_type`` (its ``_custream``: ``None``
+    once closed, refused; ``_handle``, its lists); ``alloc(rounded)`` makes a block on a miss.
+    """
+    cache = _FloorCache()
+    lanes: dict[int, dict[int, _FloorBin]] = {}
+
+    class Buffer:
+        __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
+                     "_views")
+
+        def free(self, stream: object = None) -> None:
+            d = self._dptr
+            if d is None:
+                return
+            views = self._views
+            if views is not None and views() is not None:
+                raise BufferError("exports are alive")
+            sref = self._sref
+            if stream is not None or sref._custream is None:
+                raise ValueError("the floor frees on its allocation stream only")
+            self._dptr = None
+            b = self._bin
+            if one_path:
+                b.give(d)
+                return
+            ledger.current -= ledger.live.pop(d)
+            c = cache.cached + b.size
+            if c <= cache.limit:
+                b.blocks.append(d)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+
+        def __del__(self) -> None:
+            d = self._dptr
+            if d is None:
+                d = self._deferred
+                if d is None:
+                    return
+            self._bin.give(d)
+
+    def allocate(n: int, *, stream: Any) -> Buffer:
+        if type(n) is not int or n <= 0:
+            raise TypeError("n")
+        if type(stream) is not stream_type or stream._custream is None:
+            raise TypeError("the floor takes an open stream of its type only")
+        r = (n + 511) & -512 if n <= 1048576 else n
+        lane = lanes.get(stream._handle)
+        b = lane.get(r) if lane is not None else None
+        if b is None:
+            b = lanes.setdefault(stream._handle, {}).setdefault(
+                r, _FloorBin(r, cache, ledger, []))
+        blocks = b.blocks
+        if not blocks:
+            err, block = alloc(r)
+            if err:
+                raise RuntimeError(err)
+            blocks.append(block)
+            cache.cached += r
+        if one_path:
+            d = b.take(n)
+        else:
+            d = blocks.pop()
+            cache.cached -= r
+            ledger.live[d] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
+        buf = object.__new__(Buffer)
+        buf._dptr, buf._nbytes, buf._sref = d, n, stream
+        buf._pool, buf._bin = lanes, b
+        buf._views = buf._deferred = None
+        return buf
+
+    return allocate
+
+
+def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
+                          ) -> Callable[..., Any]:
+    """The pinned floor with the exact ledger and a pooled HostBuffer's promises (see above).
+
+    ``take(shape, dtype="uint8", *, pool=None)`` lends a block of ``blocks`` (its size
+    rounded to 512 B, its bin looked up); ``close()`` defers while exports or copies in
+    flight (a list, empty here) hold it.
+    """
+    cache = _FloorCache()
+    bins: dict[int, _FloorBin] = {}
+    in_flight: list[Any] = []
+    open_, closed = "open", "closed"
+
+    class Host:
+        __slots__ = ("__weakref__", "_block", "_nbytes", "_ptr", "_state", "_views")
+
+        def close(self) -> None:
+            if self._state is closed:
+                return
+            self._state = closed
+            views = self._views
+            if views is not None and views() is not None:
+                return
+            if in_flight and self in in_flight:
+                return
+            self._release()
+
+        def _release(self) -> None:
+            b = self._block
+            if b is not None:
+                self._block = None
+                p = self._ptr
+                if one_path:
+                    b.give(p)
+                    return
+                ledger.current -= ledger.live.pop(p)
+                c = cache.cached + b.size
+                if c <= cache.limit:
+                    b.blocks.append(p)
+                    cache.cached = c
+                    if c > cache.peak:
+                        cache.peak = c
+
+        __del__ = _release
+
+    def take(shape: Any, dtype: Any = "uint8", *, pool: object = None) -> Host:
+        if not (type(shape) is int and 0 < shape <= 1048576 and pool is None
+                and (dtype == "uint8")):
+            raise TypeError("the floor takes small byte buffers only")
+        r = (shape + 511) & -512
+        b = bins.get(r)
+        if b is None:
+            b = bins[r] = _FloorBin(r, cache, ledger, blocks)
+        if one_path:
+            p = b.take(shape)
+        else:
+            p = b.blocks.pop()
+            cache.cached -= r
+            ledger.live[p] = shape
+            c = ledger.current = ledger.current + shape
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
+        h = object.__new__(Host)
+        h._ptr, h._nbytes, h._views = p, shape, None
+        h._block, h._state = b, open_
+        return h
+
+    return take
+
+
+def promised_uncached_floor(alloc: Any, free: Any, cupool: Any, ledger: Any,
+                            stream_type: type, one_path: bool = False) -> Callable[..., Any]:
+    """The uncached floor with the exact ledger and a PoolBuffer's promises (see above).
+
+    Beyond the checks and fields: a free on a ``stream_type`` stream reads its
+    ``_custream`` and frees under its ``release_lock`` (a close on another thread waits),
+    and not once its finalizer ran (``_finalizer.alive``: collected with the buffer).
+    """
+
+    class Bin:  # the one release path: take() and give() calling the ledger's add / remove
+        __slots__ = ()
+
+        def take(self, nbytes: int, cus: Any) -> Any:
+            err, d = alloc(nbytes, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            ledger.add(d, nbytes, cus)
+            return d
+
+        def give(self, d: Any, sref: Any) -> None:
+            if ledger.remove(d) is not None:
+                _free_on(d, sref)
+
+    def _free_on(d: Any, sref: Any) -> None:
+        with sref.release_lock:
+            cus = sref._custream
+            fin = sref._finalizer
+            if cus is None or (fin is not None and not fin.alive):
+                raise AssertionError("the floor's stream stays open")
+            (err,) = free(d, cus)
+        if err:
+            raise RuntimeError(err)
+
+    the_bin = Bin()
+
+    class Buffer:
+        __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
+                     "_views")
+
+        def free(self, stream: object = None) -> None:
+            d = self._dptr
+            if d is None:
+                return
+            views = self._views
+            if views is not None and views() is not None:
+                raise BufferError("exports are alive")
+            sref = self._sref
+            if stream is not None or sref._custream is None:
+                raise ValueError("the floor frees on its allocation stream only")
+            self._dptr = None
+            if one_path:
+                self._bin.give(d, sref)
+                return
+            ledger.current -= ledger.live.pop(d)
+            with sref.release_lock:
+                cus = sref._custream
+                fin = sref._finalizer
+                if cus is None or (fin is not None and not fin.alive):
+                    raise AssertionError("the floor's stream stays open")
+                (err,) = free(d, cus)
+            if err:
+                raise RuntimeError(err)
+
+        def __del__(self) -> None:
+            d = self._dptr
+            if d is None:
+                d = self._deferred
+                if d is None:
+                    return
+            self._bin.give(d, self._sref)
+
+    def allocate(n: int, *, stream: Any) -> Buffer:
+        if type(n) is not int or n <= 0:
+            raise TypeError("n")
+        if type(stream) is not stream_type or stream._custream is None:
+            raise TypeError("the floor takes an open stream of its type only")
+        cus = stream._custream
+        if one_path:
+            d = the_bin.take(n, cus)
+        else:
+            err, d = alloc(n, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            ledger.live[d] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
+        buf = object.__new__(Buffer)
+        buf._dptr, buf._nbytes, buf._sref = d, n, stream
+        buf._pool, buf._bin = cupool, the_bin
+        buf._views = buf._deferred = None
+        return buf
+
+    return allocate

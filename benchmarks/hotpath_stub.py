@@ -16,8 +16,8 @@ CuPy rows use a stand-in for CuPy's ``UnownedMemory`` / ``MemoryPointer``
 medians (us per pair) and the ratio memkit / its floor with the ledger. GPU
 numbers come from bench_pool and bench_frameworks; this table is the
 reproducible stand-in for working on the Python side. Each case's time is the
-minimum over its samples (short ones, interleaved): on a shared development
-machine that is the sample least disturbed by other processes.
+CPU time of this thread, the least over its samples (short ones, interleaved):
+on a shared development machine, the sample least disturbed by other processes.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ from harness import (  # after cuda_memkit: it adds its own root
     cupy_cached_floor,
     floor_ledger,
     pinned_floor,
+    promised_cached_floor,
+    promised_pinned_floor,
+    promised_uncached_floor,
     uncached_floor,
 )
 
@@ -63,6 +66,12 @@ REFS = {
     "HostBuffer.pooled(4096) + del": "pinned floor + ledger",
     "CuPy adaptor alloc(1 MiB) + drop": "CuPy cached floor + ledger",
     "CuPy pinned adaptor alloc(4096) + drop": "CuPy pinned floor + ledger",
+    "floor + ledger + promises": "floor + ledger (1 slot)",
+    "  + one release path  ": "floor + ledger (1 slot)",
+    "cached floor + ledger + promises": "cached floor + ledger",
+    "  + one release path": "cached floor + ledger",
+    "pinned floor + ledger + promises": "pinned floor + ledger",
+    "  + one release path ": "pinned floor + ledger",
 }
 
 
@@ -175,6 +184,10 @@ def measure() -> dict[str, float]:
                                              floor_ledger())[0])
     floor_device = pairs(uncached_floor(alloc, free, cupool, cus))
     floor_device_ledger = pairs(uncached_floor(alloc, free, cupool, cus, floor_ledger()))
+    floor_device_promised = pairs(promised_uncached_floor(alloc, free, cupool, floor_ledger(),
+                                                          type(s)))
+    floor_device_path = pairs(promised_uncached_floor(alloc, free, cupool, floor_ledger(),
+                                                      type(s), one_path=True))
 
     def raw(k: int) -> None:
         for _ in range(k):
@@ -200,6 +213,14 @@ def measure() -> dict[str, float]:
 
     floor_pinned = closes(pinned_floor([object() for _ in range(4)]))
     floor_pinned_ledger = closes(pinned_floor([object() for _ in range(4)], floor_ledger()))
+    floor_pinned_promised = closes(promised_pinned_floor([object() for _ in range(4)],
+                                                         floor_ledger()))
+    floor_pinned_path = closes(promised_pinned_floor([object() for _ in range(4)],
+                                                     floor_ledger(), one_path=True))
+    floor_cached_promised = pairs(promised_cached_floor(
+        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s)))
+    floor_cached_path = pairs(promised_cached_floor(
+        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s), one_path=True))
 
     # The CuPy adaptors on the stand-in, against bench_frameworks' floors on it.
     from cuda_memkit import allocators
@@ -252,15 +273,21 @@ def measure() -> dict[str, float]:
         "uncached MemoryPool.allocate().free()": memkit_uncached,
         "floor (1 slot, no checks)": floor_device,
         "floor + ledger (1 slot)": floor_device_ledger,
+        "floor + ledger + promises": floor_device_promised,
+        "  + one release path  ": floor_device_path,
         "cached MemoryPool.allocate(stream=Stream).free()": memkit_cached,
         "cached MemoryPool.allocate(stream=int).free()": memkit_cached_int,
         "cached MemoryPool.allocate() + del": memkit_cached_del,
         "cached floor (free list)": floor_cached,
         "cached floor + ledger": floor_cached_ledger,
+        "cached floor + ledger + promises": floor_cached_promised,
+        "  + one release path": floor_cached_path,
         "HostBuffer.pooled(4096).close()": memkit_pooled,
         "HostBuffer.pooled(4096) + del": memkit_pooled_del,
         "pinned floor (free list)": floor_pinned,
         "pinned floor + ledger": floor_pinned_ledger,
+        "pinned floor + ledger + promises": floor_pinned_promised,
+        "  + one release path ": floor_pinned_path,
         "CuPy adaptor alloc(1 MiB) + drop": drops(device_adaptor, MiB),
         "CuPy cached floor + ledger": drops(cupy_floor_ledger, MiB),
         "CuPy cached floor": drops(cupy_floor, MiB),
@@ -273,9 +300,9 @@ def measure() -> dict[str, float]:
     gc.disable()
     for _ in range(SAMPLES):
         for name, fn in cases.items():
-            t = time.perf_counter()
+            t = time.thread_time()
             fn(N)
-            times[name].append((time.perf_counter() - t) / N * 1e6)
+            times[name].append((time.thread_time() - t) / N * 1e6)
     gc.enable()
     # The least disturbed sample: on a shared machine the others carry other processes' time.
     med = {k: min(v) for k, v in times.items()}
@@ -308,7 +335,7 @@ def main() -> None:
     med = {name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
            for name, runs in columns.items()}
     print(f"hotpath_stub on {os.environ['CUDA_MEMKIT_BACKEND']}, Python {sys.version.split()[0]}; "
-          f"us per pair, least of {SAMPLES} samples of {N} pairs, memkit and floors interleaved"
+          f"us of CPU per pair, least of {SAMPLES} samples of {N} pairs, interleaved"
           + (f"; 'against': {args[1]}, 'this': {os.getcwd()}, {RUNS} alternating runs each"
              if len(columns) > 1 else ""))
     head = "".join(f"{name + ' us':>12}{'/floor+L':>9}" for name in med)

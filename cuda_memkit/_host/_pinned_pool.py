@@ -58,10 +58,7 @@ class HostBin(Bin):
     """A bin of pinned blocks: its blocks are addresses (ints), as the pinned ledger's keys."""
 
     __slots__ = ()
-
-    def new_block(self, nbytes: int, cus: Any) -> Any:
-        """A block from the host pool (a miss), as its address."""
-        return int(super().new_block(nbytes, cus))
+    addresses = True
 
 
 class HostCache:

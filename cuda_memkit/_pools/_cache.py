@@ -12,7 +12,7 @@ blocks, the ledger account of the memory lent from it, its stream (the
 
 * :meth:`Bin.take` -> a block: a free one of the bin (a hit, no driver call)
   or one from the driver pool (a miss, with the retries of
-  :func:`alloc_block`), registered in the ledger (``Account.add``);
+  :func:`alloc_failed`), registered in the ledger (``Account.add``);
 * :meth:`Bin.give`: the ledger claim first (``Account.remove``: of two
   threads giving one block back, exactly one goes on), then back into the free
   list while the cache is open, within its limit and the stream exists; else
@@ -28,7 +28,9 @@ resource. A cache's bins are per stream and rounded size; size 0 is the
 stream's bin of sizes the cache does not keep (above ``max_block``): its
 blocks always go back to the driver, on its stream. A pool without a cache
 has one bin for every stream (``cache`` ``None``): its blocks are freed on
-the stream object the giver holds (:func:`free_on_stream`).
+the stream object the giver holds (a cuda_memkit :class:`Stream` read and
+freed on under its ``release_lock``, which its ``close()`` takes: it is never
+destroyed in between).
 
 Semantics of the cache
 ----------------------
@@ -99,10 +101,9 @@ from .._core._device import (
 from .._core._errors import CudaOutOfMemoryError, MemkitWarning
 from .._core._resource import Account, Unshareable
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_block",
+__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_failed",
            "check_cache_limit", "destroy_unused", "destroy_when_unused", "driver_pair",
-           "empty_all", "free_after_stream", "free_failed", "free_on_stream", "pending_pools",
-           "round_size"]
+           "empty_all", "free_after_stream", "free_failed", "pending_pools", "round_size"]
 
 #: Default most bytes a device or managed pool's cache holds (``cache_limit``).
 DEFAULT_CACHE_LIMIT = 1 << 30
@@ -233,27 +234,6 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
     return cus  # pragma: no cover - check() raised
 
 
-def free_on_stream(dptr: Any, sref: Stream | StreamRef, device: int | None
-                   ) -> tuple[Any, Any]:
-    """``cuMemFreeAsync`` on the stream object ``sref``, or after it once it is gone.
-
-    A cuda_memkit :class:`Stream` is read and freed on under its
-    ``release_lock``, which its ``close()`` takes to mark it closed, so it is
-    never destroyed between the two (another thread may close it). Returns the
-    driver's result and the stream freed on.
-    """
-    if type(sref) is Stream:
-        with sref.release_lock:
-            cus = sref._custream
-            if cus is not None and not stream_destroyed(sref):
-                return FREE(dptr, cus), cus
-    else:
-        cus = sref._custream
-        if cus is not None:
-            return FREE(dptr, cus), cus
-    return free_after_stream(dptr, device)
-
-
 def free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:
     """Free on the legacy stream once the device is idle: the block's stream is gone.
 
@@ -267,11 +247,11 @@ def free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:
         return FREE(dptr, cus), cus
 
 
-def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
-                cache: BlockCache | None = None) -> Any:
-    """One pool allocation (``cuMemAllocFromPoolAsync``), with the retries; the ``CUdeviceptr``.
+def alloc_failed(res: Any, nbytes: int, cupool: Any, cus: Any, device: int | None,
+                 cache: BlockCache | None = None) -> Any:
+    """Recover a ``cuMemAllocFromPoolAsync`` the driver refused (``res``); the ``CUdeviceptr``.
 
-    The one place that handles a refused pool allocation (a bin's miss):
+    The one place that handles a refused pool allocation (a bin's take):
 
     * no current context on this thread (a default stream, a finalizer
       thread): device ``device``'s primary context is made current (device 0
@@ -280,10 +260,9 @@ def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
       (:meth:`BlockCache.release_for_retry`) and the call is retried once; if
       it fails again, the :class:`CudaOutOfMemoryError` says how many cached
       bytes were released.
+
+    Anything else raises the driver's error.
     """
-    res = ALLOC(nbytes, cupool, cus)
-    if not res[0]:
-        return res[1]
     if int(res[0]) == INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
         ensure_context(device)
         res = ALLOC(nbytes, cupool, cus)
@@ -341,6 +320,8 @@ class Bin(Unshareable):
     __slots__ = ("account", "blocks", "cache", "cupool", "cus", "device", "size")
     # A copy would hold the same free blocks: two owners lending each block twice.
     _share_hint = "share the buffer its block is lent to, or the pool"
+    #: Whether its blocks are addresses (ints) rather than the driver's ``CUdeviceptr``.
+    addresses = False
 
     def __init__(self, account: Account, cupool: Any, device: int | None,
                  cache: BlockCache | None = None, cus: Any = None, size: int = 0) -> None:
@@ -359,21 +340,24 @@ class Bin(Unshareable):
             try:
                 block = blocks.pop()
             except IndexError:  # another thread took the last one
-                block = self.new_block(nbytes, cus)
+                pass
             else:
                 self.cache.cached -= self.size  # type: ignore[union-attr]
+                self.account.add(block, nbytes, cus)
+                return block
+        cache = self.cache
+        if blocks is not None:  # a miss
+            cache.misses += 1  # type: ignore[union-attr]
+            nbytes_made = self.size
         else:
-            block = self.new_block(nbytes, cus)
+            nbytes_made = nbytes
+        res = ALLOC(nbytes_made, self.cupool, cus)
+        block = res[1] if not res[0] else alloc_failed(res, nbytes_made, self.cupool, cus,
+                                                        self.device, cache)
+        if self.addresses:
+            block = int(block)
         self.account.add(block, nbytes, cus)
         return block
-
-    def new_block(self, nbytes: int, cus: Any) -> Any:
-        """A block from the driver pool (a miss), ordered on ``cus``."""
-        cache = self.cache
-        if self.blocks is None:
-            return alloc_block(nbytes, self.cupool, cus, self.device, cache)
-        cache.misses += 1  # type: ignore[union-attr]
-        return alloc_block(self.size, self.cupool, cus, self.device, cache)
 
     def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
              ) -> None:
@@ -398,12 +382,12 @@ class Bin(Unshareable):
             ledger again.
         """
         blocks = self.blocks
+        cache: Any = self.cache
         if blocks is not None and on is None:
             cus = self.cus
             n = self.account.remove(block, cus)  # the claim
             if n is None:  # given back already (another thread's give won)
                 return
-            cache: Any = self.cache
             c = cache.cached + self.size
             if c <= cache.limit and cus is not None:
                 blocks.append(block)
@@ -415,42 +399,49 @@ class Bin(Unshareable):
                 if self.cus is not None or not cache.take_back(block, self.size, blocks):
                     return
         else:
-            n = self.account.remove(block, on if on is not None else self.stream_of(sref))
+            if on is None:
+                on_ledger = self.cus if cache is not None or sref is None else sref._custream
+            else:
+                on_ledger = on
+            n = self.account.remove(block, on_ledger)
             if n is None:
                 return
+        # To the driver (cuMemFreeAsync): on the stream named, on the giver's stream (a bin
+        # without a cache), or on the bin's (after it once it is gone).
+        device = self.device
         try:
-            self.to_driver(block, sref, on)
+            if on is not None:  # a stream the user named: its refusal is the user's to see
+                res = FREE(block, on)
+                if res[0]:
+                    free_failed(res, block, on, device, recover_stream=False)
+            elif cache is None:
+                assert sref is not None
+                res = None
+                if type(sref) is Stream:  # read and freed on under its release_lock, which
+                    with sref.release_lock:  # its close() takes: never destroyed meanwhile
+                        cus = sref._custream
+                        if cus is not None and not stream_destroyed(sref):
+                            res = FREE(block, cus)
+                else:
+                    cus = sref._custream
+                    if cus is not None:
+                        res = FREE(block, cus)
+                if res is None:  # the stream is gone (closed, or collected with the holder)
+                    res, cus = free_after_stream(block, device)
+                if res[0]:
+                    free_failed(res, block, cus, device)
+            else:
+                with cache.lock:  # a close of the stream waits: its hook takes this lock
+                    cus = self.cus
+                    if cus is None:
+                        res, cus = free_after_stream(block, device)
+                    else:
+                        res = FREE(block, cus)
+                    if res[0]:
+                        free_failed(res, block, cus, device)
         except BaseException:
             self.account.restore(block, n, on)
             raise
-
-    def stream_of(self, sref: Stream | StreamRef | None) -> Any:
-        """The ``CUstream`` a give without a named stream frees on (for the ledger's watchers)."""
-        if self.cache is not None or sref is None:
-            return self.cus
-        return sref._custream
-
-    def to_driver(self, block: Any, sref: Stream | StreamRef | None, on: Any) -> None:
-        """``cuMemFreeAsync`` of ``block``, on the stream :meth:`give` chose, and the recoveries."""
-        device = self.device
-        if on is not None:  # a stream the user named: its refusal is the user's to see
-            res = FREE(block, on)
-            if res[0]:
-                free_failed(res, block, on, device, recover_stream=False)
-        elif self.cache is None:  # the giver's stream
-            assert sref is not None
-            res, cus = free_on_stream(block, sref, device)
-            if res[0]:
-                free_failed(res, block, cus, device)
-        else:
-            with self.cache.lock:  # a close of the stream waits: its hook takes this lock
-                cus = self.cus
-                if cus is None:
-                    res, cus = free_after_stream(block, device)
-                else:
-                    res = FREE(block, cus)
-                if res[0]:
-                    free_failed(res, block, cus, device)
         if pending_pools:  # the pool may have been waiting for this block to be destroyed
             destroy_unused()
 
