@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import atexit
 import enum
 import sys
 import threading
@@ -52,6 +53,21 @@ class State(enum.Enum):
 # Module constants: an enum member lookup costs ~120 ns on hot paths.
 OPEN = State.OPEN
 CLOSED = State.CLOSED
+
+
+#: ``[True]`` once the interpreter exits: set by an ``atexit`` handler, before any module
+#: is torn down. A ``__del__`` binds it as a default argument (``_exiting=EXITING``) and
+#: releases nothing once it is set, so that it reads no module global (teardown sets them
+#: to ``None``): a leak at exit is better than a driver call, or a traceback, during
+#: teardown. One list index, where ``sys.is_finalizing()`` is a call.
+EXITING: list[bool] = [False]
+
+
+def _at_exit() -> None:
+    EXITING[0] = True
+
+
+atexit.register(_at_exit)
 
 
 def run_release(what: str | tuple[str, int], release: Callable[..., None],

@@ -44,6 +44,7 @@ from .._core._operands import (
 )
 from .._core._resource import (
     CLOSED,
+    EXITING,
     OPEN,
     Resource,
     Unshareable,
@@ -593,7 +594,7 @@ class PooledHostBuffer(HostBuffer):
         self._release_deferred()
 
     # Everything it uses is bound or an attribute: module globals may be gone at exit.
-    def _release_deferred(self, _finalizing: Any = sys.is_finalizing) -> None:
+    def _release_deferred(self, _exiting: list[bool] = EXITING) -> None:
         """Give the block back, once: at close, after the last export, or at collection.
 
         The collection of a buffer runs it too (``__del__``): one collected
@@ -604,7 +605,7 @@ class PooledHostBuffer(HostBuffer):
             b: Any = self._block
         except AttributeError:  # never fully made
             return
-        if b is None or _finalizing():
+        if b is None or _exiting[0]:
             return
         self._block = None
         try:

@@ -28,14 +28,12 @@ before closing it.
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import Any
 
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
-from .._core._resource import Unshareable, account
+from .._core._resource import EXITING, Unshareable, account
 from .._pools import _pool
 from .._pools._cache import Bin, BlockCache, round_size
 from .._pools._pool import MemoryPool
@@ -147,12 +145,12 @@ class HostBlock(Unshareable):
             b.give(self.ptr)
 
     # Everything it uses is bound or an attribute: module globals may be gone at exit.
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+    def __del__(self, _exiting: list[bool] = EXITING) -> None:
         try:
             b = self.bin
         except AttributeError:  # never fully made
             return
-        if b is None or _finalizing():
+        if b is None or _exiting[0]:
             return
         self.bin = None
         try:

@@ -16,7 +16,6 @@ to that bin, the one release path of every pool kind
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -26,7 +25,7 @@ from .._core._device import Stream, StreamLike, StreamRef, custream, primary_pus
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
 from .._core._operands import pending_operands, release_after_copies
-from .._core._resource import Resource, array_protocol, host_array
+from .._core._resource import EXITING, Resource, array_protocol, host_array
 from . import _pool_ipc
 from ._cache import Bin
 
@@ -206,7 +205,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
                 _release_failed(self._bin, d, exc)
 
     # Everything it uses is bound or an attribute: module globals may be gone at exit.
-    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+    def __del__(self, _exiting: list[bool] = EXITING) -> None:
         try:
             d = self._dptr
         except AttributeError:  # never fully made
@@ -216,7 +215,7 @@ class PoolBufferBase(BufferMixin, Resource, DeviceMemoryMixin):
             if d is None:
                 return
             self._deferred = None
-        if _finalizing():  # nothing runs at interpreter exit
+        if _exiting[0]:  # nothing runs at interpreter exit
             return
         self._dptr = None
         try:

@@ -43,9 +43,7 @@ stream instead).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -55,7 +53,7 @@ from cuda.bindings import driver as _cu
 
 from .._core._device import StreamRef
 from .._core._errors import ClosedError, CudaError, MemkitWarning
-from .._core._resource import Unshareable
+from .._core._resource import EXITING, Unshareable
 from .._host._pinned import HostBuffer
 from .._pools import _pool
 from .._pools._cache import round_size
@@ -68,19 +66,6 @@ __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
 _SMALL = 1 << 20  # round_size's 512-byte range: (n + 511) & -512
-
-#: Set at interpreter exit: frees are skipped from then on (a leak at exit is
-#: better than a driver call during teardown).
-_exiting = False
-
-
-def _at_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-atexit.register(_at_exit)
-
 
 def _import_cupy() -> Any:
     try:
@@ -128,8 +113,8 @@ def _memory_class(base: type) -> type:
         __slots__ = ("_bin", "_d", "_pool", "_sref")
 
         # Everything it uses is bound or an attribute: module globals may be gone at exit.
-        def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
-            if _finalizing() or _exiting:
+        def __del__(self, _exiting: list[bool] = EXITING) -> None:
+            if _exiting[0]:
                 return
             b = self._bin
             try:
