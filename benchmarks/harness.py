@@ -78,6 +78,32 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
     return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
 
 
+def floor_target(value: float | None, floor: float | None, bound: float,
+                 ablation: float | None = None) -> tuple[str, bool | None, bool]:
+    """A target row's column: ``value`` <= ``bound`` x ``floor`` (its floor with the ledger).
+
+    Returns ``(text, ok, blocked)``: ``blocked`` where the row misses and ``ablation``
+    (the floor with the promised work, the same run) is itself above the bound, so that
+    the bound is below what the promised work costs.
+    """
+    if value is None or not floor:
+        return f"<= {bound:g}x its floor + ledger (n/a)", None, False
+    ratio = value / floor
+    text = f"<= {bound:g}x its floor + ledger ({ratio:.2f}x)"
+    blocked = ratio > bound and ablation is not None and ablation / floor > bound
+    if blocked:
+        assert ablation is not None
+        text += f"; the promised work alone is {ablation / floor:.2f}x"
+    return text, ratio <= bound, blocked
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """The verdict printed after a row's target column: OK, MISS, BLOCKED or nothing."""
+    if row.get("blocked"):
+        return " BLOCKED"
+    return "" if row.get("ok") is None else (" OK" if row["ok"] else " MISS")
+
+
 # -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
 
 
@@ -372,14 +398,17 @@ class _FloorCache:
 
 
 def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
-                          stream_type: type, one_path: bool = False) -> Callable[..., Any]:
+                          stream_type: type, one_path: bool = False
+                          ) -> tuple[Callable[..., Any], list[list[Any]]]:
     """The cached floor with the exact ledger and a cached PoolBuffer's promises (see above).
 
     ``allocate(n, stream=s)`` takes ``s`` of ``stream_type`` (its ``_custream``: ``None``
     once closed, refused; ``_handle``, its lists); ``alloc(rounded)`` makes a block on a miss.
+    Returns it and its free lists (for the cleanup).
     """
     cache = _FloorCache()
     lanes: dict[int, dict[int, _FloorBin]] = {}
+    free_lists: list[list[Any]] = []
 
     class Buffer:
         __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
@@ -427,6 +456,7 @@ def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
         if b is None:
             b = lanes.setdefault(stream._handle, {}).setdefault(
                 r, _FloorBin(r, cache, ledger, []))
+            free_lists.append(b.blocks)
         blocks = b.blocks
         if not blocks:
             err, block = alloc(r)
@@ -450,7 +480,7 @@ def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
         buf._views = buf._deferred = None
         return buf
 
-    return allocate
+    return allocate, free_lists
 
 
 def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False

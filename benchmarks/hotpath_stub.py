@@ -218,9 +218,9 @@ def measure() -> dict[str, float]:
     floor_pinned_path = closes(promised_pinned_floor([object() for _ in range(4)],
                                                      floor_ledger(), one_path=True))
     floor_cached_promised = pairs(promised_cached_floor(
-        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s)))
+        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s))[0])
     floor_cached_path = pairs(promised_cached_floor(
-        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s), one_path=True))
+        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s), one_path=True)[0])
 
     # The CuPy adaptors on the stand-in, against bench_frameworks' floors on it.
     from cuda_memkit import allocators
