@@ -499,6 +499,16 @@ def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
     class Host:
         __slots__ = ("__weakref__", "_block", "_nbytes", "_ptr", "_state", "_views")
 
+        @property
+        def ptr(self) -> int:  # what CuPy's PinnedMemoryPointer reads, as a HostBuffer's
+            if self._state is not open_:
+                raise ValueError("closed")
+            return int(self._ptr)
+
+        @property
+        def size(self) -> int:
+            return int(self._nbytes)
+
         def close(self) -> None:
             if self._state is closed:
                 return
@@ -649,3 +659,59 @@ def promised_uncached_floor(alloc: Any, free: Any, cupool: Any, ledger: Any,
         return buf
 
     return allocate
+
+
+def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any
+                        ) -> tuple[Callable[[int], Any], list[tuple[list[Any], Any]]]:
+    """The CuPy cached floor with the exact ledger, the adaptor's promises and one path.
+
+    Beyond :func:`cupy_cached_floor`: the current device asked per allocation (the
+    pools of every device), the size checked, the block taken from and given back to
+    a bin (take / give calling the ledger's add / remove), the memory holding its bin,
+    block and stream. Returns the allocator and its (free list, CUstream) pairs.
+    """
+    from cuda.bindings import driver as cu
+
+    unowned, pointer = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer
+    get_stream, get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
+    cache = _FloorCache()
+    lanes: dict[int, dict[int, _FloorBin]] = {}
+    custreams: dict[int, Any] = {}
+    lists: list[tuple[list[Any], Any]] = []
+
+    class Memory(unowned):  # type: ignore[misc, valid-type]
+        __slots__ = ("_bin", "_d", "_pool", "_sref")
+
+        def __del__(self, _exiting: list[bool] = [False]) -> None:  # noqa: B006
+            if _exiting[0]:
+                return
+            self._bin.give(self._d)
+
+    def allocator(size: int) -> Any:
+        dev = get_device()
+        if type(size) is not int or size <= 0:
+            raise TypeError("the floor takes sizes > 0 only")
+        st = get_stream(dev)
+        h = st.ptr
+        cus = custreams.get(h)
+        if cus is None:
+            cus = custreams[h] = cu.CUstream(h)
+        r = (size + 511) & -512
+        lane = lanes.get(h)
+        b = lane.get(r) if lane is not None else None
+        if b is None:
+            b = lanes.setdefault(h, {}).setdefault(r, _FloorBin(r, cache, ledger, []))
+            lists.append((b.blocks, cus))
+        if not b.blocks:
+            err, d = alloc(r, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            b.blocks.append(d)
+            cache.cached += r
+        d = b.take(size)
+        m = Memory(int(d), size, st, dev)
+        m._bin, m._d = b, d
+        m._pool, m._sref = None, cus
+        return pointer(m, 0)
+
+    return allocator, lists

@@ -46,6 +46,7 @@ from harness import (  # after cuda_memkit: it adds its own root
     floor_ledger,
     pinned_floor,
     promised_cached_floor,
+    promised_cupy_floor,
     promised_pinned_floor,
     promised_uncached_floor,
     uncached_floor,
@@ -68,6 +69,8 @@ REFS = {
     "CuPy pinned adaptor alloc(4096) + drop": "CuPy pinned floor + ledger",
     "floor + ledger + promises": "floor + ledger (1 slot)",
     "  + one release path  ": "floor + ledger (1 slot)",
+    "CuPy floor + ledger + promises + path": "CuPy cached floor + ledger",
+    "CuPy pinned floor + ledger + promises + path": "CuPy pinned floor + ledger",
     "cached floor + ledger + promises": "cached floor + ledger",
     "  + one release path": "cached floor + ledger",
     "pinned floor + ledger + promises": "pinned floor + ledger",
@@ -236,6 +239,9 @@ def measure() -> dict[str, float]:
     cupy_floor, release_floor = cupy_cached_floor(cupy, alloc, free, default_cupool)
     cupy_floor_ledger, release_floor_ledger = cupy_cached_floor(cupy, alloc, free,
                                                                 default_cupool, floor_ledger())
+    cupy_floor_path = promised_cupy_floor(cupy, alloc, default_cupool, floor_ledger())[0]
+    pinned_path_take = promised_pinned_floor([(1 << 40) + (k << 12) for k in range(4)],
+                                             floor_ledger(), one_path=True)
 
     def drops(fn: Callable[[int], Any], n: int) -> Callable[[int], None]:
         def loop(k: int) -> None:
@@ -291,8 +297,11 @@ def measure() -> dict[str, float]:
         "CuPy adaptor alloc(1 MiB) + drop": drops(device_adaptor, MiB),
         "CuPy cached floor + ledger": drops(cupy_floor_ledger, MiB),
         "CuPy cached floor": drops(cupy_floor, MiB),
+        "CuPy floor + ledger + promises + path": drops(cupy_floor_path, MiB),
         "CuPy pinned adaptor alloc(4096) + drop": drops(pinned_adaptor, 4096),
         "CuPy pinned floor + ledger": drops(pinned_floor_ledger, 4096),
+        "CuPy pinned floor + ledger + promises + path": drops(
+            lambda n: MemoryPointer(pinned_path_take(n), 0), 4096),
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
     for fn in cases.values():
