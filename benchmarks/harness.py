@@ -378,8 +378,7 @@ class _FloorBin:
         return block
 
     def give(self, block: Any) -> None:
-        if self.ledger.remove(block) is None:
-            return
+        self.ledger.remove(block)  # (the floor never gives a block back twice)
         cache = self.cache
         c = cache.cached + self.size
         if c <= cache.limit:
