@@ -61,9 +61,8 @@ from harness import (
     floor_target,
     measure,
     pinned_floor,
-    promised_cached_floor,
     promised_pinned_floor,
-    promised_uncached_floor,
+    promised_pool_floor,
     uncached_floor,
     verdict,
 )
@@ -219,12 +218,11 @@ def main() -> None:
     ablation_lists: list[list[Any]] = []
     for path in (False, True):
         tag = " + path" if path else ""
-        ablations["floor + promises" + tag] = pairs(promised_uncached_floor(
-            alloc, free, cupool, floor_ledger(), cm.Stream, one_path=path))
-        cached_allocate_, lists_ = promised_cached_floor(
-            lambda r: alloc(r, cupool, cus), floor_ledger(), cm.Stream, one_path=path)
-        ablations["floor cached + promises" + tag] = pairs(cached_allocate_)
-        ablation_lists.append(lists_)
+        for cached, key in ((False, "floor + promises"), (True, "floor cached + promises")):
+            allocate_, lists_ = promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                    cm.Stream, cached, one_path=path)
+            ablations[key + tag] = pairs(allocate_)
+            ablation_lists.append(lists_)
 
     # The floor again, but a freed buffer keeps its __del__ (no class swap): what
     # PoolBuffer.free()'s swap to the plain PoolBuffer class buys, in this run.

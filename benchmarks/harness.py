@@ -371,13 +371,13 @@ class _FloorBin:
     def __init__(self, size: int, cache: Any, ledger: Any, blocks: list[Any]) -> None:
         self.blocks, self.cache, self.ledger, self.size = blocks, cache, ledger, size
 
-    def take(self, nbytes: int) -> Any:
+    def take(self, nbytes: int, cus: Any = None) -> Any:
         block = self.blocks.pop()
         self.cache.cached -= self.size
-        self.ledger.add(block, nbytes)
+        self.ledger.add(block, nbytes, cus)
         return block
 
-    def give(self, block: Any) -> None:
+    def give(self, block: Any, sref: Any = None) -> None:
         self.ledger.remove(block)  # (the floor never gives a block back twice)
         cache = self.cache
         c = cache.cached + self.size
@@ -396,18 +396,48 @@ class _FloorCache:
         self.limit = 1 << 30
 
 
-def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
-                          stream_type: type, one_path: bool = False
-                          ) -> tuple[Callable[..., Any], list[list[Any]]]:
-    """The cached floor with the exact ledger and a cached PoolBuffer's promises (see above).
+def promised_pool_floor(alloc: Any, free: Any, cupool: Any, ledger: Any, stream_type: type,
+                        cached: bool, one_path: bool = False
+                        ) -> tuple[Callable[..., Any], list[list[Any]]]:
+    """A pool floor with the exact ledger and a PoolBuffer's promises (see above).
 
     ``allocate(n, stream=s)`` takes ``s`` of ``stream_type`` (its ``_custream``: ``None``
-    once closed, refused; ``_handle``, its lists); ``alloc(rounded)`` makes a block on a miss.
-    Returns it and its free lists (for the cleanup).
+    once closed, refused; ``_handle``, its lists); ``alloc(n, cupool, cus)`` and
+    ``free(d, cus)`` are the driver's. ``cached``: blocks go back to free lists per stream
+    and rounded size, with a cache's counters; else to the driver, on the buffer's stream
+    read under its ``release_lock`` (a close on another thread waits) and not once its
+    finalizer ran (``_finalizer.alive``: collected with the buffer). Returns the allocator
+    and its free lists (for the cleanup).
     """
     cache = _FloorCache()
-    lanes: dict[int, dict[int, _FloorBin]] = {}
+    lanes: dict[int, dict[int, Any]] = {}
     free_lists: list[list[Any]] = []
+
+    def driver_free(d: Any, sref: Any) -> None:
+        with sref.release_lock:
+            cus = sref._custream
+            fin = sref._finalizer
+            if cus is None or (fin is not None and not fin.alive):
+                raise AssertionError("the floor's stream stays open")
+            (err,) = free(d, cus)
+        if err:
+            raise RuntimeError(err)
+
+    class DriverBin:  # the one release path of a pool without a cache
+        __slots__ = ()
+
+        def take(self, nbytes: int, cus: Any) -> Any:
+            err, d = alloc(nbytes, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            ledger.add(d, nbytes, cus)
+            return d
+
+        def give(self, d: Any, sref: Any) -> None:
+            ledger.remove(d)
+            driver_free(d, sref)
+
+    driver_bin = DriverBin()
 
     class Buffer:
         __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
@@ -426,9 +456,12 @@ def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
             self._dptr = None
             b = self._bin
             if one_path:
-                b.give(d)
+                b.give(d, sref)
                 return
             ledger.current -= ledger.live.pop(d)
+            if not cached:
+                driver_free(d, sref)
+                return
             c = cache.cached + b.size
             if c <= cache.limit:
                 b.blocks.append(d)
@@ -442,32 +475,39 @@ def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
                 d = self._deferred
                 if d is None:
                     return
-            self._bin.give(d)
+            self._bin.give(d, self._sref)
 
     def allocate(n: int, *, stream: Any) -> Buffer:
         if type(n) is not int or n <= 0:
             raise TypeError("n")
         if type(stream) is not stream_type or stream._custream is None:
             raise TypeError("the floor takes an open stream of its type only")
-        r = (n + 511) & -512 if n <= 1048576 else n
-        lane = lanes.get(stream._handle)
-        b = lane.get(r) if lane is not None else None
-        if b is None:
-            b = lanes.setdefault(stream._handle, {}).setdefault(
-                r, _FloorBin(r, cache, ledger, []))
-            free_lists.append(b.blocks)
-        blocks = b.blocks
-        if not blocks:
-            err, block = alloc(r)
-            if err:
-                raise RuntimeError(err)
-            blocks.append(block)
-            cache.cached += r
+        cus = stream._custream
+        b: Any = driver_bin
+        if cached:
+            r = (n + 511) & -512 if n <= 1048576 else n
+            lane = lanes.get(stream._handle)
+            b = lane.get(r) if lane is not None else None
+            if b is None:
+                b = lanes.setdefault(stream._handle, {}).setdefault(
+                    r, _FloorBin(r, cache, ledger, []))
+                free_lists.append(b.blocks)
+            if not b.blocks:
+                err, block = alloc(r, cupool, cus)
+                if err:
+                    raise RuntimeError(err)
+                b.blocks.append(block)
+                cache.cached += r
         if one_path:
-            d = b.take(n)
+            d = b.take(n, cus)
         else:
-            d = blocks.pop()
-            cache.cached -= r
+            if cached:
+                d = b.blocks.pop()
+                cache.cached -= b.size
+            else:
+                err, d = alloc(n, cupool, cus)
+                if err:
+                    raise RuntimeError(err)
             ledger.live[d] = n
             c = ledger.current = ledger.current + n
             if c > ledger.peak:
@@ -475,7 +515,7 @@ def promised_cached_floor(alloc: Callable[[int], tuple[Any, Any]], ledger: Any,
             ledger.total += 1
         buf = object.__new__(Buffer)
         buf._dptr, buf._nbytes, buf._sref = d, n, stream
-        buf._pool, buf._bin = lanes, b
+        buf._pool, buf._bin = cupool, b
         buf._views = buf._deferred = None
         return buf
 
@@ -561,103 +601,6 @@ def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
         return h
 
     return take
-
-
-def promised_uncached_floor(alloc: Any, free: Any, cupool: Any, ledger: Any,
-                            stream_type: type, one_path: bool = False) -> Callable[..., Any]:
-    """The uncached floor with the exact ledger and a PoolBuffer's promises (see above).
-
-    Beyond the checks and fields: a free on a ``stream_type`` stream reads its
-    ``_custream`` and frees under its ``release_lock`` (a close on another thread waits),
-    and not once its finalizer ran (``_finalizer.alive``: collected with the buffer).
-    """
-
-    class Bin:  # the one release path: take() and give() calling the ledger's add / remove
-        __slots__ = ()
-
-        def take(self, nbytes: int, cus: Any) -> Any:
-            err, d = alloc(nbytes, cupool, cus)
-            if err:
-                raise RuntimeError(err)
-            ledger.add(d, nbytes, cus)
-            return d
-
-        def give(self, d: Any, sref: Any) -> None:
-            if ledger.remove(d) is not None:
-                _free_on(d, sref)
-
-    def _free_on(d: Any, sref: Any) -> None:
-        with sref.release_lock:
-            cus = sref._custream
-            fin = sref._finalizer
-            if cus is None or (fin is not None and not fin.alive):
-                raise AssertionError("the floor's stream stays open")
-            (err,) = free(d, cus)
-        if err:
-            raise RuntimeError(err)
-
-    the_bin = Bin()
-
-    class Buffer:
-        __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
-                     "_views")
-
-        def free(self, stream: object = None) -> None:
-            d = self._dptr
-            if d is None:
-                return
-            views = self._views
-            if views is not None and views() is not None:
-                raise BufferError("exports are alive")
-            sref = self._sref
-            if stream is not None or sref._custream is None:
-                raise ValueError("the floor frees on its allocation stream only")
-            self._dptr = None
-            if one_path:
-                self._bin.give(d, sref)
-                return
-            ledger.current -= ledger.live.pop(d)
-            with sref.release_lock:
-                cus = sref._custream
-                fin = sref._finalizer
-                if cus is None or (fin is not None and not fin.alive):
-                    raise AssertionError("the floor's stream stays open")
-                (err,) = free(d, cus)
-            if err:
-                raise RuntimeError(err)
-
-        def __del__(self) -> None:
-            d = self._dptr
-            if d is None:
-                d = self._deferred
-                if d is None:
-                    return
-            self._bin.give(d, self._sref)
-
-    def allocate(n: int, *, stream: Any) -> Buffer:
-        if type(n) is not int or n <= 0:
-            raise TypeError("n")
-        if type(stream) is not stream_type or stream._custream is None:
-            raise TypeError("the floor takes an open stream of its type only")
-        cus = stream._custream
-        if one_path:
-            d = the_bin.take(n, cus)
-        else:
-            err, d = alloc(n, cupool, cus)
-            if err:
-                raise RuntimeError(err)
-            ledger.live[d] = n
-            c = ledger.current = ledger.current + n
-            if c > ledger.peak:
-                ledger.peak = c
-            ledger.total += 1
-        buf = object.__new__(Buffer)
-        buf._dptr, buf._nbytes, buf._sref = d, n, stream
-        buf._pool, buf._bin = cupool, the_bin
-        buf._views = buf._deferred = None
-        return buf
-
-    return allocate
 
 
 def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any

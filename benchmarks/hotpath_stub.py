@@ -45,10 +45,9 @@ from harness import (  # after cuda_memkit: it adds its own root
     cupy_cached_floor,
     floor_ledger,
     pinned_floor,
-    promised_cached_floor,
     promised_cupy_floor,
     promised_pinned_floor,
-    promised_uncached_floor,
+    promised_pool_floor,
     uncached_floor,
 )
 
@@ -187,10 +186,10 @@ def measure() -> dict[str, float]:
                                              floor_ledger())[0])
     floor_device = pairs(uncached_floor(alloc, free, cupool, cus))
     floor_device_ledger = pairs(uncached_floor(alloc, free, cupool, cus, floor_ledger()))
-    floor_device_promised = pairs(promised_uncached_floor(alloc, free, cupool, floor_ledger(),
-                                                          type(s)))
-    floor_device_path = pairs(promised_uncached_floor(alloc, free, cupool, floor_ledger(),
-                                                      type(s), one_path=True))
+    floor_device_promised = pairs(promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                      type(s), False)[0])
+    floor_device_path = pairs(promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                  type(s), False, one_path=True)[0])
 
     def raw(k: int) -> None:
         for _ in range(k):
@@ -220,10 +219,10 @@ def measure() -> dict[str, float]:
                                                          floor_ledger()))
     floor_pinned_path = closes(promised_pinned_floor([object() for _ in range(4)],
                                                      floor_ledger(), one_path=True))
-    floor_cached_promised = pairs(promised_cached_floor(
-        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s))[0])
-    floor_cached_path = pairs(promised_cached_floor(
-        lambda r: alloc(r, cupool, cus), floor_ledger(), type(s), one_path=True)[0])
+    floor_cached_promised = pairs(promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                      type(s), True)[0])
+    floor_cached_path = pairs(promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                  type(s), True, one_path=True)[0])
 
     # The CuPy adaptors on the stand-in, against bench_frameworks' floors on it.
     from cuda_memkit import allocators

@@ -256,13 +256,8 @@ class GrowableKind(Kind):
             del buf
 
 
-class PoolBufferKind(Kind):
-    name = "PoolBuffer"
-    sizes = (512, 64 * KiB, MiB, 8 * MiB)
-
-    def __init__(self, rel: Releaser, pool: cm.MemoryPool) -> None:
-        super().__init__(rel)
-        self.pool = pool
+class StreamKind(Kind):
+    """A kind whose cycles run on a stream of the thread's current context, if it has one."""
 
     def setup(self) -> None:
         # a stream of the current context (kept current) where there is one; the
@@ -273,6 +268,15 @@ class PoolBufferKind(Kind):
         if self.stream is not None:
             self.stream.synchronize()
             self.stream.close()
+
+
+class PoolBufferKind(StreamKind):
+    name = "PoolBuffer"
+    sizes = (512, 64 * KiB, MiB, 8 * MiB)
+
+    def __init__(self, rel: Releaser, pool: cm.MemoryPool) -> None:
+        super().__init__(rel)
+        self.pool = pool
 
     def cycle(self, i: int) -> None:
         n = self.sizes[(i // 4) % 4]
@@ -305,30 +309,20 @@ class _CupyStandIn(types.ModuleType):
     real (the adaptors allocate it from the driver), whatever CuPy is installed.
     """
 
-    class UnownedMemory:
-        __slots__ = ("__weakref__", "_owner", "device_id", "ptr", "size")
-
-        def __init__(self, ptr: int, size: int, owner: object, device_id: int = -1) -> None:
-            self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
-
-    class MemoryPointer:
-        __slots__ = ("mem", "ptr")
-
-        def __init__(self, mem: Any, offset: int) -> None:
-            self.mem, self.ptr = mem, mem.ptr + offset
-
     def __init__(self, handle: int) -> None:
+        from .. import _fake_frameworks as fake
+
         super().__init__("cupy")
         current = types.SimpleNamespace(ptr=handle)
         self.cuda = types.SimpleNamespace(
-            memory=types.SimpleNamespace(UnownedMemory=self.UnownedMemory,
-                                         MemoryPointer=self.MemoryPointer),
-            pinned_memory=types.SimpleNamespace(PinnedMemoryPointer=self.MemoryPointer),
+            memory=types.SimpleNamespace(UnownedMemory=fake.UnownedMemory,
+                                         MemoryPointer=fake.MemoryPointer),
+            pinned_memory=types.SimpleNamespace(PinnedMemoryPointer=fake.PinnedMemoryPointer),
             runtime=types.SimpleNamespace(getDevice=_current_device),
             get_current_stream=lambda device=-1: current)
 
 
-class CupyAdaptorKind(Kind):
+class CupyAdaptorKind(StreamKind):
     """The CuPy adaptors (device memory through the default pools' caches, pinned memory).
 
     CuPy drops its memory objects: every cycle drops them, or leaves them in a
@@ -341,7 +335,7 @@ class CupyAdaptorKind(Kind):
     def setup(self) -> None:
         from cuda_memkit import allocators
 
-        self.stream = cm.Stream() if _has_context() else None
+        super().setup()
         saved = sys.modules.get("cupy")
         sys.modules["cupy"] = _CupyStandIn(self.stream.handle if self.stream else 0)
         try:
@@ -352,11 +346,6 @@ class CupyAdaptorKind(Kind):
                 del sys.modules["cupy"]
             else:
                 sys.modules["cupy"] = saved
-
-    def teardown(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
-            self.stream.close()
 
     def cycle(self, i: int) -> None:
         n = self.sizes[(i // 4) % 4]
