@@ -329,7 +329,7 @@ class CupyAdaptorKind(StreamKind):
     reference cycle for the collector.
     """
 
-    name = "CuPy adaptor"
+    name = "CuPy.adaptor"
     sizes = (512, 64 * KiB, MiB, 8 * MiB)
 
     def setup(self) -> None:
@@ -358,7 +358,7 @@ class CupyAdaptorKind(StreamKind):
 # equal share of what is left of the budget, so it inherits what the others left.
 KIND_NAMES = ("HostBuffer", "HostBuffer.pooled", "DeviceBuffer", "ManagedBuffer",
               "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "PoolBuffer.cached",
-              "CuPy adaptor", "register_host")
+              "CuPy.adaptor", "register_host")
 
 
 def _has_context() -> bool:
