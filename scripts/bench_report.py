@@ -32,13 +32,13 @@ INTRO = {
                   "cuMemAlloc+copy+free. Target: <= 1.2x raw per chunk, flat in buffer size."),
     "bench_pool": ("Memory pools",
                    "Allocate+free pairs from pools against raw calls, CuPy, cuda.core and "
-                   "torch in the same run. Targets: the `MemoryPool(cache=True)` and the "
-                   "uncached 1 MiB pairs <= 1.5x, `HostBuffer.pooled(4096).close()` <= 2x "
-                   "their pure-Python floors with memkit's exact ledger (column `floor us`: "
-                   "not memkit, the thinnest wrapper with the same API and the ledger) "
-                   "measured in the same run; ablation rows add what the buffer promises "
-                   "and the one release path (BLOCKED where those alone are above the "
-                   "bound)."),
+                   "torch in the same run. Targets (issue 22): the `MemoryPool(cache=True)` "
+                   "1 MiB pair at most CuPy's caching `MemoryPool().malloc` pair and ahead of "
+                   "cuda.core and torch; the uncached pair <= 1.35x the raw pair; "
+                   "`HostBuffer.pooled(4096).close()` <= 0.8x CuPy's pinned pool. Each "
+                   "target row carries the pure-Python floor of its kind (column `floor "
+                   "us`: not memkit, the thinnest wrapper with the same API) measured in "
+                   "the same run."),
     "bench_transfers": ("Many blocks and pageable arrays",
                         "Scattered blocks pinned->device through `copy_batch` against a raw "
                         "loop, a raw batch call and one contiguous copy; 1 GiB pageable "
@@ -49,17 +49,17 @@ INTRO = {
                          "The 1 MiB pair through CuPy's own entry point under CuPy's "
                          "allocators and memkit's adaptor (cached by default, and "
                          "uncached), `cupy.empty`, a workload, and the pinned allocator. "
-                         "Targets: the `cupy.cuda.alloc` pair, `cupy.empty(1 MiB)` and the "
-                         "pinned adaptor's pair <= 1.5x their pure-Python floors with "
-                         "memkit's exact ledger (the floor column: not memkit, a "
-                         "yardstick), with ablation rows as in the pools section."),
+                         "Targets (issue 22): workload <= 1.0x CuPy's `MemoryPool` and <= "
+                         "0.92x `malloc_async`; `cupy.empty(1 MiB)` <= 1.05x CuPy's "
+                         "`MemoryPool`; the `cupy.cuda.alloc` pair <= 1.35x CuPy's "
+                         "`MemoryPool` and <= 0.5x `malloc_async`; the pinned adaptor <= "
+                         "1.2x CuPy's pinned pool. The floor column is the pure-Python "
+                         "cached allocator of the same run: not memkit, a yardstick."),
     "bench_workload": ("A CuPy training step",
                        "A 2-layer MLP forward+backward+SGD step in CuPy at three sizes, "
                        "time per iteration under `malloc_async`, CuPy's `MemoryPool`, the "
                        "memkit adaptor uncached and cached, and the pure-Python cached "
-                       "floor without and with memkit's exact ledger. Target (small and "
-                       "medium): the cached adaptor <= 1.05x the floor with the ledger, "
-                       "CuPy's pool beside it."),
+                       "floor; ratios against `malloc_async` (info rows)."),
     "bench_observe": ("Observing memory",
                       "The cost of tracking (`track()`, `track(stacks=True)`) on the pool "
                       "pair, the pooled pinned pair and `HostBuffer.empty`. The statistics "
