@@ -32,7 +32,7 @@ one release path ("+ promises + path": the current device asked, the size
 checked, the block taken from and given back to a bin that calls the ledger;
 for the pinned adaptor, a pooled ``HostBuffer``, as it promises); a target
 row that misses while its ablation row is itself above the bound says
-BLOCKED. On the simulator (no CuPy) only the memkit rows run, and the table
+BLOCKED beside its MISS. On the simulator (no CuPy) only the memkit rows run, and the table
 says so.
 """
 
@@ -339,11 +339,11 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
 
     def row(case: str, value: float | None, ref: float | None, target: str,
-            ok: bool | None = None, blocked: bool = False, unit: str = "us/pair",
-            floor: float | None = None) -> None:
+            ok: bool | None = None, unit: str = "us/pair", floor: float | None = None
+            ) -> None:
         rows.append({"case": case, "us": None if value is None else value * 1e6, "unit": unit,
                      "ratio": None if value is None or not ref else value / ref,
-                     "target": target, "ok": ok, "blocked": blocked,
+                     "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
     def ablation(v: float | None, floor: float | None, bound: float) -> str:

@@ -40,7 +40,8 @@ Targets (all in the same run, each against its floor with the ledger):
 * ``HostBuffer.pooled(4096).close()`` <= 2x.
 
 A target row that misses while its ablation row "+ promises + path" is itself
-above the bound says BLOCKED: the bound is below what the promised work costs.
+above the bound says BLOCKED beside its MISS: the bound is below what the
+promised work costs.
 Competitors that are not installed are reported as "n/a". On the simulator
 the run is always --quick and the numbers are the simulator's.
 """
@@ -424,10 +425,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
 
     def row(case: str, value: float | None, ref: float | None, target: str,
-            ok: bool | None = None, blocked: bool = False, floor: float | None = None) -> None:
+            ok: bool | None = None, floor: float | None = None) -> None:
         rows.append({"case": case, "us": None if value is None else value * 1e6,
                      "ratio": None if value is None or not ref else value / ref,
-                     "target": target, "ok": ok, "blocked": blocked,
+                     "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
     def ablation_rows(label: str, f: dict[str, float | None], floor: float | None,

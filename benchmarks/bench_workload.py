@@ -165,16 +165,16 @@ def main() -> None:
         for name in allocs:
             v = res[name]
             ratio = None if v is None or not ref else v / ref
-            target, ok, blocked = "info", None, False
+            target, ok = "info", None
             if name == "memkit cached" and size != "large":
-                target, ok, blocked = floor_target(v, fll, 1.05)
+                target, ok = floor_target(v, fll, 1.05)
             elif name == "floor cached + ledger":
                 target = "its floor"
             elif name == "cupy pool" and v is not None and fll:
                 target = f"info: {v / fll:.2f}x the floor + ledger"
             rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): {name}",
                          "us": None if v is None else v * 1e6, "ratio": ratio,
-                         "target": target, "ok": ok, "blocked": blocked,
+                         "target": target, "ok": ok,
                          "floor_us": None if fll is None else fll * 1e6})
             r = rows[-1]
             value = "n/a" if r["us"] is None else f"{r['us']:10.1f}"

@@ -79,28 +79,24 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
 
 
 def floor_target(value: float | None, floor: float | None, bound: float,
-                 ablation: float | None = None) -> tuple[str, bool | None, bool]:
+                 ablation: float | None = None) -> tuple[str, bool | None]:
     """A target row's column: ``value`` <= ``bound`` x ``floor`` (its floor with the ledger).
 
-    Returns ``(text, ok, blocked)``: ``blocked`` where the row misses and ``ablation``
-    (the floor with the promised work, the same run) is itself above the bound, so that
-    the bound is below what the promised work costs.
+    Returns ``(text, ok)``. A miss whose ``ablation`` (the floor with the promised work,
+    the same run) is itself above the bound says BLOCKED in the text: the bound is below
+    what the promised work costs.
     """
     if value is None or not floor:
-        return f"<= {bound:g}x its floor + ledger (n/a)", None, False
+        return f"<= {bound:g}x its floor + ledger (n/a)", None
     ratio = value / floor
     text = f"<= {bound:g}x its floor + ledger ({ratio:.2f}x)"
-    blocked = ratio > bound and ablation is not None and ablation / floor > bound
-    if blocked:
-        assert ablation is not None
-        text += f"; the promised work alone is {ablation / floor:.2f}x"
-    return text, ratio <= bound, blocked
+    if ratio > bound and ablation is not None and ablation / floor > bound:
+        text += f"; BLOCKED: the promised work alone is {ablation / floor:.2f}x"
+    return text, ratio <= bound
 
 
 def verdict(row: dict[str, Any]) -> str:
-    """The verdict printed after a row's target column: OK, MISS, BLOCKED or nothing."""
-    if row.get("blocked"):
-        return " BLOCKED"
+    """The verdict printed after a row's target column: OK, MISS or nothing."""
     return "" if row.get("ok") is None else (" OK" if row["ok"] else " MISS")
 
 
