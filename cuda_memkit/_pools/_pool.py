@@ -15,9 +15,14 @@ microsecond, so ``allocate()`` + ``free()`` together may add only a few
 hundred nanoseconds, the buffer object, its finalizer and the ledger entry
 included (the measurements behind each point are in ``docs/decisions.md``):
 
+* One way back: ``allocate()`` takes the block from a bin
+  (:class:`~cuda_memkit._pools._cache.Bin`: the cache's bin of the stream and
+  rounded size, or the pool's bin without a cache), the buffer keeps that bin,
+  and ``free()``, ``close()`` and ``__del__`` give the block back to it; the bin
+  calls the ledger.
 * The buffer is a slotted object that frees in ``__del__`` when it is
   collected unfreed, since a ``weakref.finalize`` per buffer costs as much as
-  the driver calls. ``free()`` and ``__del__`` make the same call.
+  the driver calls.
 * No class swap: a freed buffer's ``__del__`` still runs at its collection
   (and returns at once), since swapping the class after ``free()`` bought
   less than the 5 % a hot-path trick must buy.
