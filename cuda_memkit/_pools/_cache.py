@@ -591,10 +591,12 @@ class BlockCache:
             n = 0
             for b in list(lane.values()):
                 blocks = b.blocks
-                while blocks:
+                if blocks is None:  # the bin of sizes not kept
+                    continue
+                while True:
                     try:
                         block = blocks.pop()
-                    except IndexError:  # another thread took the last one
+                    except IndexError:  # empty (another thread may have taken the last one)
                         break
                     self.cached -= b.size
                     n += b.size
