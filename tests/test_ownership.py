@@ -255,22 +255,20 @@ def test_close_after_a_racing_free_frees_nothing(cached: bool, stream: cm.Stream
     release with an entry already gone: it must free nothing (no second
     cuMemFreeAsync, no block put back in the cache twice).
     """
-    from cuda_memkit._pools import _pool_buffer
+    from cuda_memkit._pools import _cache
 
     pool = cm.MemoryPool(0, cache=cached)
     try:
         buf = pool.allocate(4096, stream=stream)
-        d, sref, acct = buf._dptr, buf._sref, buf._acct
-        cache = buf._cache
-        blocks, size = (buf._blocks, buf._size) if cached else (None, 0)
+        d, sref, b = buf._dptr, buf._sref, buf._bin
         buf.free()  # the winner: claims the entry, frees (or caches) the block
         calls: list[object] = []
-        real = _pool_buffer.FREE
-        monkeypatch.setattr(_pool_buffer, "FREE", lambda *a: calls.append(a) or real(*a))
+        real = _cache.FREE
+        monkeypatch.setattr(_cache, "FREE", lambda *a: calls.append(a) or real(*a))
         cached_before = pool.cached_bytes
-        _pool_buffer._release(d, sref, buf._pool, acct, cache, blocks, size)  # the loser
+        b.give(d, sref)  # the loser
         assert calls == [] and pool.cached_bytes == cached_before
-        assert d not in acct.live
+        assert d not in b.account.live
     finally:
         stream.synchronize()
         pool.close()

@@ -111,13 +111,13 @@ def test_buffer_keeps_pool_alive(stream: cm.Stream) -> None:
 
 def test_free_twice_is_a_no_op(pool: cm.MemoryPool, stream: cm.Stream,
                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from cuda_memkit._pools import _pool_buffer
+    from cuda_memkit._pools import _cache
 
     buf = pool.allocate(4096, stream=stream)
     buf.free()
     frees: list[object] = []
-    real = _pool_buffer.FREE
-    monkeypatch.setattr(_pool_buffer, "FREE", lambda *a: frees.append(a) or real(*a))
+    real = _cache.FREE
+    monkeypatch.setattr(_cache, "FREE", lambda *a: frees.append(a) or real(*a))
     with record_calls(monkeypatch) as calls:
         buf.free()  # as a second close() does
         buf.close()
@@ -148,11 +148,11 @@ def test_stream_closed_by_another_thread_during_the_release(
     # The owner closes the stream on another thread while a release is about to free on it:
     # the close waits until that free is done (freeing on a destroyed stream crashed the
     # H100), and no warning about a destroyed handle is given.
-    from cuda_memkit._pools import _pool_buffer
+    from cuda_memkit._pools import _cache
 
     s = cm.Stream()
     buf = pool.allocate(4096, stream=s)
-    real = _pool_buffer.FREE
+    real = _cache.FREE
     closer: list[threading.Thread] = []
     closed_during_free: list[bool] = []
 
@@ -165,7 +165,7 @@ def test_stream_closed_by_another_thread_during_the_release(
             closed_during_free.append(s.closed)
         return real(d, cus)
 
-    monkeypatch.setattr(_pool_buffer, "FREE", racing_free)
+    monkeypatch.setattr(_cache, "FREE", racing_free)
     if how == "free":
         buf.free()
     elif how == "close":
@@ -199,8 +199,7 @@ def test_cached_block_given_back_while_another_thread_closes_its_stream(
                 t.join()
                 super().append(block)
 
-        bins = cache.bins(s.handle, s._custream)
-        bins[size] = RacingList()
+        cache.bin(size, s.handle, s._custream).blocks = RacingList()
         buf = pool.allocate(size, stream=s)
         if how == "free":
             buf.free()

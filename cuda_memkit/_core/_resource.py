@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import atexit
 import enum
 import sys
 import threading
@@ -52,6 +53,21 @@ class State(enum.Enum):
 # Module constants: an enum member lookup costs ~120 ns on hot paths.
 OPEN = State.OPEN
 CLOSED = State.CLOSED
+
+
+#: ``[True]`` once the interpreter exits: set by an ``atexit`` handler, before any module
+#: is torn down. A ``__del__`` binds it as a default argument (``_exiting=EXITING``) and
+#: releases nothing once it is set, so that it reads no module global (teardown sets them
+#: to ``None``): a leak at exit is better than a driver call, or a traceback, during
+#: teardown. One list index, where ``sys.is_finalizing()`` is a call.
+EXITING: list[bool] = [False]
+
+
+def _at_exit() -> None:
+    EXITING[0] = True
+
+
+atexit.register(_at_exit)
 
 
 def run_release(what: str | tuple[str, int], release: Callable[..., None],
@@ -466,13 +482,29 @@ class Account:
         if watchers:
             notify(self, key, nbytes, True, stream)
 
-    def remove(self, key: object, stream: int | None = None) -> None:
-        """Allocation ``key`` was freed (nothing happens if it is not registered)."""
+    def remove(self, key: object, stream: Any = None) -> int | None:
+        """Allocation ``key`` was freed: its bytes, or ``None`` if it was not registered.
+
+        The ``dict.pop`` is the claim of a release: of two threads releasing one
+        allocation, exactly one gets its bytes (and frees it).
+        """
         n = self.live.pop(key, None)
         if n is not None:
             self.current -= n
             if watchers:
                 notify(self, key, n, False, stream)
+        return n
+
+    def restore(self, key: object, nbytes: int, stream: Any = None) -> None:
+        """A release the driver refused: allocation ``key`` of ``nbytes`` is live again.
+
+        Not a new allocation (:attr:`total` stays); watchers, told of the free,
+        are told of the allocation again.
+        """
+        self.live[key] = nbytes
+        self.current += nbytes
+        if watchers:
+            notify(self, key, nbytes, True, stream)
 
     def resize(self, key: object, nbytes: int) -> None:
         """Live allocation ``key`` now holds ``nbytes`` (a growable buffer resized)."""

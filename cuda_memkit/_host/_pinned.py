@@ -44,14 +44,13 @@ from .._core._operands import (
 )
 from .._core._resource import (
     CLOSED,
+    EXITING,
     OPEN,
     Resource,
     Unshareable,
     account,
     array_protocol,
     host_array,
-    notify,
-    watchers,
 )
 
 if TYPE_CHECKING:
@@ -195,18 +194,22 @@ class PoolSource(Protocol):
         Checks ``pool`` and ``flags`` first; ``nbytes == 0`` only checks (returns None).
         """
 
-    def pooled(self, cls: type[HostBuffer], shape: Any, dtype: Any, pool: Any) -> HostBuffer:
-        """``HostBuffer.pooled(shape, dtype, pool=pool)`` for ``cls``."""
+    def bin_for(self, pool: object, nbytes: int) -> Any:
+        """The bin (``cuda_memkit._pools._cache.Bin``) a block of ``nbytes`` > 0 comes from.
+
+        ``pool`` as for :meth:`take`, checked.
+        """
+
+    def default_pool(self) -> object:
+        """The default pinned pool (``MemoryPool.default_pinned()``)."""
 
 
 #: Set by ``cuda_memkit._host._pinned_pool`` when it loads.
 pool_source: PoolSource | None = None
-#: The default pinned pool's free lists (rounded size -> free blocks), set by
-#: ``_pinned_pool`` once that pool's cache exists and dropped by ``sim.reset()``:
-#: :meth:`HostBuffer.pooled` serves a hit from them without a call.
-default_bins: dict[int, list[Any]] | None = None
-#: Ledger account of buffers lent from pinned pools (host memory: no device).
-_POOLED_ACCOUNT = account("pinned_pooled")
+#: The default pinned pool's bins (rounded size -> ``Bin``), set by ``_pinned_pool``
+#: once that pool's cache exists and dropped by ``sim.reset()``: :meth:`HostBuffer.pooled`
+#: takes from them without a call into the pinned pool module.
+default_bins: dict[int, Any] | None = None
 
 
 def _pool_source() -> PoolSource:
@@ -258,7 +261,9 @@ class HostBuffer(TypedBufferMixin, Resource):
     _dtype: np.dtype[Any]
     _flags: int  # HostAllocFlags bits
     _dptr: int | None
-    _block: PooledBlock | None  # what owns the memory (PinnedAlloc, a pool's block); None: freed
+    # What gives the memory back (PinnedAlloc, a pool's HostBlock, the bin of a pooled
+    # buffer's block); None: freed.
+    _block: PooledBlock | None
     _kind: MemoryKind  # PINNED, or PINNED_POOLED for a pool's block
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -422,30 +427,25 @@ class HostBuffer(TypedBufferMixin, Resource):
             default: :meth:`MemoryPool.default_pinned`, shared by the process,
             accessible from every device, keeping up to 64 MiB unused.
         """
-        bins = default_bins
-        if (bins is not None and pool is None and type(shape) is int and 0 < shape <= 1048576
-                and cls is HostBuffer
+        if (type(shape) is int and 0 < shape <= MAX_NBYTES and cls is HostBuffer
                 and (dtype is _UINT8_NAME or (type(dtype) is str and dtype == "uint8"))):
-            blocks = bins.get((shape + 511) & -512)
-            if blocks:  # a hit of the default pool's cache, written out here: a second
-                try:    # call frame costs ~20 % of the pooled pair
-                    block = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    pass
-                else:
-                    block.cache.cached -= block.size
-                    block.busy = True
-                    ptr = block.ptr
-                    _POOLED_ACCOUNT.add(ptr, shape)
-                    # pooled_buffer() written out: its call costs >= 5 % of the pooled pair
-                    self = _new_object(PooledHostBuffer)
-                    self._ptr = ptr
-                    self._nbytes = shape
-                    self._views = None
-                    self._block = block
-                    self._state = OPEN
-                    return self
-        return (pool_source or _pool_source()).pooled(cls, shape, dtype, pool)
+            # 1-D bytes (the common case): a PooledHostBuffer on a block of the pool's bin,
+            # the default pool's found here without a call.
+            bins = default_bins
+            b = (bins.get((shape + 511) & -512) if bins is not None and pool is None
+                 and shape <= 1048576 else None)
+            if b is None:
+                b = (pool_source or _pool_source()).bin_for(pool, shape)  # checks the pool
+            self = _new_object(PooledHostBuffer)
+            self._ptr = b.take(shape, b.cus)
+            self._nbytes = shape
+            self._views = None
+            self._block = b
+            self._state = OPEN
+            return self
+        if pool is None:
+            pool = (pool_source or _pool_source()).default_pool()
+        return cls.empty(shape, dtype, pool=pool)
 
     # -- lifetime ----------------------------------------------------------------------
     def _release_deferred(self) -> None:
@@ -537,11 +537,10 @@ mark_pinned_class(HostBuffer)
 class PooledHostBuffer(HostBuffer):
     """What ``HostBuffer.pooled(n)`` gives for bytes: a HostBuffer on a block of a pinned pool.
 
-    Everything a :class:`HostBuffer` does; ``close()`` puts the block straight
-    back in its cache (``_pinned_pool.HostBlock.release`` written out: the
-    pair must cost about what CuPy's pinned pool costs, and a call is a large
-    part of that; see bench_pool's pinned rows). A buffer collected without
-    ``close()`` drops its block, whose ``__del__`` gives it back.
+    Everything a :class:`HostBuffer` does. Its ``_block`` is the bin its block
+    came from (``cuda_memkit._pools._cache.Bin``); ``close()``, the last
+    export's release and the buffer's collection give the block (its address,
+    ``_ptr``) back to that bin, once.
     """
 
     __slots__ = ()
@@ -594,82 +593,27 @@ class PooledHostBuffer(HostBuffer):
             return  # the Exports record gives the block back once the last export is gone
         if pending_operands and release_after_copies(self):
             return  # a copy in flight still uses the block: it goes back after the copy
-        block: Any = self._block
-        if block is None:
-            return
-        self._block = None
-        block.busy = False
-        ptr = block.ptr
-        acct = _POOLED_ACCOUNT  # Account.remove written out (first: once cached, the block
-        n = acct.live.pop(ptr, 0)  # may be lent again): the call costs ~7 % of this pair
-        acct.current -= n
-        if watchers:
-            notify(acct, ptr, n, False)
-        cache = block.cache  # BlockCache.put, written out
-        blocks = block.bin
-        if blocks is not None:
-            c = cache.cached + block.size
-            if c <= cache.limit:
-                blocks.append(block)
-                cache.cached = c
-                if c > cache.peak:
-                    cache.peak = c
-                return
-        try:
-            block.host.put(block)
-        except CudaError as exc:  # close() never raises driver errors
-            warn_free_failed("pinned pool block", ptr, exc)
+        self._release_deferred()
 
-    # (sys.is_finalizing bound as a default: module globals may be gone at interpreter exit)
-    def __del__(self, _finalizing: Any = sys.is_finalizing,
-                _acct: Any = _POOLED_ACCOUNT) -> None:  # (the ledger too, for the same reason)
-        """A buffer collected unclosed (CuPy's pinned adaptor drops them): close()'s tail.
+    # Everything it uses is bound or an attribute: module globals may be gone at exit.
+    def _release_deferred(self, _exiting: list[bool] = EXITING) -> None:
+        """Give the block back, once: at close, after the last export, or at collection.
 
-        Or closed under a copy still running at interpreter exit (the copy holds it).
+        The collection of a buffer runs it too (``__del__``): one collected
+        unclosed (CuPy's pinned adaptor drops them), or closed under a copy
+        still running at interpreter exit (the copy holds it).
         """
         try:
-            block: Any = self._block
+            b: Any = self._block
         except AttributeError:  # never fully made
             return
-        if block is None or not block.busy:  # closed; or, in one garbage cycle with its
-            return  # block, the block's own __del__ ran first and gave the memory back
-        # Written out again, not shared with close(): a call frame there costs ~8 % of the
-        # pooled pair; here the block goes back without HostBlock.__del__'s heir (~30 %).
-        self._block = None
-        block.busy = False
-        ptr = block.ptr
-        acct = _acct
-        n = acct.live.pop(ptr, 0)
-        acct.current -= n
-        if watchers:
-            notify(acct, ptr, n, False)
-        cache = block.cache
-        blocks = block.bin
-        if blocks is not None:
-            c = cache.cached + block.size
-            if c <= cache.limit:
-                blocks.append(block)
-                cache.cached = c
-                if c > cache.peak:
-                    cache.peak = c
-                return
-        if _finalizing():
+        if b is None or _exiting[0]:
             return
+        self._block = None
         try:
-            block.host.put(block)
-        except CudaError as exc:  # a finalizer must not raise
-            warn_free_failed("pinned pool block", ptr, exc)
+            b.give(self._ptr)
+        except CudaError as exc:  # close() and finalizers never raise driver errors
+            warn_free_failed("pinned pool block", self._ptr, exc)
 
+    __del__ = _release_deferred
 
-def pooled_buffer(block: PooledBlock, nbytes: int) -> PooledHostBuffer:
-    """A 1-D ``uint8`` :class:`PooledHostBuffer` of ``nbytes`` on the lent ``block``.
-
-    The block is already in the ledger (its taker registered it).
-    """
-    self = _new_object(PooledHostBuffer)
-    self._ptr = block.ptr
-    self._nbytes = nbytes
-    self._views = None
-    self._block = block
-    self._state = OPEN
-    return self

@@ -28,24 +28,19 @@ before closing it.
 
 from __future__ import annotations
 
-import sys
 import threading
-from typing import Any
 
-from .._core._checks import MAX_NBYTES
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
-from .._core._constants import STREAM_LEGACY
-from .._core._device import Stream, custream, stream_destroyed
+from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
-from .._core._resource import Unshareable, account
+from .._core._resource import EXITING, Unshareable, account
 from .._pools import _pool
-from .._pools._cache import BlockCache, round_size
+from .._pools._cache import Bin, BlockCache, round_size
 from .._pools._pool import MemoryPool
-from .._pools._pool_buffer import destroy_unused, pending_pools
 from . import _pinned
-from ._pinned import HostBuffer
 
-__all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBlock", "HostCache", "take"]
+__all__ = ["HOST_CACHE_LIMIT", "HOST_CACHE_MAX_BLOCK", "HostBin", "HostBlock", "HostCache",
+           "bin_for", "take"]
 
 #: Largest block the cache keeps (larger requests go to the pool every time).
 HOST_CACHE_MAX_BLOCK = 1 << 20
@@ -55,30 +50,32 @@ HOST_CACHE_LIMIT = 32 << 20
 #: Ledger account of buffers lent from pinned pools (host memory: no device).
 _ACCOUNT = account("pinned_pooled")
 _lock = threading.Lock()
-_UINT8 = "uint8"  # HostBuffer.pooled's default dtype (the same interned str)
 
 
-_LEGACY = custream(STREAM_LEGACY)
+class HostBin(Bin):
+    """A bin of pinned blocks: its blocks are addresses (ints), as the pinned ledger's keys."""
+
+    __slots__ = ()
+    addresses = True
 
 
 class HostCache:
-    """The pinned side of one host pool's block cache: its private stream and free lists.
+    """The pinned side of one host pool's block cache: its private stream and its bins.
 
     Holds no reference to the pool, so the pool's finalizer can close it
-    before destroying the pool. The cached objects are the :class:`HostBlock`
-    objects themselves (reused, not re-made); a block holds its size's list
-    (``bin``) and goes back without a lookup.
+    before destroying the pool. Every pinned block of the pool is taken from
+    and given back to a :class:`HostBin` of the private stream (size 0: the
+    sizes above :data:`HOST_CACHE_MAX_BLOCK`, never kept).
 
     Attributes
     ----------
     blocks : BlockCache
         The pool's block cache (limits, counters, the release paths).
     bins : dict
-        Rounded size -> free :class:`HostBlock` objects, the private stream's
-        lists in ``blocks``.
+        Rounded size -> :class:`HostBin`, the private stream's bins in ``blocks``.
     """
 
-    __slots__ = ("bins", "blocks", "cus", "handle", "owns", "stream")
+    __slots__ = ("bins", "blocks", "cus", "handle", "max_block", "owns", "stream")
 
     def __init__(self, blocks: BlockCache, owns: bool) -> None:
         self.blocks = blocks
@@ -86,7 +83,9 @@ class HostCache:
         self.stream: Stream | None = Stream()
         self.cus = self.stream._custream
         self.handle = self.stream._handle
-        self.bins = blocks.bins(self.handle, self.cus)
+        self.max_block = min(HOST_CACHE_MAX_BLOCK, blocks.max_block)
+        blocks.bin(0, self.handle, self.cus, None, _ACCOUNT, HostBin)  # the stream's bins
+        self.bins = blocks.streams[self.handle]
 
     @property
     def cached(self) -> int:
@@ -100,37 +99,24 @@ class HostCache:
 
     @property
     def open(self) -> bool:
-        """Whether blocks go back to the cache (false once closed)."""
+        """Whether blocks can be taken (false once closed)."""
         return self.blocks.open and self.stream is not None
 
-    def custream(self) -> Any:
-        """The ``CUstream`` blocks are allocated and freed on."""
-        s = self.stream
-        cus = None if s is None else s._custream
-        if cus is None or stream_destroyed(s):  # type: ignore[arg-type]  # closed with the
-            return _LEGACY  # cache, or collected with it (in one cycle): the blocks are done
-        return cus
-
-    def put(self, block: HostBlock) -> None:
-        """Take back a released block: cache it, or free it past the limit."""
-        blocks = block.bin
-        if blocks is not None and self.stream is not None:
-            self.blocks.put(block, block.size, blocks, self.cus)
-        else:
-            self._free(block)
-
-    def _free(self, block: HostBlock) -> None:
-        self.blocks.free_block(block, self.custream())
-        block.dptr = None
-        if pending_pools and not self.open:  # the pool was collected before this block
-            destroy_unused()
+    def bin(self, nbytes: int) -> HostBin:
+        """The bin a block of ``nbytes`` (> 0; 0: the bin of sizes not kept) comes from."""
+        size = round_size(nbytes) if 0 < nbytes <= self.max_block else 0
+        found = self.bins.get(size)
+        if found is not None:
+            return found  # type: ignore[return-value]
+        made = self.blocks.bin(size, self.handle, self.cus, None, _ACCOUNT, HostBin)
+        return made  # type: ignore[return-value]  # a HostBin: kind=HostBin
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""
         self.blocks.clear()
 
     def close(self) -> None:
-        """Empty the cache for good (the pool is about to be destroyed)."""
+        """Empty the cache for good (the pool is closed, or about to be destroyed)."""
         if self.owns:
             self.blocks.close()
         s, self.stream = self.stream, None
@@ -139,52 +125,37 @@ class HostCache:
 
 
 class HostBlock(Unshareable):
-    """A pinned pool block lent to a :class:`HostBuffer`; :meth:`release` gives it back.
+    """The owner of a pinned pool block lent to a :class:`HostBuffer`.
 
-    While lent (``busy``) the buffer holds it; a released block waits in its
-    cache for the next buffer of its size. A block collected while lent (its
-    buffer was collected without ``close()``) gives its memory back through
-    a new block object, never by resurrecting itself.
+    :meth:`release` (the buffer was closed) and the block's collection (the
+    buffer was collected unclosed) give it back to its bin, once.
     """
 
-    __slots__ = ("bin", "busy", "cache", "dptr", "host", "ptr", "size")
+    __slots__ = ("bin", "ptr")
 
-    bin: list[HostBlock] | None  # its size's list in the cache; None: never cached
-    busy: bool
-    cache: BlockCache
-    host: HostCache
-    dptr: Any  # the CUdeviceptr
-    ptr: int  # the block's address
-    size: int  # bytes, rounded (round_size) up to HOST_CACHE_MAX_BLOCK
-
-    def __init__(self, dptr: Any, size: int, bin: list[HostBlock] | None, cache: BlockCache,
-                 host: HostCache) -> None:
-        self.bin = bin
-        self.cache = cache
-        self.host = host
-        self.dptr = dptr
-        self.size = size
-        self.ptr = int(dptr)
-        self.busy = True
+    def __init__(self, b: HostBin, ptr: int) -> None:
+        self.bin: HostBin | None = b
+        self.ptr = ptr
 
     def release(self) -> None:
-        """Give the block back (the buffer on it was closed or collected)."""
-        if self.busy:
-            self.busy = False
-            _ACCOUNT.remove(self.ptr)  # first: once cached, the block may be lent again
-            self.host.put(self)
+        """Give the block back (the buffer on it was closed)."""
+        b = self.bin
+        if b is not None:
+            self.bin = None
+            b.give(self.ptr)
 
-    def __del__(self) -> None:
+    # Everything it uses is bound or an attribute: module globals may be gone at exit.
+    def __del__(self, _exiting: list[bool] = EXITING) -> None:
         try:
-            if not self.busy or sys.is_finalizing():
-                return
+            b = self.bin
         except AttributeError:  # never fully made
             return
-        heir = HostBlock(self.dptr, self.size, self.bin, self.cache, self.host)
-        self.busy = False
+        if b is None or _exiting[0]:
+            return
+        self.bin = None
         try:
-            heir.release()
-        except CudaError as exc:
+            b.give(self.ptr)
+        except CudaError as exc:  # a finalizer warns instead of raising
             _pinned.warn_free_failed("pinned pool block", self.ptr, exc)
 
 
@@ -214,21 +185,18 @@ def _cache_of(pool: object, flags: int) -> HostCache:
     return cache
 
 
-# The default pinned pool's cache, its free lists and block cache:
-# HostBuffer.pooled(n) without a pool finds its lists with a load and a test.
-# sim.reset() drops them (forget_default) with the machine they were made on.
+# The default pinned pool's cache and its bins: HostBuffer.pooled(n) without a pool finds
+# its bin with a load and a lookup. sim.reset() drops them (forget_default) with the
+# machine they were made on.
 _default_cache: HostCache | None = None
-_default_bins: dict[int, list[HostBlock]] | None = None
-_default_blocks: BlockCache | None = None
 
 
 def _refresh_default() -> HostCache:
-    global _default_cache, _default_bins, _default_blocks
+    global _default_cache
     pool = _pool.default_pinned()
     cache = _cache_of(pool, 0)
     _default_cache = cache
-    _default_bins = _pinned.default_bins = cache.bins
-    _default_blocks = cache.blocks
+    _pinned.default_bins = cache.bins
     return cache
 
 
@@ -239,18 +207,16 @@ def default_exists() -> bool:
 
 def forget_default() -> None:
     """Drop the default pool's cache (the simulated machine it lives on was replaced)."""
-    global _default_cache, _default_bins, _default_blocks
-    _default_cache = _default_bins = _default_blocks = _pinned.default_bins = None
+    global _default_cache
+    _default_cache = _pinned.default_bins = None
 
 
-def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
-    """Take ``nbytes`` of pinned memory from host pool ``pool`` (``None``: the default).
+def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:
+    """The bin a block of ``nbytes`` comes from in host pool ``pool`` (``None``: the default).
 
     ``flags`` are ``HostAllocFlags``: a pool gives ``DEFAULT`` / ``PORTABLE``
     memory. With ``nbytes == 0`` only the arguments are checked (and ``None``
-    returned). Blocks up to :data:`HOST_CACHE_MAX_BLOCK` are rounded up
-    (:func:`~cuda_memkit._pools._cache.round_size`) and recycled through the
-    pool's cache; the driver is called only on a miss.
+    returned).
     """
     if pool is not None:
         cache = _cache_of(pool, flags)
@@ -260,48 +226,41 @@ def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
             cache = _refresh_default()
     if nbytes <= 0:
         return None
-    if not cache.open:  # before lend(), which would make the closed stream's lists again
+    if not cache.open:
         raise ClosedError("MemoryPool is closed; it cannot be used any more")
-    bc = cache.blocks
-    block: HostBlock | None
-    blocks: list[HostBlock] | None
-    if nbytes <= HOST_CACHE_MAX_BLOCK and nbytes <= bc.max_block:
-        size = round_size(nbytes)
-        block, blocks = bc.lend(size, cache.handle, cache.cus)
-    else:
-        size = nbytes
-        block = blocks = None
-    if block is None:  # a miss: the context and out-of-memory retries
-        block = HostBlock(bc.miss(size, cache.cus), size, blocks, bc, cache)
-    else:
-        block.busy = True
-    _ACCOUNT.add(block.ptr, nbytes)
-    return block
+    return cache.bin(nbytes)
 
 
-# -- HostBuffer.pooled(n) ---------------------------------------------------------------
+def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:
+    """Take ``nbytes`` of pinned memory from host pool ``pool`` (``None``: the default).
 
-
-def pooled(cls: type[HostBuffer], shape: Any, dtype: Any, pool: object) -> HostBuffer:
-    """``HostBuffer.pooled(shape, dtype, pool=pool)`` past its hit path: a block from ``take``.
-
-    1-D bytes (the common case) give a :class:`PooledHostBuffer`, made here
-    (the hits of the default pool are made by ``HostBuffer.pooled`` itself);
-    anything else is ``cls.empty(shape, dtype, pool=...)``.
+    Arguments as for :func:`_bin_of`. Blocks up to :data:`HOST_CACHE_MAX_BLOCK`
+    are rounded up (:func:`~cuda_memkit._pools._cache.round_size`) and
+    recycled through the pool's cache; the driver is called only on a miss.
     """
-    if (type(shape) is not int or not 0 < shape <= MAX_NBYTES or cls is not HostBuffer
-            or not (dtype is _UINT8 or (type(dtype) is str and dtype == "uint8"))):
-        return cls.empty(shape, dtype, pool=_pool.default_pinned() if pool is None else pool)
-    block = take(pool, shape)  # checks the pool; a miss, another pool
-    assert block is not None  # shape > 0
-    return _pinned.pooled_buffer(block, shape)
+    b = _bin_of(pool, nbytes, flags)
+    if b is None:
+        return None
+    return HostBlock(b, b.take(nbytes, b.cus))
+
+
+def bin_for(pool: object, nbytes: int) -> Bin:
+    """The bin a block of ``nbytes`` > 0 of host pool ``pool`` (``None``: the default) comes from.
+
+    What ``HostBuffer.pooled`` takes a block from when it has not found the
+    default pool's bin itself; ``pool`` is checked.
+    """
+    b = _bin_of(pool, nbytes)
+    assert b is not None  # nbytes > 0
+    return b
 
 
 class _Source:
     """What ``_pinned.pool_source`` holds: this module's entry points (no wrapper frames)."""
 
     take = staticmethod(take)
-    pooled = staticmethod(pooled)
+    bin_for = staticmethod(bin_for)
+    default_pool = staticmethod(_pool.default_pinned)
 
 
 _pinned.pool_source = _Source()

@@ -1,15 +1,39 @@
-"""The block cache: freed pool blocks kept per stream and size, lent again without the driver.
+"""The allocation core: where every pool block is taken from and given back to.
 
-A driver pool allocation + free (``cuMemAllocFromPoolAsync`` +
-``cuMemFreeAsync``) costs two calls through the bindings, ~1 µs each on the
-H100's host. CuPy's and PyTorch's allocators are fast because a freed block
-goes to a per-stream cache, not to the driver; a :class:`BlockCache` does the
-same in front of any memory pool (device, pinned host, managed). It serves
-``MemoryPool(cache=True)``, ``HostBuffer.pooled`` (the pinned cache of
-:mod:`cuda_memkit._host._pinned_pool`) and the CuPy and numba adaptors.
+One way back
+------------
+Every kind that lends pool memory takes and gives back its blocks through one
+object, a :class:`Bin`: pool buffers (cached or not), pinned buffers from a
+pool (``HostBuffer.pooled``, ``HostBuffer.empty(pool=...)``) and the memory of
+the CuPy and numba adaptors. A bin carries all that both operations need: the
+:class:`BlockCache` it belongs to, its free list, the rounded size of its
+blocks, the ledger account of the memory lent from it, its stream (the
+``CUstream``; ``None`` once the stream is gone) and the driver pool:
 
-Semantics
----------
+* :meth:`Bin.take` -> a block: a free one of the bin (a hit, no driver call)
+  or one from the driver pool (a miss, with the retries of
+  :func:`alloc_failed`), registered in the ledger (``Account.add``);
+* :meth:`Bin.give`: the ledger claim first (``Account.remove``: of two
+  threads giving one block back, exactly one goes on), then back into the free
+  list while the cache is open, within its limit and the stream exists; else
+  to the driver (``cuMemFreeAsync``) on the bin's stream, or after it once it
+  is gone (the device synchronized, then the legacy stream), or on the stream
+  the user named. A refused free raises with the ledger entry restored
+  (``Account.restore``); callers that must not raise (finalizers) warn.
+
+The holder of a block keeps its bin (one slot) and gives the block back to it
+without a lookup, a rounding or a stream test: as CuPy's ``PooledMemory``
+frees through its pool and cuda.core's ``Buffer`` through its memory
+resource. A cache's bins are per stream and rounded size; size 0 is the
+stream's bin of sizes the cache does not keep (above ``max_block``): its
+blocks always go back to the driver, on its stream. A pool without a cache
+has one bin for every stream (``cache`` ``None``): its blocks are freed on
+the stream object the giver holds (a cuda_memkit :class:`Stream` read and
+freed on under its ``release_lock``, which its ``close()`` takes: it is never
+destroyed in between).
+
+Semantics of the cache
+----------------------
 * **Per stream.** A block freed on stream S waits in S's free lists and is
   lent again only to an allocation on S: stream order makes that safe
   without an event (work queued on S before the free runs before work queued
@@ -21,40 +45,45 @@ Semantics
   are not cached; 0-byte requests never reach it.
 * **Back to the driver** (``cuMemFreeAsync`` on the block's stream): on
   :meth:`BlockCache.clear` (``pool.trim()`` / ``pool.empty_cache()``); for a
-  free that would take the cache past its ``limit`` (that block goes back);
+  give that would take the cache past its ``limit`` (that block goes back);
   when an allocation runs out of memory (every block goes back, the streams
   they were freed on are synchronized, the allocation is retried once); when
   S is closed or collected, before the stream is destroyed
-  (:data:`~cuda_memkit._core._device.stream_close_hooks`); when the cache is
-  closed (its pool is closed or collected).
+  (:data:`~cuda_memkit._core._device.stream_close_hooks`: its bins learn that
+  S is gone, so a block given back later, on a stream named by its handle
+  too, is freed after it); when the cache is closed (its pool is closed, or
+  collected): everything it holds goes back, and so does every later give.
 * **Statistics**: a cached block is not in use: the ledger account of the
-  memory removes it when its user frees it, and counts the cache's bytes in
-  :attr:`~cuda_memkit._core._resource.Account.cached`. The driver counts it
-  as used (``pool.stats()``).
+  memory removes it when its user gives it back, and counts the cache's bytes
+  in :attr:`~cuda_memkit._core._resource.Account.cached`. The driver counts
+  it as used (``pool.stats()``).
 
 Threads
 -------
-No lock on the lending and returning paths. They rely on what CPython
+No lock on the taking and giving paths. They rely on what CPython
 guarantees with and without the GIL (free-threaded builds lock each list and
-dict internally): ``list.append``, ``list.pop``, ``dict.get``,
-``dict.setdefault`` and ``dict.pop`` are atomic, so two threads popping the
-same list never get the same block, and a block is in at most one list or
-one user's hands at a time. The byte counters (``cached``, ``peak``) are
-plain ``+=`` updates: exact under the GIL (no call between load and store),
-approximate under free-threading, as the ledger's are. The rare paths
-(making a stream's free lists, draining) take the cache's lock.
+dict internally): ``list.append``, ``list.pop``, ``dict.get`` and ``dict.pop``
+are atomic, so two threads popping the same list never get the same block,
+and a block is in at most one list or one user's hands at a time. The byte
+counters (``cached``, ``peak``) are plain ``+=`` updates: exact under the GIL
+(no call between load and store), approximate under free-threading, as the
+ledger's are. The rare paths take the cache's lock: making a stream's bins,
+draining, a give that goes to the driver (a stream's close hook takes the
+same lock before the stream is destroyed, so nothing is freed on a destroyed
+stream).
 
-A stream's free lists are made once and dropped only when the stream is
-closed or collected (or the cache closed): users of the cache (a pool
-buffer, a CuPy memory object) hold the size dict of their stream and give
-their block back to it without a lookup. A closed cache has a negative limit,
-so anything given back then goes to the driver.
+A stream's bins are made once and dropped only when the stream is closed or
+collected (then their stream is ``None``); a closed cache keeps them (so
+that a stream closed later still tells them) but keeps no stream object alive.
 """
 
 from __future__ import annotations
 
+import operator
 import threading
+import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .._core import _driver
@@ -67,12 +96,14 @@ from .._core._device import (
     ensure_context,
     primary_pushed,
     stream_close_hooks,
+    stream_destroyed,
 )
 from .._core._errors import CudaOutOfMemoryError, MemkitWarning
-from .._core._resource import Account
+from .._core._resource import Account, Unshareable
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "BlockCache", "alloc_block",
-           "check_cache_limit", "driver_pair", "empty_all", "free_failed", "round_size"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_failed",
+           "check_cache_limit", "destroy_unused", "destroy_when_unused", "driver_pair",
+           "empty_all", "free_after_stream", "free_failed", "pending_pools", "round_size"]
 
 #: Default most bytes a device or managed pool's cache holds (``cache_limit``).
 DEFAULT_CACHE_LIMIT = 1 << 30
@@ -104,7 +135,7 @@ def round_size(nbytes: int) -> int:
 
     Up to 1 MiB: the next multiple of 512 B. Above: the next multiple of 1/8
     of the largest power of two not above ``nbytes`` (so at most 12.5 % more).
-    The hot paths write the first case out: ``(n + 511) & -512``.
+    The hot paths round the first case themselves: ``(n + 511) & -512``.
     """
     if nbytes <= SMALL:
         return (nbytes + GRANULE - 1) & -GRANULE
@@ -113,15 +144,55 @@ def round_size(nbytes: int) -> int:
 
 
 def check_cache_limit(limit: object) -> int:
-    """``cache_limit`` checked: an int >= 0 (bool refused), else TypeError / ValueError."""
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"cache_limit must be an int (bytes), not {type(limit).__name__}")
-    if limit < 0:
-        raise ValueError(f"cache_limit must be >= 0, got {limit}")
-    return limit
+    """``cache_limit`` checked: an integer >= 0 (numpy integers too; bool refused)."""
+    if isinstance(limit, bool):
+        raise TypeError("cache_limit must be an int (bytes), not bool")
+    try:
+        n = operator.index(limit)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"cache_limit must be an int (bytes), not {type(limit).__name__}"
+                        ) from None
+    if n < 0:
+        raise ValueError(f"cache_limit must be >= 0, got {n}")
+    return int(n)
 
 
-# -- one pool allocation, and a refused free ------------------------------------------------
+# -- pools collected before their buffers -----------------------------------------------------
+
+_pending_lock = threading.Lock()
+
+#: Owned pools whose destroy waits for their allocations: ``(busy, destroy)``.
+#: Filled by :func:`destroy_when_unused`, emptied by :func:`destroy_unused`.
+pending_pools: list[tuple[Callable[[], bool], Callable[[], None]]] = []
+
+
+def destroy_when_unused(busy: Callable[[], bool], destroy: Callable[[], None]) -> None:
+    """Run ``destroy()`` (``cuMemPoolDestroy``) now, or once ``busy()`` is false.
+
+    A pool and its buffers can be collected in one garbage cycle: the pool's
+    finalizer (a weakref callback) then runs before the buffers' ``__del__``.
+    Freeing into a destroyed pool crashed later pool calls on the H100, so
+    the destroy waits; every give that reaches the driver and every new pool
+    call :func:`destroy_unused`.
+    """
+    if busy():
+        with _pending_lock:
+            pending_pools.append((busy, destroy))
+    else:
+        destroy()
+
+
+def destroy_unused() -> None:
+    """Destroy the pending pools that nothing is allocated from any more."""
+    with _pending_lock:
+        ready = [p for p in pending_pools if not p[0]()]
+        for p in ready:
+            pending_pools.remove(p)
+    for _, destroy in ready:
+        destroy()
+
+
+# -- the driver side: one allocation, one free and their recoveries -----------------------------
 
 
 def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
@@ -131,7 +202,7 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
     * No usable current context (:data:`CONTEXT_ERRORS`: none on this thread, or
       one destroyed behind its back): retried with the device's primary context
       pushed (device 0 for host and managed pools), the thread's own restored.
-    * Still ``CUDA_ERRORINVALID_CONTEXT`` with a context current: the stream
+    * Still ``CUDA_ERROR_INVALID_CONTEXT`` with a context current: the stream
       itself is gone (a handle destroyed while the buffer lived, as the H100
       answers, invalid_context_probe "destroyed_stream"). Work queued on it may
       have used the memory, so the device is synchronized and the memory freed
@@ -140,8 +211,6 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
       named): then the error is raised and the memory stays allocated.
     * Anything else raises the driver's error.
     """
-    import warnings
-
     code = int(res[0])
     if code in CONTEXT_ERRORS:
         with primary_pushed(device or 0):
@@ -155,22 +224,34 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
                 res = FREE(dptr, legacy)
                 if not res[0]:
                     warnings.warn(
-                        f"cuda_memkit: pool buffer 0x{int(dptr):x} outlived its stream "
-                        f"0x{int(cus):x} (destroyed while the buffer was alive): freed on the "
-                        "legacy stream after synchronizing the device. Keep a stream alive "
-                        "while buffers allocated on it are (pass the Stream object, not its "
-                        "handle)", MemkitWarning, stacklevel=4)
+                        f"cuda_memkit: pool memory 0x{int(dptr):x} outlived its stream "
+                        f"0x{int(cus):x} (destroyed while the memory was in use): freed on "
+                        "the legacy stream after synchronizing the device. Keep a stream "
+                        "alive while memory allocated on it is (pass the Stream object, not "
+                        "its handle)", MemkitWarning, stacklevel=5)
                     return legacy
     _driver.check("cuMemFreeAsync", res)
     return cus  # pragma: no cover - check() raised
 
 
-def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
-                cache: BlockCache | None = None) -> Any:
-    """One pool allocation (``cuMemAllocFromPoolAsync``), with the retries; the ``CUdeviceptr``.
+def free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:
+    """Free on the legacy stream once the device is idle: the block's stream is gone.
 
-    The one place that handles a refused pool allocation (``MemoryPool``, the
-    CuPy adaptor and the pinned cache call it, on a miss):
+    It was closed (or collected, in one garbage cycle with the block's holder)
+    and work queued on it may still use the memory. Returns the driver's
+    result and the stream freed on.
+    """
+    with primary_pushed(device or 0):
+        _driver.call("cuCtxSynchronize")
+        cus = custream(STREAM_LEGACY)
+        return FREE(dptr, cus), cus
+
+
+def alloc_failed(res: Any, nbytes: int, cupool: Any, cus: Any, device: int | None,
+                 cache: BlockCache | None = None) -> Any:
+    """Recover a ``cuMemAllocFromPoolAsync`` the driver refused (``res``); the ``CUdeviceptr``.
+
+    The one place that handles a refused pool allocation (a bin's take):
 
     * no current context on this thread (a default stream, a finalizer
       thread): device ``device``'s primary context is made current (device 0
@@ -179,10 +260,9 @@ def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
       (:meth:`BlockCache.release_for_retry`) and the call is retried once; if
       it fails again, the :class:`CudaOutOfMemoryError` says how many cached
       bytes were released.
+
+    Anything else raises the driver's error.
     """
-    res = ALLOC(nbytes, cupool, cus)
-    if not res[0]:
-        return res[1]
     if int(res[0]) == INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
         ensure_context(device)
         res = ALLOC(nbytes, cupool, cus)
@@ -205,9 +285,177 @@ def alloc_block(nbytes: int, cupool: Any, cus: Any, device: int | None,
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+# -- the one way a block is taken and given back -----------------------------------------------
+
+
+class Bin(Unshareable):
+    """Where blocks of one rounded size on one stream are taken and given back.
+
+    Parameters
+    ----------
+    account : Account
+        The ledger account of the memory lent from the bin.
+    cupool : CUmemoryPool
+        The driver pool blocks come from (``None``: the bin only gives back,
+        as for an imported pool's mappings).
+    device : int or None
+        Device whose primary context the driver calls may need (``None``: host
+        or managed memory; device 0's context is used).
+    cache : BlockCache, optional
+        The cache the bin belongs to; ``None``: the bin of a pool without a
+        cache, for every stream (its blocks are freed on the giver's stream).
+    cus : CUstream, optional
+        The bin's stream (cache bins only); ``None`` once the stream is gone.
+    size : int, default 0
+        The rounded size of its blocks; 0: sizes the cache does not keep.
+
+    Attributes
+    ----------
+    blocks : list or None
+        The free blocks (``None``: nothing is kept, every give frees). A block
+        is what :meth:`take` returned: a ``CUdeviceptr``, or the address of a
+        pinned block (:class:`cuda_memkit._host._pinned_pool.HostBin`).
+    """
+
+    __slots__ = ("account", "blocks", "cache", "cupool", "cus", "device", "size")
+    # A copy would hold the same free blocks: two owners lending each block twice.
+    _share_hint = "share the buffer its block is lent to, or the pool"
+    #: Whether its blocks are addresses (ints) rather than the driver's ``CUdeviceptr``.
+    addresses = False
+
+    def __init__(self, account: Account, cupool: Any, device: int | None,
+                 cache: BlockCache | None = None, cus: Any = None, size: int = 0) -> None:
+        self.account, self.cupool, self.device = account, cupool, device
+        self.cache, self.cus, self.size = cache, cus, size
+        self.blocks: list[Any] | None = [] if size else None
+
+    def take(self, nbytes: int, cus: Any) -> Any:
+        """A block of ``nbytes`` for stream ``cus``, registered in the ledger.
+
+        A free block of the bin if it has one, else a new one from the driver
+        pool (the bin's size, or ``nbytes`` for a bin that keeps nothing).
+        """
+        blocks = self.blocks
+        if blocks:
+            try:
+                block = blocks.pop()
+            except IndexError:  # another thread took the last one
+                pass
+            else:
+                self.cache.cached -= self.size  # type: ignore[union-attr]
+                self.account.add(block, nbytes, cus)
+                return block
+        cache = self.cache
+        if blocks is not None:  # a miss
+            cache.misses += 1  # type: ignore[union-attr]
+            nbytes_made = self.size
+        else:
+            nbytes_made = nbytes
+        res = ALLOC(nbytes_made, self.cupool, cus)
+        block = res[1] if not res[0] else alloc_failed(res, nbytes_made, self.cupool, cus,
+                                                        self.device, cache)
+        if self.addresses:
+            block = int(block)
+        self.account.add(block, nbytes, cus)
+        return block
+
+    def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
+             ) -> None:
+        """Give ``block`` back: out of the ledger, then into the free list or to the driver.
+
+        Parameters
+        ----------
+        block
+            What :meth:`take` returned.
+        sref : Stream or StreamRef, optional
+            The stream object the holder keeps: where a bin without a cache
+            frees (the bins of a cache know their stream).
+        on : CUstream, optional
+            A stream the user named for the free (not the allocation's): the
+            block goes to the driver on it, and a refusal is raised, never
+            recovered on another stream.
+
+        Raises
+        ------
+        CudaError
+            If the driver refuses the free: the block is allocated and in the
+            ledger again.
+        """
+        blocks = self.blocks
+        cache: Any = self.cache
+        if blocks is not None and on is None:
+            cus = self.cus
+            n = self.account.remove(block, cus)  # the claim
+            if n is None:  # given back already (another thread's give won)
+                return
+            c = cache.cached + self.size
+            if c <= cache.limit and cus is not None:
+                blocks.append(block)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
+                # The stream closed on another thread meanwhile: its drain may have missed
+                # this block; take it back (unless the drain took it) and free it after.
+                if self.cus is not None or not cache.take_back(block, self.size, blocks):
+                    return
+        else:
+            if on is None:
+                on_ledger = self.cus if cache is not None or sref is None else sref._custream
+            else:
+                on_ledger = on
+            n = self.account.remove(block, on_ledger)
+            if n is None:
+                return
+        # To the driver (cuMemFreeAsync): on the stream named, on the giver's stream (a bin
+        # without a cache), or on the bin's (after it once it is gone).
+        device = self.device
+        try:
+            if on is not None:  # a stream the user named: its refusal is the user's to see
+                res = FREE(block, on)
+                if res[0]:
+                    free_failed(res, block, on, device, recover_stream=False)
+            elif cache is None:
+                assert sref is not None
+                res = None
+                if type(sref) is Stream:  # read and freed on under its release_lock, which
+                    with sref.release_lock:  # its close() takes: never destroyed meanwhile
+                        cus = sref._custream
+                        if cus is not None and not stream_destroyed(sref):
+                            res = FREE(block, cus)
+                else:
+                    cus = sref._custream
+                    if cus is not None:
+                        res = FREE(block, cus)
+                if res is None:  # the stream is gone (closed, or collected with the holder)
+                    res, cus = free_after_stream(block, device)
+                if res[0]:
+                    free_failed(res, block, cus, device)
+            else:
+                with cache.lock:  # a close of the stream waits: its hook takes this lock
+                    cus = self.cus
+                    if cus is None:
+                        res, cus = free_after_stream(block, device)
+                    else:
+                        res = FREE(block, cus)
+                    if res[0]:
+                        free_failed(res, block, cus, device)
+        except BaseException:
+            self.account.restore(block, n, on)
+            raise
+        if pending_pools:  # the pool may have been waiting for this block to be destroyed
+            destroy_unused()
+
+    def __repr__(self) -> str:
+        kept = "nothing kept" if self.blocks is None else f"{len(self.blocks)} free"
+        stream = "any stream" if self.cache is None else (
+            "stream gone" if self.cus is None else f"stream 0x{int(self.cus):x}")
+        return f"<Bin {self.size} B, {kept}, {stream}>"
+
+
 # -- the cache --------------------------------------------------------------------------------
 
-#: Every open cache, for the stream close hook and empty_all().
+#: Every cache, for the stream close hook and empty_all() (closed ones too: their bins
+#: must still learn that a stream is gone).
 _caches: weakref.WeakSet[BlockCache] = weakref.WeakSet()
 # Re-entrant: a garbage collection inside a locked block may collect a Stream, whose
 # close hook takes the same locks on the same thread.
@@ -215,7 +463,7 @@ _caches_lock = threading.RLock()
 
 
 class BlockCache:
-    """Freed blocks of one driver pool, per stream and rounded size.
+    """Freed blocks of one driver pool, in bins per stream and rounded size.
 
     Parameters
     ----------
@@ -225,25 +473,25 @@ class BlockCache:
         Device whose primary context releases need (``None``: host or managed
         memory; device 0's context is used).
     account : Account
-        The ledger account of the memory lent from this cache: the cache
-        reports its bytes there (:attr:`Account.cached`).
+        The ledger account of the pool's memory: the cache reports its bytes
+        there (:attr:`Account.cached`); its bins use it unless told otherwise.
     limit : int
-        Most bytes held (a free beyond it goes to the driver).
+        Most bytes held (a give beyond it goes to the driver).
     max_block : int
-        Largest rounded size cached.
+        Largest rounded size cached (at least :data:`SMALL`: the hot paths
+        round and lend blocks of up to 1 MiB without asking).
 
     Attributes
     ----------
     streams : dict
-        Stream handle -> {rounded size -> list of free blocks}. A block is
-        whatever its user gives back (a ``CUdeviceptr``, or an object with a
-        ``dptr``); only :meth:`clear` and the close paths look inside.
+        Stream handle -> {rounded size -> :class:`Bin`}; size 0 is the bin of
+        sizes above ``max_block``.
     cached, peak : int
         Bytes held now, and the most held at once (:meth:`Account.reset_peak`).
     misses : int
-        Allocations the cache could not serve (they went to the driver).
+        Blocks the cache could not lend (they came from the driver).
     released : int
-        Bytes given back to the driver by flushes so far.
+        Bytes given back to the driver by drains so far.
     """
 
     __slots__ = ("__weakref__", "account", "cached", "cupool", "custreams", "device", "limit",
@@ -251,14 +499,15 @@ class BlockCache:
 
     def __init__(self, cupool: Any, device: int | None, account: Account, limit: int,
                  max_block: int = DEFAULT_MAX_BLOCK) -> None:
+        assert max_block >= SMALL
         driver_pair()
         self.cupool = cupool
         self.device = device
         self.account = account
         self.limit = limit
         self.max_block = max_block
-        self.streams: dict[int, dict[int, list[Any]]] = {}
-        self.custreams: dict[int, Any] = {}  # handle -> CUstream, for the releases
+        self.streams: dict[int, dict[int, Bin]] = {}
+        self.custreams: dict[int, Any] = {}  # handle -> CUstream, for the drains
         self.owners: dict[int, object] = {}  # handle -> stream object kept alive (foreign)
         self.cached = 0
         self.peak = 0
@@ -279,86 +528,45 @@ class BlockCache:
         """Itself (what a pool asks every cache in front of it for; see MemoryPool.cached_bytes)."""
         return self
 
-    def bins(self, handle: int, cus: Any, owner: object = None) -> dict[int, list[Any]]:
-        """The free lists of stream ``handle`` (made on first use).
+    def bin(self, size: int, handle: int, cus: Any, owner: object = None,
+            account: Account | None = None, kind: type[Bin] = Bin) -> Bin:
+        """The bin of rounded ``size`` (0: sizes not kept) of stream ``handle``, made on first use.
 
         ``owner`` is the stream object given, which must outlive the blocks
         cached for it (a CuPy or torch stream, or the ``StreamRef`` holding
-        one): the cache keeps it until the stream's lists are dropped. A
-        cuda_memkit :class:`Stream` needs none: its close and its collection
-        empty its lists first.
+        one): the cache keeps it while it holds the stream's bins and is open.
+        A cuda_memkit :class:`Stream` needs none: its close and its
+        collection tell its bins first. ``account`` (default: the cache's) and
+        ``kind`` make the bin.
         """
-        sb = self.streams.get(handle)
-        if sb is None:
-            if type(owner) is StreamRef:
-                owner = owner.obj
-            elif isinstance(owner, Stream):
-                owner = None
-            with self.lock:
-                sb = self.streams.get(handle)
-                if sb is None:
-                    self.custreams[handle] = cus
-                    if owner is not None:
-                        self.owners[handle] = owner
-                    sb = self.streams[handle] = {}
-        return sb
-
-    def lend(self, size: int, handle: int, cus: Any, owner: object = None
-             ) -> tuple[Any, list[Any]]:
-        """A free block of rounded ``size`` for stream ``handle``, and the list it goes back to.
-
-        The block is ``None`` on a miss: the caller allocates one (:meth:`miss`)
-        and gives it back to that list later. ``cus`` and ``owner`` make the
-        stream's lists on first use (see :meth:`bins`). The one lending path of
-        the pools, the CuPy adaptor and the pinned cache.
-        """
-        sb = self.streams.get(handle)
-        if sb is None:
-            sb = self.bins(handle, cus, owner)
-        blocks = sb.get(size)
-        if blocks is None:  # the first block of this size on this stream
-            blocks = sb.setdefault(size, [])
-        if blocks:
-            try:
-                block = blocks.pop()
-            except IndexError:  # another thread took the last one
-                return None, blocks
-            self.cached -= size
-            return block, blocks
-        return None, blocks
-
-    def miss(self, size: int, cus: Any) -> Any:
-        """Allocate a block of rounded ``size`` from the driver pool on ``cus`` (a miss)."""
-        self.misses += 1
-        return alloc_block(size, self.cupool, cus, self.device, self)
-
-    def put(self, block: Any, size: int, blocks: list[Any], cus: Any) -> None:
-        """Take ``block`` of rounded ``size`` back into free list ``blocks`` (of stream ``cus``).
-
-        Past the limit (or once closed) it goes to the driver instead. The
-        hot paths write this out.
-        """
-        if not self.keep(block, size, blocks):
-            self.free_block(block, cus)
-
-    def keep(self, block: Any, size: int, blocks: list[Any]) -> bool:
-        """Take ``block`` back into ``blocks`` if within the limit; False: the caller frees it."""
-        c = self.cached + size
-        if c <= self.limit:
-            blocks.append(block)
-            self.cached = c
-            if c > self.peak:
-                self.peak = c
-            return True
-        return False
+        lane = self.streams.get(handle)
+        found = None if lane is None else lane.get(size)
+        if found is not None:
+            return found
+        if type(owner) is StreamRef:
+            owner = owner.obj
+        elif isinstance(owner, Stream):
+            owner = None
+        with self.lock:  # made whole, or seen whole, by a drop of the stream
+            lane = self.streams.get(handle)
+            if lane is None:
+                lane = self.streams[handle] = {}
+                self.custreams[handle] = cus
+                if owner is not None and self.open:
+                    self.owners[handle] = owner
+            made = lane.get(size)
+            if made is None:
+                made = lane[size] = kind(account or self.account, self.cupool, self.device,
+                                         self, cus, size)
+            return made
 
     def take_back(self, block: Any, size: int, blocks: list[Any]) -> bool:
         """Take ``block`` out of free list ``blocks`` again: its stream was closed meanwhile.
 
         A block given back while another thread closes its stream may land in
-        a list the close has already drained (and dropped): the giver checks
-        the stream after the append and takes the block back to free it
-        itself. False when the close's drain took it first (and freed it).
+        a list the close has already drained: the giver checks the stream
+        after the append and takes the block back to free it itself. False
+        when the close's drain took it first (and freed it).
         """
         try:
             blocks.remove(block)
@@ -367,44 +575,42 @@ class BlockCache:
         self.cached -= size
         return True
 
-    def free_block(self, block: Any, cus: Any) -> None:
-        """Give one block back to the driver pool, on stream ``cus``."""
-        d = getattr(block, "dptr", block)
-        res = FREE(d, cus)
-        if res[0]:
-            free_failed(res, d, cus, self.device)
-
     # -- back to the driver --------------------------------------------------------------
-    def _drain(self, handle: int, sb: dict[int, list[Any]]) -> int:
-        """Give every block of one stream's lists back on that stream; the bytes released.
+    def _drain(self, handle: int, lane: dict[int, Bin]) -> int:
+        """Give every block of one stream's bins back on that stream; the bytes released.
 
-        Under the cache's lock, and only while the stream's lists are still
+        Under the cache's lock, and only while the stream's bins are still
         registered: a drain from another thread (``clear()``) never frees on a
         stream whose close has already drained and dropped them (and may have
         destroyed it).
         """
         with self.lock:
-            if self.streams.get(handle) is not sb:
+            if self.streams.get(handle) is not lane:
                 return 0
             cus = self.custreams.get(handle)
             n = 0
-            for size, blocks in list(sb.items()):
-                while blocks:
+            for b in list(lane.values()):
+                blocks = b.blocks
+                if blocks is None:  # the bin of sizes not kept
+                    continue
+                while True:
                     try:
                         block = blocks.pop()
-                    except IndexError:  # another thread took the last one
+                    except IndexError:  # empty (another thread may have taken the last one)
                         break
-                    self.cached -= size
-                    n += size
-                    self.free_block(block, cus)
+                    self.cached -= b.size
+                    n += b.size
+                    res = FREE(block, cus)
+                    if res[0]:
+                        free_failed(res, block, cus, self.device)
             self.released += n
             return n
 
     def clear(self) -> int:
         """Give every cached block back to the driver pool; return the bytes released."""
         n = 0
-        for handle, sb in list(self.streams.items()):
-            n += self._drain(handle, sb)
+        for handle, lane in list(self.streams.items()):
+            n += self._drain(handle, lane)
         return n
 
     def release_for_retry(self) -> int:
@@ -415,9 +621,9 @@ class BlockCache:
         retried allocation can use it whatever stream it is on.
         """
         n = 0
-        for handle, sb in list(self.streams.items()):
+        for handle, lane in list(self.streams.items()):
             with self.lock:  # the stream's close waits for it: no sync on a destroyed stream
-                m = self._drain(handle, sb)
+                m = self._drain(handle, lane)
                 if m:
                     n += m
                     cus = self.custreams.get(handle)
@@ -426,23 +632,29 @@ class BlockCache:
         return n
 
     def drop_stream(self, handle: int) -> int:
-        """Stream ``handle`` is about to be destroyed: release its blocks, forget its lists."""
-        with self.lock:  # drained and dropped in one step: see _drain
-            sb = self.streams.get(handle)
-            if sb is None:
+        """Stream ``handle`` is about to be destroyed: release its blocks, tell its bins."""
+        with self.lock:  # marked, drained and dropped in one step: see _drain and Bin.give
+            lane = self.streams.get(handle)
+            if lane is None:
                 return 0
-            n = self._drain(handle, sb)
+            for b in list(lane.values()):
+                b.cus = None  # later gives free after the stream
+            n = self._drain(handle, lane)
             self.streams.pop(handle, None)
             self.owners.pop(handle, None)
             self.custreams.pop(handle, None)
         return n
 
     def close(self) -> None:
-        """Release everything for good (the pool is about to be destroyed)."""
+        """Release everything for good (the pool is closed, or about to be destroyed).
+
+        Every later give goes to the driver. The bins stay registered (a stream
+        closed later still tells them), but no foreign stream is kept alive.
+        """
         self.limit = -1
-        self.clear()
-        with _caches_lock:
-            _caches.discard(self)
+        with self.lock:
+            self.clear()
+            self.owners.clear()
         try:
             self.account.caches.remove(self)
         except ValueError:  # closed before
@@ -467,7 +679,7 @@ stream_close_hooks.append(_on_stream_close)
 
 
 def empty_all() -> int:
-    """Give every block of every open cache back to the driver (tests' leak checks)."""
+    """Give every block of every cache back to the driver (tests' leak checks)."""
     with _caches_lock:
         caches = list(_caches)
     return sum(cache.clear() for cache in caches)

@@ -15,9 +15,14 @@ microsecond, so ``allocate()`` + ``free()`` together may add only a few
 hundred nanoseconds, the buffer object, its finalizer and the ledger entry
 included (the measurements behind each point are in ``docs/decisions.md``):
 
+* One way back: ``allocate()`` takes the block from a bin
+  (:class:`~cuda_memkit._pools._cache.Bin`: the cache's bin of the stream and
+  rounded size, or the pool's bin without a cache), the buffer keeps that bin,
+  and ``free()``, ``close()`` and ``__del__`` give the block back to it; the bin
+  calls the ledger.
 * The buffer is a slotted object that frees in ``__del__`` when it is
   collected unfreed, since a ``weakref.finalize`` per buffer costs as much as
-  the driver calls. ``free()`` and ``__del__`` make the same call.
+  the driver calls.
 * No class swap: a freed buffer's ``__del__`` still runs at its collection
   (and returns at once), since swapping the class after ``free()`` bought
   less than the 5 % a hot-path trick must buy.
@@ -81,16 +86,17 @@ from .._core._resource import (
 )
 from .._virtual._vmm_base import Access
 from . import _cache, _pool_ipc
-from ._cache import DEFAULT_CACHE_LIMIT, BlockCache, alloc_block, check_cache_limit
-from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
-from ._pool_buffer import (
-    PoolBufferBase,
+from ._cache import (
+    DEFAULT_CACHE_LIMIT,
+    Bin,
+    BlockCache,
+    check_cache_limit,
     destroy_unused,
     destroy_when_unused,
-    new_buffer,
     pending_pools,
-    resolve_free,
 )
+from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
+from ._pool_buffer import PoolBufferBase, new_buffer
 
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
@@ -104,15 +110,10 @@ DEFAULT_PINNED_RELEASE_THRESHOLD = 64 << 20
 
 # -- driver functions ------------------------------------------------------
 
-_ALLOC: Any = None  # cuMemAllocFromPoolAsync, resolved when a pool is made
-
 
 def resolve() -> tuple[Any, Any]:
     """Resolve (once) and return ``(cuMemAllocFromPoolAsync, cuMemFreeAsync)``."""
-    global _ALLOC
-    if _ALLOC is None:
-        _ALLOC = _cache.driver_pair()[0]
-    return _ALLOC, resolve_free()
+    return _cache.driver_pair()
 
 
 # -- buffers ---------------------------------------------------------------------------
@@ -240,6 +241,7 @@ class MemoryPool(PoolAttributes, Resource):
     _gen: object = None  # default_pinned(): the simulated machine it was made on
     _cache: BlockCache | None  # the cache allocate() lends from (cache=True)
     _acct: Account  # the ledger account of its buffers
+    _bin: Bin  # the bin of allocations without a cache (every stream)
 
     def __init__(
         self,
@@ -341,6 +343,9 @@ class MemoryPool(PoolAttributes, Resource):
         self._caches: list[Any] = []  # block caches in front of the pool (attach_cache)
         self._cache = None
         self._acct = account("pool", self._device, self._handle)
+        # Where allocate() takes a block without a cache, and every buffer of the pool
+        # without one gives its block back (import_pointer's mappings too).
+        self._bin = Bin(self._acct, self._acu, self._device)
 
     # -- other constructors --------------------------------------------------------
     @classmethod
@@ -505,44 +510,20 @@ class MemoryPool(PoolAttributes, Resource):
             sref = buffer_stream(stream)
             cus = sref._custream
         cache = self._cache
-        buf: PoolBuffer
-        if cache is None or nbytes > cache.max_block:
-            err, dptr = _ALLOC(nbytes, cupool, cus)
-            if err:
-                dptr = alloc_block(nbytes, cupool, cus, self._device, cache)  # the retries
-            buf = _new_object(PoolBuffer)  # new_buffer() written out: its call costs ~8 %
-            buf._cache = None
-        else:  # BlockCache.lend written out: its call costs >= 5 % of a cached pair
-            r = (nbytes + 511) & -512 if nbytes <= 1048576 else _cache.round_size(nbytes)
+        if cache is None:
+            b = self._bin
+        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
+            if nbytes <= 1048576:  # (every cache keeps blocks of up to 1 MiB)
+                r = (nbytes + 511) & -512  # round_size() of the common case
+            elif nbytes <= cache.max_block:
+                r = _cache.round_size(nbytes)
+            else:
+                r = 0
             h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
-            bins = cache.streams.get(h)
-            if bins is None:
-                bins = cache.bins(h, cus, sref)
-            dptr = None
-            blocks = bins.get(r)
-            if blocks is None:  # the first block of this size on this stream
-                blocks = bins.setdefault(r, [])
-            if blocks:
-                try:
-                    dptr = blocks.pop()
-                except IndexError:  # another thread took the last one
-                    pass
-                else:
-                    cache.cached -= r
-            if dptr is None:
-                dptr = cache.miss(r, cus)
-            buf = _new_object(PoolBuffer)
-            buf._cache = cache
-            buf._blocks = blocks
-            buf._size = r
-        buf._dptr = dptr
-        buf._nbytes = nbytes
-        buf._sref = sref
-        buf._pool = self
-        acct = buf._acct = self._acct
-        buf._views = None
-        buf._deferred = None
-        acct.add(dptr, nbytes, cus)
+            lane = cache.streams.get(h)
+            found = lane.get(r) if lane is not None else None
+            b = found if found is not None else cache.bin(r, h, cus, sref)
+        buf: PoolBuffer = new_buffer(PoolBuffer, b.take(nbytes, cus), nbytes, sref, self, b)
         return buf
 
     # -- the cache ---------------------------------------------------------------------
@@ -615,7 +596,7 @@ class MemoryPool(PoolAttributes, Resource):
         sref = buffer_stream(stream)
         self._check_open()
         dptr = _pool_ipc.import_pointer(self._cu, raw)
-        buf: PoolBuffer = new_buffer(PoolBuffer, dptr, 0, sref, self, self._acct)
+        buf: PoolBuffer = new_buffer(PoolBuffer, dptr, 0, sref, self, self._bin)
         self._imports.add(buf)
         if size is None:
             try:
@@ -645,8 +626,10 @@ class MemoryPool(PoolAttributes, Resource):
         ----------
         force : bool, default False
             Close even with allocations alive: the pool takes no new
-            allocations at once, and is destroyed once this object and the
-            buffers holding it are gone, so their ``free()`` stays valid.
+            allocations at once, its caches are emptied and closed (memory
+            given back from then on goes to the driver), and it is destroyed
+            once this object and the buffers holding it are gone, so their
+            ``free()`` stays valid.
             (Destroying a pool with allocations outstanding and freeing them
             afterwards crashed later pool calls on the H100.)
 
@@ -671,6 +654,8 @@ class MemoryPool(PoolAttributes, Resource):
                               "or pass force=True")
         self._acu = None
         if live:  # destroyed by its finalizer, once the buffers holding it are gone
+            for cache in list(self._caches):  # what is given back from now on goes to the
+                cache.close()  # driver, not into caches nobody can lend from any more
             self._state = CLOSED
             return
         super().close()
@@ -756,6 +741,11 @@ def find_cache(pool: MemoryPool, kind: type) -> Any:
         if type(cache) is kind:
             return cache
     return None
+
+
+def pool_bin(pool: MemoryPool) -> Bin:
+    """The bin ``pool`` lends from without a cache (every stream; see ``Bin``)."""
+    return pool._bin
 
 
 def allocation_handle(pool: MemoryPool) -> Any:

@@ -24,11 +24,13 @@ every object and call, so the allocator is a closure over everything it
 needs, resolved once at install time:
 
 * the memory object *is* the CuPy memory: a slotted subclass of CuPy's
-  ``UnownedMemory`` with a ``__del__`` that frees, instead of an
-  ``UnownedMemory`` plus an owner object; its C ``__init__`` fills the
-  pointer, size, device and owner (the CuPy stream) in one call;
-* driver functions come from the gateway once (``_driver.function``); the
-  pool's ``CUmemoryPool`` is built once, a ``CUstream`` once per stream handle;
+  ``UnownedMemory`` whose ``__del__`` gives the block back to the bin it was
+  taken from (:class:`~cuda_memkit._pools._cache.Bin`, the release path of
+  every pool kind), instead of an ``UnownedMemory`` plus an owner object; its
+  C ``__init__`` fills the pointer, size, device and owner (the CuPy stream)
+  in one call;
+* the bins, pools and caches are found once; a stream's ``CUstream`` is made
+  once per stream handle;
 * the rare cases (size 0, a bad size, a closed pool, a thread without a
   current context, driver errors) are handled where the driver call fails or
   before it, off the common path.
@@ -41,7 +43,6 @@ stream instead).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import warnings
 import weakref
@@ -50,36 +51,21 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
-from .._core import _driver
-from .._core._constants import INVALID_CONTEXT as _INVALID_CONTEXT
-from .._core._errors import ClosedError, MemkitWarning
-from .._core._resource import Unshareable, account, notify, watchers
+from .._core._device import StreamRef
+from .._core._errors import ClosedError, CudaError, MemkitWarning
+from .._core._resource import EXITING, Unshareable
+from .._host._pinned import HostBuffer
 from .._pools import _pool
-from .._pools._cache import alloc_block, driver_pair, round_size
+from .._pools._cache import round_size
 
 if TYPE_CHECKING:
-    from .._pools._cache import BlockCache
+    from .._pools._cache import Bin, BlockCache
     from .._pools._pool import MemoryPool
 
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
-_SMALL = 1 << 20  # round_size's 512-byte range, written out on the hot path
-
-#: Set at interpreter exit: frees are skipped from then on (a leak at exit is
-#: better than a driver call during teardown).
-_exiting = False
-
-
-def _at_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-atexit.register(_at_exit)
-
-_FREE: Any = None  # cuMemFreeAsync, resolved by the first allocator made
-
+_SMALL = 1 << 20  # round_size's 512-byte range: (n + 511) & -512
 
 def _import_cupy() -> Any:
     try:
@@ -98,22 +84,22 @@ def _memory_pool_class() -> type[MemoryPool]:
 
 # -- the memory objects CuPy holds ------------------------------------------------------
 
-_MEMORY_CLASSES: dict[type, tuple[type, type]] = {}
+_MEMORY_CLASSES: dict[type, type] = {}
 _warned_pools: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _memory_classes(base: type) -> tuple[type, type]:
-    """The memory classes for CuPy's ``UnownedMemory`` ``base``: (driver-freed, cached).
+def _memory_class(base: type) -> type:
+    """The memory class for CuPy's ``UnownedMemory`` ``base``.
 
     Made with ``(ptr, size, cupy_stream, device_id)``: the stream is the
     ``UnownedMemory``'s owner, kept alive as long as the memory.
     """
-    classes = _MEMORY_CLASSES.get(base)
-    if classes is not None:
-        return classes
+    cls = _MEMORY_CLASSES.get(base)
+    if cls is not None:
+        return cls
 
     class Memory(Unshareable, base):  # type: ignore[misc]
-        """CuPy memory from a cuda_memkit pool, freed stream-ordered when CuPy drops it.
+        """CuPy memory from a cuda_memkit pool, given back to its bin when CuPy drops it.
 
         Memory of a given pool (``_pool``) warns if it is freed after the pool's
         close. Refuses ``copy.copy`` and pickling (:class:`Unshareable` first in the
@@ -123,87 +109,33 @@ def _memory_classes(base: type) -> tuple[type, type]:
         _share_hint = ("share the CuPy array (or its memory pointer); CuPy copies arrays "
                        "into new memory")
 
-        # ledger account, the CUdeviceptr and CUstream, the given pool (None: a default pool)
-        __slots__ = ("_a", "_d", "_pool", "_s")
+        # its bin and block, the pool given (None: a default pool), the stream's StreamRef
+        __slots__ = ("_bin", "_d", "_pool", "_sref")
 
-        def __del__(self) -> None:
-            if _exiting:
+        # Everything it uses is bound or an attribute: module globals may be gone at exit.
+        def __del__(self, _exiting: list[bool] = EXITING) -> None:
+            if _exiting[0]:
                 return
-            d = self._d
-            res = _FREE(d, self._s)
-            if res[0]:
-                _free_failed(self, res)
-            else:
-                pool = self._pool
-                if pool is not None and pool.closed:
-                    _freed_after_close(pool)
-            self._a.remove(d)
+            b = self._bin
+            try:
+                b.give(self._d, self._sref)
+            except CudaError as exc:  # a finalizer must not raise
+                b.account.remove(self._d)
+                warnings.warn(f"cuda_memkit: freeing CuPy memory 0x{self.ptr:x} failed: {exc}",
+                              MemkitWarning, stacklevel=2)
+                return
+            pool = self._pool
+            if pool is not None and pool.closed:  # close(force=True) with arrays alive
+                _freed_after_close(pool)
 
         def __repr__(self) -> str:
             return (f"<cuda_memkit CuPy memory 0x{self.ptr:x} size={self.size} "
                     f"device={self.device_id}>")
 
-    class CachedMemory(Memory):
-        """Memory lent by a block cache: CuPy's drop gives the block back to its free list."""
-
-        __slots__ = ("_b", "_c", "_r")  # its free list, cache, rounded size
-
-        def __del__(self) -> None:
-            if _exiting:
-                return
-            d = self._d
-            acct = self._a  # Account.remove written out; the pop is the claim
-            n = acct.live.pop(d, None)
-            if n is None:
-                return
-            acct.current -= n
-            if watchers:
-                notify(acct, d, n, False)
-            pool = self._pool
-            cache = self._c  # BlockCache.put written out
-            r = self._r
-            c = cache.cached + r
-            if c <= cache.limit and pool is None:
-                self._b.append(d)
-                cache.cached = c
-                if c > cache.peak:
-                    cache.peak = c
-                return
-            if pool is not None and pool.closed:  # close(force=True) with arrays alive
-                res = _FREE(d, self._s)
-                if res[0]:
-                    _free_failed(self, res)
-                else:
-                    _freed_after_close(pool)
-                return
-            if c <= cache.limit:
-                cache.put(d, r, self._b, self._s)
-                return
-            res = _FREE(d, self._s)
-            if res[0]:
-                _free_failed(self, res)
-
-    Memory.__module__ = CachedMemory.__module__ = __name__
-    Memory.__qualname__, CachedMemory.__qualname__ = "CupyMemory", "CupyCachedMemory"
-    classes = _MEMORY_CLASSES[base] = (Memory, CachedMemory)
-    return classes
-
-
-def _free_failed(mem: Any, res: Any) -> None:
-    """A free the driver refused: retry once a context is current, else warn (never raise)."""
-    err = res[0]
-    try:
-        if int(err) == _INVALID_CONTEXT and not int(_driver.call("cuCtxGetCurrent")):
-            import cuda_memkit as cm
-
-            cm.Device(mem.device_id).set_current()  # a thread with no context (GC)
-            err = _FREE(mem._d, mem._s)[0]
-            if not err:
-                return
-        _driver.check("cuMemFreeAsync", (err,))
-    except Exception as exc:  # a finalizer must not raise
-        warnings.warn(f"cuda_memkit: freeing CuPy memory 0x{mem.ptr:x} failed: {exc}",
-                      MemkitWarning, stacklevel=2)
+    Memory.__module__ = __name__
+    Memory.__qualname__ = "CupyMemory"
+    _MEMORY_CLASSES[base] = Memory
+    return Memory
 
 
 def _freed_after_close(pool: Any) -> None:
@@ -250,19 +182,12 @@ def _size_arg(size: object) -> int:
     return n
 
 
-def _custream(cache: dict[int, Any], handle: int) -> Any:
-    if len(cache) >= _STREAM_CACHE_LIMIT:
-        cache.clear()
-    cus = cache[handle] = _cu.CUstream(handle)
-    return cus
-
-
-def _alloc_failed(size: int, cupool: Any, cus: Any, device: int, pool: Any) -> Any:
-    """The driver refused an allocation: a closed pool, or the shared retries (alloc_block)."""
-    if pool is not None and pool.closed:
-        raise ClosedError("the MemoryPool behind this CuPy allocator was closed; install "
-                          "another pool (allocators.use_with_cupy(pool))")
-    return alloc_block(size, cupool, cus, device)
+def _stream_ref(refs: dict[int, StreamRef], handle: int) -> StreamRef:
+    """The ``StreamRef`` of CuPy stream ``handle`` (its ``CUstream``), made once per handle."""
+    if len(refs) >= _STREAM_CACHE_LIMIT:
+        refs.clear()
+    ref = refs[handle] = StreamRef(_cu.CUstream(handle), None)
+    return ref
 
 
 def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
@@ -326,11 +251,9 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     get_device = cupy.cuda.runtime.getDevice
     if pool is not None:
         _check_device_pool(pool, get_device)
-    global _FREE
-    alloc, _FREE = driver_pair()
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
-    Memory, CachedMemory = _memory_classes(unowned)
+    Memory = _memory_class(unowned)
     get_stream = cupy.cuda.get_current_stream
 
     def null(device: int) -> Any:
@@ -339,16 +262,12 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
 
     import cuda_memkit as cm
 
-    # Per device ordinal: the pools (their driver handles, accounts and caches) to use.
+    # Per device ordinal: the pools and, uncached, their bins (every stream), or their caches.
     ndev = cm.device_count()
     pools = [cm.MemoryPool.default(i) for i in range(ndev)] if pool is None else [pool] * ndev
-    if cache:
-        caches: list[BlockCache] | None = [_pool.cache_for(p) for p in pools]
-    else:
-        caches = None
-    cupools = [_cu.CUmemoryPool(p.handle) for p in pools]
-    accounts = [account("pool", p.device, p.handle) for p in pools]
-    custreams: dict[int, Any] = {}
+    caches: list[BlockCache] | None = [_pool.cache_for(p) for p in pools] if cache else None
+    direct: list[Bin] = [_pool.pool_bin(p) for p in pools]
+    refs: dict[int, StreamRef] = {}
     given = pool
     pool_device = -1 if given is None or given.device is None else given.device  # managed: any
 
@@ -367,36 +286,29 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                 return null(dev)
         st = get_stream(dev)
         h = st.ptr
-        cus = custreams.get(h)
-        if cus is None:
-            cus = _custream(custreams, h)
-        if caches is None:  # every allocation from the driver
-            cupool = cupools[dev]
-            err, d = alloc(size, cupool, cus)
-            if err:
-                d = _alloc_failed(size, cupool, cus, dev, given)
-            m = Memory(int(d), size, st, dev)
-        else:
-            cache = caches[dev]
-            if size > cache.max_block:  # not cached: r past any limit sends it to the driver
-                d = alloc_block(size, cache.cupool, cus, dev)
-                m = CachedMemory(int(d), size, st, dev)
-                m._r = 1 << 62
-                m._b = None
+        sref = refs.get(h)
+        if sref is None:
+            sref = _stream_ref(refs, h)
+        cus = sref._custream
+        if caches is None:  # every allocation from the driver, on the current stream
+            b = direct[dev]
+        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
+            c = caches[dev]
+            if size <= _SMALL:  # (every cache keeps blocks of up to 1 MiB)
+                r = (size + 511) & -512
+            elif size <= c.max_block:
+                r = round_size(size)
             else:
-                r = (size + 511) & -512 if size <= _SMALL else round_size(size)
-                d, blocks = cache.lend(r, h, cus, st)
-                if d is None:
-                    d = cache.miss(r, cus)
-                m = CachedMemory(int(d), size, st, dev)
-                m._r = r
-                m._b = blocks
-            m._c = cache
+                r = 0
+            lane = c.streams.get(h)
+            found = lane.get(r) if lane is not None else None
+            b = found if found is not None else c.bin(r, h, cus, st)
+        d = b.take(size, cus)
+        m = Memory(int(d), size, st, dev)
+        m._bin = b
         m._d = d
-        m._s = cus
         m._pool = given
-        acct = m._a = accounts[dev]
-        acct.add(d, size, h)
+        m._sref = sref
         return pointer(m, 0)
 
     return allocate
@@ -455,10 +367,7 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                             f"not {pool!r}")
         if pool.closed:
             raise ClosedError("the MemoryPool is closed; it cannot back CuPy pinned memory")
-    import cuda_memkit as cm
-
     pinned_pointer = cupy.cuda.pinned_memory.PinnedMemoryPointer
-    pooled = cm.HostBuffer.pooled
     if not cache:
         host_allocate = (pool if pool is not None else MemoryPool.default_pinned()).allocate
 
@@ -467,6 +376,7 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
             return pinned_pointer(_UncachedPinned(buf, size), 0)
 
         return allocate_uncached
+    pooled = HostBuffer.pooled
     if pool is None:
         MemoryPool.default_pinned()  # made now, not inside the first allocation
 
@@ -481,6 +391,9 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         return pinned_pointer(pooled(size, pool=given), 0)
 
     return allocate_from_pool
+
+
+    return allocate
 
 
 # -- install and restore --------------------------------------------------------------------

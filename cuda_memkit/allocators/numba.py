@@ -39,7 +39,6 @@ an array keep its memory alive.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import itertools
@@ -55,6 +54,7 @@ from numba.cuda.cudadrv import driver as _nbdrv
 import cuda_memkit as cm
 
 from .._core._errors import CudaError, MemkitWarning
+from .._core._resource import EXITING
 
 if TYPE_CHECKING:
     from .._pools._pool import MemoryPool
@@ -167,17 +167,6 @@ def get_pool(device: int = 0) -> MemoryPool:
 
 # -- the bookkeeping finalizers share (never the manager itself) ------------------------------
 
-_exiting = False
-
-
-def _at_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-atexit.register(_at_exit)
-
-
 class _State:
     """Live allocations of one manager, and its deferred frees."""
 
@@ -204,8 +193,9 @@ def _close(obj: Any) -> None:
 
 
 def _releaser(state: _State, key: int, deferrable: bool = True) -> Any:
-    def release() -> None:
-        if _exiting:
+    # Everything it uses is bound or an attribute: module globals may be gone at exit.
+    def release(_exiting: list[bool] = EXITING) -> None:
+        if _exiting[0]:
             return
         entry = state.live.pop(key, None)
         if entry is None:  # reset() freed it already

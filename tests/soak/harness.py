@@ -33,6 +33,7 @@ import platform
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -255,13 +256,8 @@ class GrowableKind(Kind):
             del buf
 
 
-class PoolBufferKind(Kind):
-    name = "PoolBuffer"
-    sizes = (512, 64 * KiB, MiB, 8 * MiB)
-
-    def __init__(self, rel: Releaser, pool: cm.MemoryPool) -> None:
-        super().__init__(rel)
-        self.pool = pool
+class StreamKind(Kind):
+    """A kind whose cycles run on a stream of the thread's current context, if it has one."""
 
     def setup(self) -> None:
         # a stream of the current context (kept current) where there is one; the
@@ -273,10 +269,21 @@ class PoolBufferKind(Kind):
             self.stream.synchronize()
             self.stream.close()
 
+
+class PoolBufferKind(StreamKind):
+    name = "PoolBuffer"
+    sizes = (512, 64 * KiB, MiB, 8 * MiB)
+
+    def __init__(self, rel: Releaser, pool: cm.MemoryPool) -> None:
+        super().__init__(rel)
+        self.pool = pool
+
     def cycle(self, i: int) -> None:
         n = self.sizes[(i // 4) % 4]
         how = RELEASES[i % len(RELEASES)]
-        buf = self.pool.allocate(n, stream=self.stream)
+        # Every third allocation names its stream by handle: its blocks are found by handle.
+        stream = self.stream.handle if self.stream is not None and i % 3 == 2 else self.stream
+        buf = self.pool.allocate(n, stream=stream)
         if how == "close" and i % 8 < 4:
             buf.free()  # free() and close() alternate for the explicit release
             self.rel.release(i + 1, None)  # (the "with" slot: nothing left to do)
@@ -295,11 +302,63 @@ class CachedPoolBufferKind(PoolBufferKind):
     name = "PoolBuffer.cached"
 
 
+class _CupyStandIn(types.ModuleType):
+    """The parts of CuPy the adaptors read: memory classes, the current device and stream.
+
+    The device is the thread's current one; the stream, the kind's. The memory is
+    real (the adaptors allocate it from the driver), whatever CuPy is installed.
+    """
+
+    def __init__(self, handle: int) -> None:
+        from .. import _fake_frameworks as fake
+
+        super().__init__("cupy")
+        current = types.SimpleNamespace(ptr=handle)
+        self.cuda = types.SimpleNamespace(
+            memory=types.SimpleNamespace(UnownedMemory=fake.UnownedMemory,
+                                         MemoryPointer=fake.MemoryPointer),
+            pinned_memory=types.SimpleNamespace(PinnedMemoryPointer=fake.PinnedMemoryPointer),
+            runtime=types.SimpleNamespace(getDevice=_current_device),
+            get_current_stream=lambda device=-1: current)
+
+
+class CupyAdaptorKind(StreamKind):
+    """The CuPy adaptors (device memory through the default pools' caches, pinned memory).
+
+    CuPy drops its memory objects: every cycle drops them, or leaves them in a
+    reference cycle for the collector.
+    """
+
+    name = "CuPy.adaptor"
+    sizes = (512, 64 * KiB, MiB, 8 * MiB)
+
+    def setup(self) -> None:
+        from cuda_memkit import allocators
+
+        super().setup()
+        saved = sys.modules.get("cupy")
+        sys.modules["cupy"] = _CupyStandIn(self.stream.handle if self.stream else 0)
+        try:
+            self.device = allocators.cupy_allocator()
+            self.pinned = allocators.cupy_pinned_allocator()
+        finally:
+            if saved is None:
+                del sys.modules["cupy"]
+            else:
+                sys.modules["cupy"] = saved
+
+    def cycle(self, i: int) -> None:
+        n = self.sizes[(i // 4) % 4]
+        objs = [self.device(n), self.pinned(min(n, MiB))]
+        if RELEASES[i % len(RELEASES)] == "cycle":
+            self.rel.release(i, objs)
+
+
 # The slowest kind (cuMemHostRegister pins every page) runs last: each kind gets an
 # equal share of what is left of the budget, so it inherits what the others left.
 KIND_NAMES = ("HostBuffer", "HostBuffer.pooled", "DeviceBuffer", "ManagedBuffer",
               "VMM map/unmap", "GrowableBuffer", "PoolBuffer", "PoolBuffer.cached",
-              "register_host")
+              "CuPy.adaptor", "register_host")
 
 
 def _has_context() -> bool:
@@ -380,6 +439,8 @@ def _settle(pool: cm.MemoryPool | None) -> None:
     gc.collect()
     _driver.call("cuCtxSynchronize")
     cm.MemoryPool.default_pinned().trim()
+    for d in range(cm.device_count()):  # the process's caches of the default pools too
+        cm.MemoryPool.default(d).trim()
     if pool is not None:
         pool.trim()
 
@@ -486,7 +547,7 @@ def run_kind(name: str, cycles: int, time_cap: float | None = None) -> Result:
 
 _KINDS: dict[str, type[Kind]] = {k.name: k for k in (
     HostBufferKind, PooledHostBufferKind, DeviceBufferKind, ManagedBufferKind, VmmKind,
-    GrowableKind, PoolBufferKind, CachedPoolBufferKind, RegisteredHostKind)}
+    GrowableKind, PoolBufferKind, CachedPoolBufferKind, CupyAdaptorKind, RegisteredHostKind)}
 
 
 # -- the script -----------------------------------------------------------------------------
