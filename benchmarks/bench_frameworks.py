@@ -27,13 +27,14 @@ Every cached floor also runs with memkit's exact ledger ("+ ledger": a dict
 entry and the counters per allocation). Targets (the same run, each against
 its floor with the ledger): the ``cupy.cuda.alloc`` 1 MiB pair through the
 cached adaptor, ``cupy.empty(1 MiB)`` + drop and the pinned adaptor's pair
-<= 1.5x. Ablation rows add to the floors what the adaptor promises and its
-one release path ("+ promises + path": the current device asked, the size
-checked, the block taken from and given back to a bin that calls the ledger;
-for the pinned adaptor, a pooled ``HostBuffer``, as it promises); a target
-row that misses while its ablation row is itself above the bound says
-BLOCKED beside its MISS. On the simulator (no CuPy) only the memkit rows run, and the table
-says so.
+<= 1.5x. Ablation rows add to the floors what the adaptor promises ("+
+promises": the current device asked, the size checked, the memory holding its
+block and stream; for the pinned adaptor, a pooled ``HostBuffer``, as it
+promises), then its one release path ("+ promises + path": the block taken
+from and given back to a bin that calls the ledger). Each target row ends in
+OK, MISS or BLOCKED: BLOCKED is a miss while the "+ promises" row is itself
+above the bound (the path is memkit's own cost and never blocks). On the
+simulator (no CuPy) only the memkit rows run, and the table says so.
 """
 
 from __future__ import annotations
@@ -212,9 +213,13 @@ def main() -> None:
         ledger_floor_allocator, release_ledger_floor = cupy_cached_floor(
             cupy, alloc_fn, free_fn, floor_pool, floor_ledger())
         adaptors["floor cached + ledger"] = ledger_floor_allocator
-        promised_allocator, promised_lists = promised_cupy_floor(cupy, alloc_fn, floor_pool,
-                                                                 floor_ledger())
-        adaptors["floor + promises + path"] = promised_allocator
+        # The ablation floors (harness.py): + what the adaptor promises, + one release path.
+        promised_lists: list[tuple[list[Any], Any]] = []
+        for path, key in ((False, "floor + promises"), (True, "floor + promises + path")):
+            promised_allocator, lists_ = promised_cupy_floor(cupy, alloc_fn, floor_pool,
+                                                             floor_ledger(), one_path=path)
+            adaptors[key] = promised_allocator
+            promised_lists.extend(lists_)
         cases["cupy malloc_async"] = direct(cupy.cuda.malloc_async)
         cases["cupy MemoryPool"] = direct(cupy_pool.malloc)
         for name, fn in adaptors.items():
@@ -292,16 +297,15 @@ def main() -> None:
                 return pinned_pointer(b, 0)
             return pinned_floor
 
-        promised_hostallocs = [cupy.cuda.runtime.hostAlloc(4096, 0) for _ in range(4)]
-        floor_hostallocs.extend(promised_hostallocs)
-        promised_take = promised_pinned_floor(promised_hostallocs, floor_ledger(),
-                                              one_path=True)
-
-        def promised_pinned(size: int) -> Any:
-            return pinned_pointer(promised_take(size), 0)
+        def promised_pinned(path: bool) -> Loop:
+            hostallocs = [cupy.cuda.runtime.hostAlloc(4096, 0) for _ in range(4)]
+            floor_hostallocs.extend(hostallocs)
+            take = promised_pinned_floor(hostallocs, floor_ledger(), one_path=path)
+            return pinned_loop(lambda size: pinned_pointer(take(size), 0))
 
         pinned_cases = {"cupy pinned pool": pinned_loop(previous_pinned),
-                        "floor pinned + promises + path": pinned_loop(promised_pinned),
+                        "floor pinned + promises": promised_pinned(False),
+                        "floor pinned + promises + path": promised_pinned(True),
                         "memkit pinned": pinned_loop(memkit_pinned),
                         "floor pinned": pinned_loop(make_pinned_floor(PinnedFloor)),
                         "floor pinned + ledger": pinned_loop(
@@ -346,11 +350,15 @@ def main() -> None:
                      "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
-    def ablation(v: float | None, floor: float | None, bound: float) -> str:
-        if v is None or not floor:
-            return "ablation"
-        side = "within" if v / floor <= bound else "ABOVE"
-        return f"ablation: {v / floor:.2f}x, {side} the {bound:g}x bound"
+    def ablation_rows(label: str, f: dict[str, float | None], key: str, floor: float | None,
+                      bound: float, ref: float | None) -> None:
+        """The ablation rows of a target: its floor with the promises, then the path too."""
+        for name, what in ((key, "promises"), (key + " + path", "promises + path")):
+            v = f.get(name)
+            side = ("" if v is None or not floor else
+                    f": {v / floor:.2f}x, {'within' if v / floor <= bound else 'ABOVE'} "
+                    f"the {bound:g}x bound")
+            row(f"   the floor + ledger + {label}{what} (not memkit)", v, ref, "ablation" + side)
 
     raw_ref = pair["raw default"]
     row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
@@ -360,12 +368,11 @@ def main() -> None:
     row("1 MiB: CuPy MemoryPool().malloc (direct)", pair.get("cupy MemoryPool"), raw_ref,
         "info")
     mc, fll = pair.get("alloc: memkit default"), pair.get("alloc: floor cached + ledger")
-    v = pair.get("alloc: floor + promises + path")
     row("1 MiB via cupy.cuda.alloc: memkit adaptor (cached, default)", mc, raw_ref,
-        *floor_target(mc, fll, 1.5, v), floor=fll)
+        *floor_target(mc, fll, 1.5, pair.get("alloc: floor + promises"),
+                      pair.get("alloc: floor + promises + path")), floor=fll)
     row("   pure-Python cached floor + exact ledger (not memkit)", fll, raw_ref, "its floor")
-    row("   the floor + ledger + promises + path (not memkit)", v, raw_ref,
-        ablation(v, fll, 1.5))
+    ablation_rows("", pair, "alloc: floor + promises", fll, 1.5, raw_ref)
     for name, label in [("malloc_async", "CuPy malloc_async"),
                         ("cupy pool", "CuPy MemoryPool"),
                         ("memkit uncached", "memkit adaptor, uncached (cache=False)"),
@@ -374,17 +381,19 @@ def main() -> None:
                         ("floor", "pure-Python uncached floor (not memkit)")]:
         row(f"1 MiB via cupy.cuda.alloc: {label}", pair.get(f"alloc: {name}"), raw_ref, "info")
     ea, me = empty_t.get("malloc_async"), empty_t.get("memkit default")
-    efl, v = empty_t.get("floor cached + ledger"), empty_t.get("floor + promises + path")
+    efl = empty_t.get("floor cached + ledger")
     row("cupy.empty(1 MiB) + drop: memkit adaptor (cached)", me, ea,
-        *floor_target(me, efl, 1.5, v), floor=efl)
+        *floor_target(me, efl, 1.5, empty_t.get("floor + promises"),
+                      empty_t.get("floor + promises + path")), floor=efl)
     row("   pure-Python cached floor + exact ledger (not memkit)", efl, ea, "its floor")
-    row("   the floor + ledger + promises + path (not memkit)", v, ea, ablation(v, efl, 1.5))
+    ablation_rows("", empty_t, "floor + promises", efl, 1.5, ea)
     for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
             "info (ratio vs malloc_async)")
     wa = work_t.get("malloc_async")
-    for name in ("memkit default", "floor cached + ledger", "floor + promises + path",
+    for name in ("memkit default", "floor cached + ledger", "floor + promises",
+                 "floor + promises + path",
                  "malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         v = work_t.get(name)
@@ -393,13 +402,13 @@ def main() -> None:
         if v is not None and allocs_per_iter.get(name):
             rows[-1]["allocs_per_s"] = allocs_per_iter[name] / v
     pa, pm = pinned_t.get("cupy pinned pool"), pinned_t.get("memkit pinned")
-    pfl, v = pinned_t.get("floor pinned + ledger"), pinned_t.get("floor pinned + promises + path")
+    pfl = pinned_t.get("floor pinned + ledger")
     row("4 KiB pinned: CuPy pinned pool", pa, pa, "reference")
     row("4 KiB pinned: memkit pinned adaptor (cached, default)", pm, pa,
-        *floor_target(pm, pfl, 1.5, v), floor=pfl)
+        *floor_target(pm, pfl, 1.5, pinned_t.get("floor pinned + promises"),
+                      pinned_t.get("floor pinned + promises + path")), floor=pfl)
     row("4 KiB pinned: pure-Python floor + exact ledger (not memkit)", pfl, pa, "its floor")
-    row("   the floor + ledger + a pooled HostBuffer's promises + path", v, pa,
-        ablation(v, pfl, 1.5))
+    ablation_rows("a pooled HostBuffer's ", pinned_t, "floor pinned + promises", pfl, 1.5, pa)
     row("4 KiB pinned: memkit pinned adaptor, uncached (cache=False)",
         pinned_t.get("memkit pinned uncached"), pa, "info")
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),

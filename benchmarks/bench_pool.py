@@ -39,9 +39,10 @@ Targets (all in the same run, each against its floor with the ledger):
   and the uncached pair ``MemoryPool.allocate(1 MiB, stream=s).free()`` <= 1.5x;
 * ``HostBuffer.pooled(4096).close()`` <= 2x.
 
-A target row that misses while its ablation row "+ promises + path" is itself
-above the bound says BLOCKED beside its MISS: the bound is below what the
-promised work costs.
+Each target row ends in OK, MISS or BLOCKED: BLOCKED is a miss while the
+ablation row "+ promises" (the promised work alone) is itself above the bound;
+the "+ promises + path" row beside it shows what the one release path adds,
+which is memkit's own cost and never blocks.
 Competitors that are not installed are reported as "n/a". On the simulator
 the run is always --quick and the numbers are the simulator's.
 """
@@ -447,11 +448,13 @@ def main() -> None:
     row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
         "reference")
     row("1 MiB: MemoryPool(cache=True).allocate(stream=s).free()", mc, d["raw"],
-        *floor_target(mc, fll, 1.5, d["floor cached + promises + path"]), floor=fll)
+        *floor_target(mc, fll, 1.5, d["floor cached + promises"],
+                      d["floor cached + promises + path"]), floor=fll)
     row("   cached floor + exact ledger (not memkit)", fll, d["raw"], "its floor")
     ablation_rows("cached", d, fll, "floor cached + promises", 1.5, d["raw"])
     row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
-        *floor_target(mk, ufl, 1.5, d["floor + promises + path"]), floor=ufl)
+        *floor_target(mk, ufl, 1.5, d["floor + promises"], d["floor + promises + path"]),
+        floor=ufl)
     row("   floor + exact ledger (not memkit)", ufl, d["raw"], "its floor")
     ablation_rows("uncached", d, ufl, "floor + promises", 1.5, d["raw"])
     row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", d["cupy MemoryPool"], d["raw"],
@@ -473,7 +476,8 @@ def main() -> None:
     pfl = p["floor + ledger"]
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
-        *floor_target(p["memkit"], pfl, 2.0, p["floor + promises + path"]), floor=pfl)
+        *floor_target(p["memkit"], pfl, 2.0, p["floor + promises"],
+                      p["floor + promises + path"]), floor=pfl)
     row("   pinned floor + exact ledger (not memkit)", pfl, p["raw"], "its floor")
     ablation_rows("pinned", p, pfl, "floor + promises", 2.0, p["raw"])
     row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],

@@ -93,25 +93,40 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
 
 
 def floor_target(value: float | None, floor: float | None, bound: float,
-                 ablation: float | None = None) -> tuple[str, bool | None]:
+                 promised: float | None = None, path: float | None = None
+                 ) -> tuple[str, bool | None]:
     """A target row's column: ``value`` <= ``bound`` x ``floor`` (its floor with the ledger).
 
-    Returns ``(text, ok)``. A miss whose ``ablation`` (the floor with the promised work,
-    the same run) is itself above the bound says BLOCKED in the text: the bound is below
-    what the promised work costs.
+    Returns ``(text, ok)``. ``promised`` is the floor with the promised work only
+    ("+ promises", the same run), ``path`` the same with the one release path on
+    top ("+ promises + path"). A miss whose promised work alone is above the bound
+    says BLOCKED in the text (the bound is below what the promises cost); any other
+    miss is memkit's own, and its text says what the promises and the path cost.
     """
     if value is None or not floor:
         return f"<= {bound:g}x its floor + ledger (n/a)", None
     ratio = value / floor
     text = f"<= {bound:g}x its floor + ledger ({ratio:.2f}x)"
-    if ratio > bound and ablation is not None and ablation / floor > bound:
-        text += f"; BLOCKED: the promised work alone is {ablation / floor:.2f}x"
+    if ratio > bound and promised is not None:
+        text += (f"; BLOCKED: the promised work alone is {promised / floor:.2f}x"
+                 if promised / floor > bound else
+                 f"; the promised work alone is {promised / floor:.2f}x")
+        if path is not None:
+            text += f", with the one release path {path / floor:.2f}x"
     return text, ratio <= bound
 
 
 def verdict(row: dict[str, Any]) -> str:
-    """The verdict printed after a row's target column: OK, MISS or nothing."""
-    return "" if row.get("ok") is None else (" OK" if row["ok"] else " MISS")
+    """The verdict printed after a row's target column: OK, MISS, BLOCKED or nothing.
+
+    BLOCKED is a miss whose target text says the promised work alone is above the
+    bound (:func:`floor_target`); the row's ``ok`` is false either way.
+    """
+    if row.get("ok") is None:
+        return ""
+    if row["ok"]:
+        return "  -> OK"
+    return "  -> BLOCKED" if "BLOCKED" in str(row.get("target")) else "  -> MISS"
 
 
 # -- the pure-Python floors: the least an allocator with memkit's API can cost ---------------
@@ -363,14 +378,17 @@ def pinned_floor(blocks: list[Any], ledger: Any = None) -> Callable[[int], Any]:
 
 # -- ablation floors: the floors with the ledger and what a buffer promises -----------------
 #
-# What a memkit buffer promises beyond the ledger, with no call a floor would not make:
+# What a memkit buffer promises beyond the ledger, written out in the caller's frame, with
+# no call a floor would not make (no helper frames: those are structure, not promises):
 # the argument checks, the buffer's fields (what its properties answer), free()/close()
-# refusing or deferring while exports or copies live, the cache's byte counters with its
-# limit and peak, and a finalizer that gives back the block of a buffer collected unfreed
-# (no class swap: a freed buffer's __del__ runs and returns). With ``one_path``, the
-# block is also taken and given back as memkit does it, through a bin's take() and give()
-# that call the ledger's add() and remove() (an Account's): the one release path. Not
-# memkit: the ablation rows of the promises and of the structure.
+# refusing or deferring while exports or copies live, the stream tests of a free on the
+# driver (closed, or destroyed by its collection), the cache's byte counters with its limit
+# and peak, and a finalizer that gives back the block of a buffer collected unfreed (no
+# class swap: a freed buffer's __del__ runs and returns). These rows ("+ promises") are the
+# ones a target is BLOCKED on. With ``one_path`` ("+ promises + path"), the block is
+# instead taken and given back as memkit does it, through a bin's take() and give() that
+# call the ledger's add() and remove() (an Account's): the cost of the one release path,
+# shown beside them. Not memkit: the ablation rows of the promises and of the structure.
 
 
 class _FloorBin:
@@ -423,16 +441,6 @@ def promised_pool_floor(alloc: Any, free: Any, cupool: Any, ledger: Any, stream_
     lanes: dict[int, dict[int, Any]] = {}
     free_lists: list[list[Any]] = []
 
-    def driver_free(d: Any, sref: Any) -> None:
-        with sref.release_lock:
-            cus = sref._custream
-            fin = sref._finalizer
-            if cus is None or (fin is not None and not fin.alive):
-                raise AssertionError("the floor's stream stays open")
-            (err,) = free(d, cus)
-        if err:
-            raise RuntimeError(err)
-
     class DriverBin:  # the one release path of a pool without a cache
         __slots__ = ()
 
@@ -445,7 +453,14 @@ def promised_pool_floor(alloc: Any, free: Any, cupool: Any, ledger: Any, stream_
 
         def give(self, d: Any, sref: Any) -> None:
             ledger.remove(d)
-            driver_free(d, sref)
+            with sref.release_lock:
+                cus = sref._custream
+                fin = sref._finalizer
+                if cus is None or (fin is not None and not fin.alive):
+                    raise AssertionError("the floor's stream stays open")
+                (err,) = free(d, cus)
+            if err:
+                raise RuntimeError(err)
 
     driver_bin = DriverBin()
 
@@ -469,17 +484,24 @@ def promised_pool_floor(alloc: Any, free: Any, cupool: Any, ledger: Any, stream_
                 b.give(d, sref)
                 return
             ledger.current -= ledger.live.pop(d)
-            if not cached:
-                driver_free(d, sref)
+            if cached:
+                c = cache.cached + b.size
+                if c <= cache.limit:
+                    b.blocks.append(d)
+                    cache.cached = c
+                    if c > cache.peak:
+                        cache.peak = c
                 return
-            c = cache.cached + b.size
-            if c <= cache.limit:
-                b.blocks.append(d)
-                cache.cached = c
-                if c > cache.peak:
-                    cache.peak = c
+            with sref.release_lock:
+                cus = sref._custream
+                fin = sref._finalizer
+                if cus is None or (fin is not None and not fin.alive):
+                    raise AssertionError("the floor's stream stays open")
+                (err,) = free(d, cus)
+            if err:
+                raise RuntimeError(err)
 
-        def __del__(self) -> None:
+        def __del__(self) -> None:  # (not timed: the pairs free their buffers)
             d = self._dptr
             if d is None:
                 d = self._deferred
@@ -538,7 +560,8 @@ def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
 
     ``take(shape, dtype="uint8", *, pool=None)`` lends a block of ``blocks`` (its size
     rounded to 512 B, its bin looked up); ``close()`` defers while exports or copies in
-    flight (a list, empty here) hold it.
+    flight (a list, empty here) hold it, else gives the block back itself; collection
+    gives back the block of a buffer never closed.
     """
     cache = _FloorCache()
     bins: dict[int, _FloorBin] = {}
@@ -567,25 +590,25 @@ def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
                 return
             if in_flight and self in in_flight:
                 return
-            self._release()
+            b = self._block  # set while open: only a deferred close or collection clears it
+            self._block = None
+            p = self._ptr
+            if one_path:
+                b.give(p)
+                return
+            ledger.current -= ledger.live.pop(p)
+            c = cache.cached + b.size
+            if c <= cache.limit:
+                b.blocks.append(p)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
 
-        def _release(self) -> None:
+        def __del__(self) -> None:  # a closed buffer's finalizer finds nothing to give back
             b = self._block
             if b is not None:
                 self._block = None
-                p = self._ptr
-                if one_path:
-                    b.give(p)
-                    return
-                ledger.current -= ledger.live.pop(p)
-                c = cache.cached + b.size
-                if c <= cache.limit:
-                    b.blocks.append(p)
-                    cache.cached = c
-                    if c > cache.peak:
-                        cache.peak = c
-
-        __del__ = _release
+                b.give(self._ptr)
 
     def take(shape: Any, dtype: Any = "uint8", *, pool: object = None) -> Host:
         if not (type(shape) is int and 0 < shape <= 1048576 and pool is None
@@ -613,14 +636,15 @@ def promised_pinned_floor(blocks: list[Any], ledger: Any, one_path: bool = False
     return take
 
 
-def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any
+def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any, one_path: bool = False
                         ) -> tuple[Callable[[int], Any], list[tuple[list[Any], Any]]]:
-    """The CuPy cached floor with the exact ledger, the adaptor's promises and one path.
+    """The CuPy cached floor with the exact ledger and the adaptor's promises (see above).
 
     Beyond :func:`cupy_cached_floor`: the current device asked per allocation (the
-    pools of every device), the size checked, the block taken from and given back to
-    a bin (take / give calling the ledger's add / remove), the memory holding its bin,
-    block and stream. Returns the allocator and its (free list, CUstream) pairs.
+    pools of every device), the size checked, the memory holding its bin, block and
+    stream, a finalizer that does nothing at interpreter exit. ``one_path``: the block
+    is taken from and given back to a bin (take / give calling the ledger's add /
+    remove). Returns the allocator and its (free list, CUstream) pairs.
     """
     from cuda.bindings import driver as cu
 
@@ -637,7 +661,17 @@ def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any
         def __del__(self, _exiting: list[bool] = [False]) -> None:  # noqa: B006
             if _exiting[0]:
                 return
-            self._bin.give(self._d)
+            b, d = self._bin, self._d
+            if one_path:
+                b.give(d)
+                return
+            ledger.current -= ledger.live.pop(d)
+            c = cache.cached + b.size
+            if c <= cache.limit:
+                b.blocks.append(d)
+                cache.cached = c
+                if c > cache.peak:
+                    cache.peak = c
 
     def allocator(size: int) -> Any:
         dev = get_device()
@@ -654,13 +688,23 @@ def promised_cupy_floor(cupy: Any, alloc: Any, cupool: Any, ledger: Any
         if b is None:
             b = lanes.setdefault(h, {}).setdefault(r, _FloorBin(r, cache, ledger, []))
             lists.append((b.blocks, cus))
-        if not b.blocks:
+        blocks = b.blocks
+        if not blocks:
             err, d = alloc(r, cupool, cus)
             if err:
                 raise RuntimeError(err)
-            b.blocks.append(d)
+            blocks.append(d)
             cache.cached += r
-        d = b.take(size)
+        if one_path:
+            d = b.take(size)
+        else:
+            d = blocks.pop()
+            cache.cached -= r
+            ledger.live[d] = size
+            c = ledger.current = ledger.current + size
+            if c > ledger.peak:
+                ledger.peak = c
+            ledger.total += 1
         m = Memory(int(d), size, st, dev)
         m._bin, m._d = b, d
         m._pool, m._sref = None, cus

@@ -68,7 +68,9 @@ REFS = {
     "CuPy pinned adaptor alloc(4096) + drop": "CuPy pinned floor + ledger",
     "floor + ledger + promises": "floor + ledger (1 slot)",
     "  + one release path  ": "floor + ledger (1 slot)",
+    "CuPy floor + ledger + promises": "CuPy cached floor + ledger",
     "CuPy floor + ledger + promises + path": "CuPy cached floor + ledger",
+    "CuPy pinned floor + ledger + promises": "CuPy pinned floor + ledger",
     "CuPy pinned floor + ledger + promises + path": "CuPy pinned floor + ledger",
     "cached floor + ledger + promises": "cached floor + ledger",
     "  + one release path": "cached floor + ledger",
@@ -238,7 +240,11 @@ def measure() -> dict[str, float]:
     cupy_floor, release_floor = cupy_cached_floor(cupy, alloc, free, default_cupool)
     cupy_floor_ledger, release_floor_ledger = cupy_cached_floor(cupy, alloc, free,
                                                                 default_cupool, floor_ledger())
-    cupy_floor_path = promised_cupy_floor(cupy, alloc, default_cupool, floor_ledger())[0]
+    cupy_floor_promised = promised_cupy_floor(cupy, alloc, default_cupool, floor_ledger())[0]
+    cupy_floor_path = promised_cupy_floor(cupy, alloc, default_cupool, floor_ledger(),
+                                          one_path=True)[0]
+    pinned_promised_take = promised_pinned_floor([(1 << 40) + (k << 12) for k in range(4)],
+                                                 floor_ledger())
     pinned_path_take = promised_pinned_floor([(1 << 40) + (k << 12) for k in range(4)],
                                              floor_ledger(), one_path=True)
 
@@ -296,9 +302,12 @@ def measure() -> dict[str, float]:
         "CuPy adaptor alloc(1 MiB) + drop": drops(device_adaptor, MiB),
         "CuPy cached floor + ledger": drops(cupy_floor_ledger, MiB),
         "CuPy cached floor": drops(cupy_floor, MiB),
+        "CuPy floor + ledger + promises": drops(cupy_floor_promised, MiB),
         "CuPy floor + ledger + promises + path": drops(cupy_floor_path, MiB),
         "CuPy pinned adaptor alloc(4096) + drop": drops(pinned_adaptor, 4096),
         "CuPy pinned floor + ledger": drops(pinned_floor_ledger, 4096),
+        "CuPy pinned floor + ledger + promises": drops(
+            lambda n: MemoryPointer(pinned_promised_take(n), 0), 4096),
         "CuPy pinned floor + ledger + promises + path": drops(
             lambda n: MemoryPointer(pinned_path_take(n), 0), 4096),
     }

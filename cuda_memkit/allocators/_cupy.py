@@ -393,9 +393,6 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     return allocate_from_pool
 
 
-    return allocate
-
-
 # -- install and restore --------------------------------------------------------------------
 
 #: Pinned allocators installed by use_with_cupy, innermost last: CuPy has no getter
