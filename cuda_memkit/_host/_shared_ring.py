@@ -1,0 +1,1238 @@
+"""Pinned host memory shared with worker processes: :class:`SharedHostRing`, :class:`RingSlot`.
+
+A ring is ``slots`` arrays of one shape and dtype in a memfd segment that
+worker processes map (:mod:`cuda_memkit._host._ring_worker` speaks to them)
+and this process registers with the driver (``register_host``): a slot a
+worker filled is pinned memory here, copied to the device at full speed with
+no copy in between.
+
+Each slot goes round: *free* -> *granted* to a worker -> *filling* -> *ready*
+-> *lent* to the consumer as a :class:`RingSlot` -> *free* again once the
+slot is given back. A :class:`RingSlot` is a buffer like every other: its
+``close()`` (or collection) gives the slot back only when the asynchronous
+copies queued from it have finished (their events, through
+``_core._operands``) and its numpy views and DLPack consumers are gone, so no
+worker overwrites a batch the GPU or the consumer still reads.
+
+A service thread per ring accepts workers, sends grants, receives their
+messages, watches for their death and, while copies from lent slots are in
+flight, polls their events; the consumer's calls wait on a condition it
+signals. It makes no driver call but the event queries of those copies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import mmap
+import os
+import secrets
+import selectors
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._core._buffer import MemoryKind, TypedBufferMixin
+from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
+from .._core._device import ensure_any_context
+from .._core._errors import ClosedError
+from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
+from .._core._operands import mark_pinned_class, pending_operands, reap_pending
+from .._core._resource import (
+    Resource,
+    Transaction,
+    account,
+    array_protocol,
+    host_array,
+    make_finalizer,
+)
+from ._registered import HostRegisterFlags, RegisteredHost, register_host
+from ._ring_worker import (
+    ACQUIRED,
+    BYE,
+    FAILED,
+    GRANT,
+    HELLO,
+    PROTOCOL,
+    READY,
+    REFUSED,
+    WELCOME,
+    RingHandle,
+    close_writers,
+    peer_credentials,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["RingCore", "RingSlot", "SharedHostRing", "WorkerError", "check_timeout", "lend",
+           "ring_core", "unstarted_ring"]
+
+#: Most slots a ring may have (the wire protocol carries 32-bit slot numbers; more than
+#: this is a mistake, not a ring).
+MAX_SLOTS = 1 << 16
+#: Seconds between event polls while copies from lent slots are in flight.
+POLL = 0.0005
+#: Seconds a closing ring waits for its service thread.
+JOIN = 5.0
+#: Ledger account of the rings' segments: the same bytes are registered host memory
+#: (account "registered"), so the statistics' totals count them once.
+_ACCOUNT = account("shared_ring")
+
+# Slot states (consumer side).
+FREE, GRANTED, FILLING, READY_, FAILED_, LENT = range(6)
+_STATE_NAMES = ("free", "granted", "filling", "ready", "failed", "lent")
+
+
+class WorkerError(RuntimeError):
+    """A worker process filling a :class:`SharedHostRing` (or a :class:`Loader`'s) failed.
+
+    Raised by the consumer's next :meth:`SharedHostRing.get` /
+    :meth:`~SharedHostRing.take` (or the :class:`Loader`'s iteration) when a
+    worker died or left while filling a slot, or reported that it could not
+    make a batch (the message then ends with the worker's traceback).
+
+    Attributes
+    ----------
+    worker : int or None
+        The worker's label (:meth:`RingHandle.writer`'s ``worker``).
+    pid : int or None
+        The worker's process id.
+    slot : int or None
+        The slot it was filling.
+    batch : int or None
+        The batch it was making (a :class:`Loader`'s), else ``None``.
+    """
+
+    def __init__(self, message: str, *, worker: int | None = None, pid: int | None = None,
+                 slot: int | None = None, batch: int | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid
+        self.slot = slot
+        self.batch = batch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_worker_error, (str(self), self.worker, self.pid, self.slot, self.batch))
+
+
+def _worker_error(message: str, worker: int | None, pid: int | None, slot: int | None,
+                  batch: int | None) -> WorkerError:
+    return WorkerError(message, worker=worker, pid=pid, slot=slot, batch=batch)
+
+
+# -- the memory ----------------------------------------------------------------------------
+
+
+class Segment:
+    """The ring's memory: a memfd, its mapping here and its registration with the driver.
+
+    :meth:`release` unregisters it and drops this process's mapping (numpy
+    views made from it keep the mapping until they are gone); it runs once
+    the ring is closed and no slot is lent any more.
+    """
+
+    def __init__(self, fd: int, mem: mmap.mmap, reg: RegisteredHost, nbytes: int) -> None:
+        self.fd = fd
+        self.mem: mmap.mmap | None = mem
+        self.reg: RegisteredHost | None = reg
+        self.ptr = reg.ptr
+        self.device_ptr = reg.device_ptr
+        self.nbytes = nbytes
+        self.lock = threading.Lock()
+
+    def close_fd(self) -> None:
+        """Close the memfd: workers already hold the memory; new ones cannot come any more."""
+        with self.lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def release(self) -> None:
+        """Unregister and unmap (once); the ledger forgets the ring."""
+        with self.lock:
+            reg, self.reg = self.reg, None
+            self.mem = None  # the last numpy view over it unmaps it
+        if reg is None:
+            return
+        self.close_fd()
+        _ACCOUNT.remove(self.ptr)
+        reg.close()  # a driver refusal becomes a MemkitWarning there
+
+
+# -- one worker's connection ---------------------------------------------------------------
+
+
+class _Conn:
+    """A worker's connection, as the service thread sees it."""
+
+    __slots__ = ("bye", "filling", "granted", "pid", "sock", "welcomed", "worker")
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.worker = -1
+        self.welcomed = False
+        self.bye = False
+        self.granted: set[int] = set()  # granted, not started
+        self.filling: set[int] = set()  # acquired by the worker, not handed back
+
+    def who(self) -> str:
+        if self.worker >= 0:
+            return f"worker {self.worker} (pid {self.pid})"
+        return f"the worker with pid {self.pid}"
+
+    @property
+    def load(self) -> int:
+        return len(self.granted) + len(self.filling)
+
+
+Key = tuple[int, int]  # a Loader's (epoch, position) of a batch
+Describe = Callable[[], str]  # how a watched process ended ("exit code 1", ...)
+
+
+class RingCore:
+    """The state of a ring and its service thread (never holds the :class:`SharedHostRing`).
+
+    Everything below runs under :attr:`lock`, unless it says otherwise; the
+    consumer's waits sleep on :attr:`cond`. Finalizers (a :class:`RingSlot`
+    collected on any thread, the service thread included) only append to
+    :attr:`returns` and wake the thread: they never take the lock.
+    """
+
+    def __init__(self, slots: int, stride: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+                 grants: int, timeout: float | None, segment: Segment,
+                 listener: socket.socket, address: bytes, token: bytes) -> None:
+        self.slots = slots
+        self.stride = stride
+        self.shape = shape
+        self.dtype = dtype
+        self.grants = grants
+        self.timeout = timeout
+        self.segment = segment
+        self.listener = listener
+        self.address = address
+        self.token = token
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.state = [FREE] * slots
+        self.gen = [0] * slots
+        self.owner: list[_Conn | None] = [None] * slots
+        self.batch = [-1] * slots
+        self.key: list[Key | None] = [None] * slots
+        self.tag = [-1] * slots
+        self.error: list[str | None] = [None] * slots
+        self.filler: list[tuple[int, int]] = [(-1, 0)] * slots  # (worker label, pid)
+        self.free: collections.deque[int] = collections.deque(range(slots))
+        self.ready: collections.deque[int] = collections.deque()  # in order of arrival
+        self.keyed: dict[Key, int] = {}  # a Loader's ready slots by (epoch, position)
+        self.returns: collections.deque[tuple[int, int]] = collections.deque()
+        self.errors: collections.deque[WorkerError] = collections.deque()
+        self.lent = 0
+        self.conns: dict[int, _Conn] = {}  # by socket fd
+        self.watched: dict[int, tuple[int, int, Describe]] = {}  # sentinel -> (pid, label, ...)
+        self.reported: set[int] = set()  # pids whose end was reported already
+        # a Loader's batches: (position, batch) pairs of the current epoch, lost ones first
+        self.loading = False  # a Loader's ring: every grant carries a batch
+        self.epoch = 0
+        self.tasks: Iterator[tuple[int, int]] | None = None
+        self.requeued: collections.deque[tuple[int, int]] = collections.deque()
+        self.closed = False
+        self.hung_up = False
+        self.keep_memory = False  # at interpreter exit: no driver call, the memory stays
+        self.fatal: BaseException | None = None
+        self.pid = os.getpid()
+        self.thread: threading.Thread | None = None
+        self.selector: selectors.BaseSelector | None = None
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake_lock = threading.Lock()  # the wake pipe's write end: written, or closed
+        self.has_context = False
+
+    # -- the service thread -----------------------------------------------------------
+    def start(self) -> None:
+        """Start the service thread (the ring's constructor does; a Loader after forking)."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.listener, selectors.EVENT_READ, self._accept)
+        sel.register(self.wake_r, selectors.EVENT_READ, self._woken)
+        for fd in self.watched:
+            sel.register(fd, selectors.EVENT_READ, self._ended)
+        self.selector = sel
+        t = threading.Thread(target=self._run, name="cuda_memkit-ring", daemon=True)
+        self.thread = t
+        t.start()
+
+    def _run(self) -> None:
+        sel = self.selector
+        assert sel is not None
+        try:
+            while not self.closed:
+                polling = self.lent and pending_operands
+                for key, _mask in sel.select(POLL if polling else None):
+                    key.data(key.fileobj)
+                if self.lent and pending_operands:
+                    self._reap()
+                with self.lock:
+                    self._take_returns()
+                    self._grant()
+        except BaseException as exc:  # kept for the consumer, never printed by a thread
+            if sys.is_finalizing():
+                return
+            with self.lock:
+                if not self.closed:
+                    self.fatal = exc
+                self.cond.notify_all()
+        finally:
+            self._hang_up()
+
+    def _reap(self) -> None:
+        """Let go of the copies in flight that have finished (slots lent to them come back)."""
+        if not self.has_context:
+            ensure_any_context()  # the event queries need a context on this thread
+            self.has_context = True
+        reap_pending()
+
+    def wake(self) -> None:
+        """Wake the service thread (any thread; takes no lock but the pipe's)."""
+        with self.wake_lock:
+            if self.wake_w >= 0:
+                try:
+                    os.write(self.wake_w, b"\0")
+                except BlockingIOError:
+                    pass  # the pipe is full: the thread is woken already
+
+    def _woken(self, _fileobj: object) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- workers coming and going -------------------------------------------------------
+    def _accept(self, _fileobj: object) -> None:
+        try:
+            sock, _addr = self.listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        pid, uid = peer_credentials(sock)
+        if uid != os.geteuid():
+            self._refuse(sock, "a worker must run as the same user as the consumer")
+            return
+        conn = _Conn(sock, pid)
+        with self.lock:
+            self.conns[sock.fileno()] = conn
+        assert self.selector is not None
+        self.selector.register(sock, selectors.EVENT_READ, self._readable)
+
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        try:
+            sock.send(REFUSED + why.encode())
+        except OSError:
+            pass  # the refused process is gone already
+        sock.close()
+
+    def _readable(self, sock: socket.socket) -> None:
+        conn = self.conns.get(sock.fileno())
+        if conn is None:
+            return
+        while True:
+            try:
+                msg = sock.recv(HELLO.size + 64 + (32 << 10))
+            except BlockingIOError:
+                return
+            except OSError:
+                msg = b""  # a reset connection is a closed one
+            with self.lock:
+                if not msg:
+                    self._drop(conn, "left" if conn.bye else "died or closed its connection")
+                    return
+                if not self._message(conn, msg):
+                    return
+                self.cond.notify_all()
+
+    def _message(self, conn: _Conn, msg: bytes) -> bool:
+        """Act on one message; False once the connection was dropped."""
+        kind = msg[:1]
+        if not conn.welcomed:
+            return self._hello(conn, msg)
+        if kind == b"A" and len(msg) == ACQUIRED.size:
+            _k, s, g = ACQUIRED.unpack(msg)
+            if self._owned(conn, s, g, GRANTED):
+                conn.granted.discard(s)
+                conn.filling.add(s)
+                self.state[s] = FILLING
+                return True
+        elif kind == b"R" and len(msg) == READY.size:
+            _k, s, g, tag = READY.unpack(msg)
+            if self._owned(conn, s, g, GRANTED, FILLING):
+                self._arrived(conn, s, READY_, tag, None)
+                return True
+        elif kind == b"F" and len(msg) >= FAILED.size:
+            _k, s, g = FAILED.unpack(msg[:FAILED.size])
+            if self._owned(conn, s, g, GRANTED, FILLING):
+                self._arrived(conn, s, FAILED_, -1, msg[FAILED.size:].decode(errors="replace"))
+                return True
+        elif msg == BYE:
+            conn.bye = True
+            return True
+        self._drop(conn, f"sent a message out of turn ({kind!r})")
+        return False
+
+    def _hello(self, conn: _Conn, msg: bytes) -> bool:
+        if len(msg) != HELLO.size:
+            self._forget(conn)
+            self._refuse(conn.sock, "not a cuda_memkit ring worker")
+            return False
+        _k, token, worker, version = HELLO.unpack(msg)
+        if not secrets.compare_digest(token, self.token) or version != PROTOCOL:
+            self._forget(conn)
+            self._refuse(conn.sock, "wrong ring handle or cuda_memkit version "
+                                    f"(protocol {version}, this ring speaks {PROTOCOL})")
+            return False
+        fd = self.segment.fd
+        if fd < 0:  # closing
+            self._forget(conn)
+            conn.sock.close()
+            return False
+        socket.send_fds(conn.sock, [WELCOME.pack(b"W", PROTOCOL)], [fd])
+        conn.worker = worker
+        conn.welcomed = True
+        return True
+
+    def _owned(self, conn: _Conn, s: int, g: int, *states: int) -> bool:
+        return (0 <= s < self.slots and self.owner[s] is conn and self.gen[s] == g
+                and self.state[s] in states)
+
+    def _arrived(self, conn: _Conn, s: int, state: int, tag: int, error: str | None) -> None:
+        conn.granted.discard(s)
+        conn.filling.discard(s)
+        self.owner[s] = None
+        key = self.key[s]
+        if key is not None and not self._current(key):
+            self._recycle(s)  # a batch of an epoch nobody waits for any more
+            return
+        self.state[s] = state
+        self.tag[s] = tag
+        self.filler[s] = (conn.worker, conn.pid)
+        self.error[s] = None if error is None else f"{conn.who()}: {error}"
+        self.ready.append(s)
+        if key is not None:
+            self.keyed[key] = s
+
+    def _drop(self, conn: _Conn, why: str) -> None:
+        """A worker's connection ended: its grants come back, a batch under way is an error."""
+        self._forget(conn)
+        conn.sock.close()
+        lost = []
+        for s in sorted(conn.granted, reverse=True):
+            key = self.key[s]
+            if key is not None and self._current(key):
+                self.requeued.appendleft((key[1], self.batch[s]))  # to another worker
+            self._recycle(s)
+        for s in sorted(conn.filling):
+            lost.append(s)
+            self._recycle(s)
+        conn.granted.clear()
+        conn.filling.clear()
+        if lost and not self.closed:
+            self._report(conn.pid, conn.worker, f"{conn.who()} {why} while filling "
+                         + ", ".join(self._slot_name(s) for s in lost), lost)
+        self.cond.notify_all()
+
+    def _forget(self, conn: _Conn) -> None:
+        self.conns.pop(conn.sock.fileno(), None)
+        if self.selector is not None:
+            try:
+                self.selector.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass  # not registered (refused at once, or closed meanwhile)
+
+    def _slot_name(self, s: int) -> str:
+        b = self.batch[s]
+        return f"slot {s}" + ("" if b < 0 else f" (batch {b})")
+
+    def _report(self, pid: int, worker: int, message: str, slots: list[int]) -> None:
+        """Queue a :class:`WorkerError` for the consumer's next wait."""
+        pending = self.watched_describe(pid)
+        if pending:
+            message = f"{message}; the process {pending}"
+        self.reported.add(pid)
+        s = slots[0] if slots else None
+        b = self.batch[s] if s is not None and self.batch[s] >= 0 else None
+        self.errors.append(WorkerError(message, worker=None if worker < 0 else worker,
+                                       pid=pid, slot=s, batch=b))
+
+    # -- processes a Loader started ---------------------------------------------------------
+    def watch(self, sentinel: int, pid: int, worker: int, describe: Describe) -> None:
+        """Report the end of process ``pid`` (``sentinel`` readable) as an error, until closed.
+
+        Call before :meth:`start` (a Loader watches the workers it forked).
+        """
+        self.watched[sentinel] = (pid, worker, describe)
+
+    def watched_describe(self, pid: int) -> str:
+        for wpid, _w, describe in self.watched.values():
+            if wpid == pid:
+                return describe()
+        return ""
+
+    def _ended(self, sentinel: int) -> None:
+        assert self.selector is not None
+        self.selector.unregister(sentinel)
+        pid, worker, describe = self.watched.pop(sentinel)
+        how = describe()
+        with self.lock:
+            for conn in list(self.conns.values()):
+                if conn.pid == pid:
+                    self._drop(conn, f"exited ({how})")
+            if pid not in self.reported and not self.closed:
+                self.reported.add(pid)
+                self.errors.append(WorkerError(f"worker {worker} (pid {pid}) exited ({how}); "
+                                               "its batches are lost", worker=worker, pid=pid))
+            self.cond.notify_all()
+
+    # -- grants ----------------------------------------------------------------------------
+    def _grant(self) -> None:
+        """Hand free slots to the least busy workers, up to ``grants`` each."""
+        while self.free and self.fatal is None:
+            conn = None
+            for c in self.conns.values():
+                if c.welcomed and not c.bye and c.load < self.grants and (
+                        conn is None or c.load < conn.load):
+                    conn = c
+            if conn is None:
+                return
+            key: Key | None = None
+            batch = -1
+            if self.loading:
+                task = self.requeued.popleft() if self.requeued else (
+                    None if self.tasks is None else next(self.tasks, None))
+                if task is None:
+                    self.tasks = None  # every batch of the epoch is handed out
+                    return
+                key = (self.epoch, task[0])
+                batch = task[1]
+            s = self.free.popleft()
+            g = self.gen[s] = self.gen[s] + 1
+            self.state[s] = GRANTED
+            self.owner[s] = conn
+            self.key[s] = key
+            self.batch[s] = batch
+            conn.granted.add(s)
+            try:
+                conn.sock.send(GRANT.pack(b"G", s, g, batch))
+            except OSError:
+                self._drop(conn, "could not be reached")
+
+    def _recycle(self, s: int) -> None:
+        self.state[s] = FREE
+        self.owner[s] = None
+        self.key[s] = None
+        self.error[s] = None
+        self.free.append(s)
+
+    def _current(self, key: Key) -> bool:
+        return key[0] == self.epoch
+
+    def _take_returns(self) -> None:
+        """Slots given back by the consumer (their RingSlots' releases) are free again."""
+        returns = self.returns
+        while returns:
+            s, g = returns.popleft()
+            if self.state[s] == LENT and self.gen[s] == g:
+                self.lent -= 1
+                self._recycle(s)
+        if self.closed and not self.lent and not self.keep_memory:
+            self.segment.release()
+
+    def give_back(self, s: int, g: int) -> None:
+        """A lent slot's release (any thread, finalizers included): free once the thread sees it.
+
+        While the ring serves, only the thread takes the lock for it (a
+        finalizer may run on the thread while it holds the lock); once the
+        ring is closed, the slot is done with here.
+        """
+        self.returns.append((s, g))
+        if not self.closed:
+            self.wake()
+            return
+        with self.lock:
+            self._take_returns()
+
+    # -- the consumer's side ------------------------------------------------------------------
+    def wait(self, pick: Callable[[], int | None], timeout: float | None, what: str) -> int:
+        """Wait until ``pick()`` finds a ready slot; lend it (its index) or raise."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while True:
+                self._check()
+                s = pick()
+                if s is not None:
+                    if self.state[s] == FAILED_:
+                        err = self.error[s] or "failed"
+                        b = self.batch[s]
+                        worker, pid = self.filled_by(s)
+                        self._recycle(s)
+                        self.wake()
+                        raise WorkerError(f"{self._slot_name(s)} could not be filled by {err}",
+                                          worker=worker, pid=pid, slot=s,
+                                          batch=None if b < 0 else b)
+                    self.state[s] = LENT
+                    self.lent += 1
+                    return s
+                if self.lent and pending_operands:
+                    self.wake()  # slots wait for copies: the thread polls their events
+                if deadline is None:
+                    self.cond.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{what} was not ready within {timeout} s; "
+                                       + self.outstanding())
+                self.cond.wait(left)
+
+    def filled_by(self, s: int) -> tuple[int | None, int]:
+        """``(worker label or None, pid)`` of the worker that filled slot ``s``."""
+        worker, pid = self.filler[s]
+        return (None if worker < 0 else worker), pid
+
+    def _check(self) -> None:
+        if self.pid != os.getpid():
+            raise RuntimeError(f"this SharedHostRing belongs to process {self.pid}; worker "
+                               "processes fill it through ring.handle")
+        if self.fatal is not None:
+            raise RuntimeError(f"the SharedHostRing's service thread failed: "
+                               f"{type(self.fatal).__name__}: {self.fatal}") from self.fatal
+        if self.errors:
+            raise self.errors.popleft()
+        if self.closed:
+            raise ClosedError("SharedHostRing is closed; it cannot be used any more")
+
+    def first_ready(self) -> int | None:
+        """The slot that became ready first, if any (and not a Loader's old epoch)."""
+        while self.ready:
+            s = self.ready.popleft()
+            key = self.key[s]
+            if key is not None:
+                self.keyed.pop(key, None)
+            return s
+        return None
+
+    def by_ticket(self, s: int, g: int) -> int | None:
+        """Slot ``s`` if it holds generation ``g`` and is ready; ``ValueError`` if it never will."""
+        if self.gen[s] == g and self.state[s] in (READY_, FAILED_):
+            self.ready.remove(s)
+            return s
+        if self.gen[s] == g and self.state[s] in (GRANTED, FILLING):
+            return None
+        raise ValueError(f"ticket ({s}, {g}) names no batch to come: slot {s} is at generation "
+                         f"{self.gen[s]} ({_STATE_NAMES[self.state[s]]}); a ticket is taken "
+                         "once, and its batch is lost if its worker died")
+
+    def by_key(self, key: Key) -> int | None:
+        """A Loader's ready batch at ``key`` (``(epoch, position)``), if it is there."""
+        self._superseded(key[0])
+        s = self.keyed.pop(key, None)
+        if s is not None:
+            self.ready.remove(s)
+        return s
+
+    def first_of(self, epoch: int) -> int | None:
+        """A Loader's batch of ``epoch`` that became ready first, if any."""
+        self._superseded(epoch)
+        return self.first_ready()
+
+    def _superseded(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise RuntimeError("this pass over the Loader was superseded by a newer one (or "
+                               "ended); its batches are dropped")
+
+    def outstanding(self) -> str:
+        """What the ring waits for, for a timeout's message."""
+        parts = []
+        for s in range(self.slots):
+            st = self.state[s]
+            conn = self.owner[s]
+            if st in (GRANTED, FILLING) and conn is not None:
+                doing = "filling" if st == FILLING else "granted to, not started by"
+                parts.append(f"{self._slot_name(s)} {doing} {conn.who()}")
+        workers = sum(1 for c in self.conns.values() if c.welcomed)
+        head = f"{workers} worker(s) connected"
+        if not workers:
+            head += " (start the workers: they fill the ring through ring.handle.writer())"
+        counts = self.counts()
+        head += f"; slots: {', '.join(f'{n} {k}' for k, n in counts.items() if n)}"
+        return head + ("; " + "; ".join(parts) if parts else "")
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(_STATE_NAMES, 0)
+        for st in self.state:
+            out[_STATE_NAMES[st]] += 1
+        return out
+
+    # -- a Loader's epochs ---------------------------------------------------------------
+    def schedule(self, tasks: Iterator[tuple[int, int]]) -> int:
+        """Start an epoch handing out ``tasks`` ((position, batch) pairs); return its number.
+
+        Slots still holding an older epoch's batches are recycled as they arrive.
+        """
+        with self.lock:
+            self._check()
+            self.loading = True
+            self.epoch += 1
+            self.tasks = tasks
+            self.requeued.clear()
+            for key, s in list(self.keyed.items()):
+                del self.keyed[key]
+                self.ready.remove(s)
+                self._recycle(s)
+            self.wake()
+            return self.epoch
+
+    def end_epoch(self, epoch: int) -> None:
+        """Stop handing out ``epoch``'s batches; the ones under way are dropped as they come."""
+        with self.lock:
+            if self.epoch != epoch:
+                return
+            self.epoch += 1  # nothing is current: old batches are recycled on arrival
+            self.tasks = None
+            self.requeued.clear()
+            for key, s in list(self.keyed.items()):
+                del self.keyed[key]
+                self.ready.remove(s)
+                self._recycle(s)
+            self.wake()
+
+    # -- closing ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close the ring: the thread stops, every worker's connection closes. No driver call."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.cond.notify_all()
+        t = self.thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            self.wake()
+            t.join(JOIN)
+        if t is None or not t.is_alive():
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Close the listener, the workers' connections and the wake pipe (once)."""
+        with self.lock:
+            if self.hung_up:
+                return
+            self.hung_up = True
+            conns = list(self.conns.values())
+            self.conns.clear()
+            self._take_returns()
+        self.listener.close()
+        for conn in conns:
+            conn.sock.close()
+        self.segment.close_fd()
+        if self.selector is not None:
+            self.selector.close()
+        with self.wake_lock:
+            if self.wake_w >= 0:
+                os.close(self.wake_w)
+                os.close(self.wake_r)
+                self.wake_w = self.wake_r = -1
+
+    def release_if_idle(self) -> None:
+        """Give the memory back now if no slot is lent (else the last give-back does)."""
+        with self.lock:
+            self._take_returns()
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close this process's copies of the parent's descriptors."""
+        self.closed = True
+        self.listener.close()
+        for conn in list(self.conns.values()):
+            conn.sock.close()
+        if self.segment.fd >= 0:
+            os.close(self.segment.fd)
+            self.segment.fd = -1
+        if self.wake_w >= 0:
+            os.close(self.wake_w)
+            os.close(self.wake_r)
+            self.wake_w = self.wake_r = -1
+
+
+#: Every ring of this process whose service may still run (for fork and interpreter exit).
+_cores: weakref.WeakSet[RingCore] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for core in list(_cores):
+        core.forget_in_child()
+    _cores.clear()
+
+
+def _stop_at_exit() -> None:
+    # Workers see their connections close and stop; no driver call is made at exit.
+    for core in list(_cores):
+        core.keep_memory = True
+        core.shutdown()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_stop_at_exit)
+
+
+def _close_ring(core: RingCore) -> None:
+    """Release function of a SharedHostRing: stop serving; the memory goes once no slot is lent."""
+    core.shutdown()
+    close_writers(core.address)  # writers of this process (a test's, a thread's) stop too
+    core.release_if_idle()
+
+
+# -- the public objects ------------------------------------------------------------------------
+
+
+class SharedHostRing(Resource):
+    """Pinned host memory that worker processes fill and the GPU reads: a ring of slots.
+
+    ``slots`` arrays of ``shape`` and ``dtype`` in one shared memory segment
+    (a memfd: it has no name, in ``/dev/shm`` or anywhere else, so no crash
+    leaves it behind), registered with the driver in this process
+    (:func:`register_host`): a batch a worker wrote into a slot is copied to
+    the device at pinned speed, with no copy in between.
+
+    Workers need no CUDA: give them :attr:`handle` (it pickles; ``fork``,
+    ``spawn`` and ``forkserver`` all work); each takes a
+    :class:`RingWriter` (``handle.writer()``), fills the slots the ring grants
+    it and publishes them. This process takes ready slots with :meth:`get`
+    (in the order they became ready) or :meth:`take` (the one a ticket
+    names), copies each where it goes, and closes it: the slot goes back to
+    the workers only once the copies queued from it have finished (their
+    events) and its views are gone.
+
+    Parameters
+    ----------
+    slots : int
+        Number of slots, >= 1. Enough to keep every worker busy plus the
+        batches being copied: about ``grants * workers + 2``.
+    shape : int or tuple of int
+        Shape of the array in each slot (an int: that many elements).
+    dtype : dtype-like, default uint8
+        Element type of the array in each slot.
+    grants : int, default 2
+        Slots a worker may hold at once (granted or being filled): how far
+        ahead each worker runs.
+    timeout : float or None, default 120
+        Seconds :meth:`get` and :meth:`take` wait for a slot before raising
+        ``TimeoutError`` naming what they wait for (``None``: no limit). A
+        worker that dies is reported at once, whatever the timeout.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a bad ``slots``, ``shape``, ``dtype``, ``grants`` or ``timeout``
+        (a slot of no bytes, zero slots), before anything is made.
+    NotImplementedError
+        Off Linux (the ring needs memfds and abstract Unix sockets).
+    OSError
+        If the system cannot give the segment (out of memory).
+    CudaError
+        If the driver cannot register it.
+
+    Examples
+    --------
+    >>> ring = cm.SharedHostRing(4, (256, 256), np.float32)
+    >>> w = ring.handle.writer()          # in a worker process, normally
+    >>> slot = w.acquire()
+    >>> slot.array[:] = 1.0
+    >>> ticket = slot.publish()
+    >>> with cm.Stream() as s, cm.DeviceBuffer.empty(ring.slot_nbytes) as dev:
+    ...     with ring.take(ticket) as batch:      # pinned: an asynchronous copy
+    ...         batch.copy_to(dev, stream=s)
+    ...     s.synchronize()
+    >>> w.close(); ring.close()
+    """
+
+    _share_hint = ("give worker processes ring.handle (it pickles, and is inherited by fork); "
+                   "they fill the slots through ring.handle.writer()")
+    _core: RingCore
+    _handle: RingHandle
+
+    def __init__(self, slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike = "uint8",
+                 *, grants: int = 2, timeout: float | None = 120.0) -> None:
+        self._build(slots, shape, dtype, grants, timeout)
+        self._core.start()
+
+    def _build(self, slots: object, shape: object, dtype: npt.DTypeLike, grants: object,
+               timeout: object) -> None:
+        import numpy as np
+
+        n = positive("slots", slots)
+        if n > MAX_SLOTS:
+            raise ValueError(f"slots must be <= {MAX_SLOTS}, got {n}")
+        shp = check_shape(shape)
+        dt = check_dtype(dtype, "a SharedHostRing slot")
+        nbytes = shape_nbytes(shp, dt)
+        if nbytes == 0:
+            raise ValueError(f"a slot of shape {shp} holds no bytes; give each slot at least "
+                             "one element")
+        g = positive("grants", grants)
+        wait = check_timeout(timeout)
+        stride = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE  # slots on pages of their own
+        total = stride * n
+        if total > MAX_NBYTES:
+            raise ValueError(f"{n} slots of {nbytes} bytes are larger than any possible "
+                             "allocation")
+        if not hasattr(os, "memfd_create") or not sys.platform.startswith("linux"):
+            raise NotImplementedError("SharedHostRing needs Linux (memfds and abstract Unix "
+                                      "sockets)")
+        token = secrets.token_bytes(16)
+        address = b"\0cuda_memkit-ring-" + secrets.token_hex(12).encode()
+        with Transaction() as tx:
+            fd = os.memfd_create("cuda_memkit-ring", os.MFD_CLOEXEC)
+            tx.push(os.close, fd)
+            os.ftruncate(fd, total)
+            mem = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            reg = register_host(np.frombuffer(mem, np.uint8),
+                                flags=HostRegisterFlags.PORTABLE | HostRegisterFlags.DEVICEMAP)
+            tx.push(reg.close)
+            segment = Segment(fd, mem, reg, total)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            tx.push(listener.close)
+            listener.bind(address)
+            listener.listen(64)
+            listener.setblocking(False)
+            core = RingCore(n, stride, shp, dt, g, wait, segment, listener, address, token)
+            tx.push(core.shutdown)
+        _ACCOUNT.add(segment.ptr, total)
+        _cores.add(core)
+        self._core = core
+        self._handle = RingHandle.make(address, token, n, stride, shp, dt.str, nbytes)
+        self._open(make_finalizer(self, "SharedHostRing", _close_ring, core))
+
+    # -- what it is -----------------------------------------------------------------------
+    @property
+    def handle(self) -> RingHandle:
+        """What worker processes need to fill the slots (picklable); see :class:`RingHandle`."""
+        self._check_open()
+        return self._handle
+
+    @property
+    def slots(self) -> int:
+        """Number of slots."""
+        return self._core.slots
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the array in each slot."""
+        return self._core.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type of the array in each slot."""
+        return self._core.dtype
+
+    @property
+    def slot_nbytes(self) -> int:
+        """Bytes of the array in each slot."""
+        return self._handle.slot_nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole segment (each slot rounded up to whole pages)."""
+        return self._core.segment.nbytes
+
+    @property
+    def grants(self) -> int:
+        """Slots each worker may hold at once."""
+        return self._core.grants
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds :meth:`get` and :meth:`take` wait (``None``: no limit); settable."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._core.timeout = check_timeout(value)
+
+    @property
+    def workers(self) -> int:
+        """Number of workers connected now."""
+        core = self._core
+        with core.lock:
+            return sum(1 for c in core.conns.values() if c.welcomed)
+
+    def stats(self) -> dict[str, int]:
+        """How many slots are in each state now, and how many workers are connected.
+
+        Returns
+        -------
+        dict
+            ``{"free": n, "granted": n, "filling": n, "ready": n, "failed": n,
+            "lent": n, "workers": n}``; the states add up to :attr:`slots`.
+        """
+        core = self._core
+        with core.lock:
+            out = core.counts()
+            out["workers"] = sum(1 for c in core.conns.values() if c.welcomed)
+        return out
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"workers={self.workers}"
+        return (f"<SharedHostRing slots={self.slots} shape={self.shape} dtype={self.dtype} "
+                f"{state}>")
+
+    # -- taking slots -------------------------------------------------------------------------
+    def get(self) -> RingSlot:
+        """The next ready slot, in the order slots became ready ("as they come").
+
+        Waits up to :attr:`timeout`. Close the slot (or use ``with``) to give
+        it back; it returns to the workers after the copies queued from it.
+
+        Raises
+        ------
+        WorkerError
+            If a worker died or left while filling a slot, or could not
+            make a batch (its traceback in the message).
+        TimeoutError
+            If no slot became ready in time (the message names the slots
+            being filled and their workers).
+        ClosedError
+            If the ring is closed.
+        """
+        self._check_open()
+        core = self._core
+        return self._lend(core.wait(core.first_ready, core.timeout, "no slot"))
+
+    def take(self, ticket: tuple[int, int]) -> RingSlot:
+        """The slot a worker published under ``ticket`` (from :meth:`WriterSlot.publish`).
+
+        For workers that hand their tickets over another channel (a
+        ``DataLoader``'s worker returns it as its item): waits up to
+        :attr:`timeout` for that slot's ``READY``, which may arrive after
+        the ticket.
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a ticket that is not ``(slot, generation)`` ints, or names
+            no batch to come (taken already, or lost with its worker).
+        WorkerError, TimeoutError, ClosedError
+            As :meth:`get`.
+        """
+        self._check_open()
+        s, g = _ticket(ticket, self.slots)
+        core = self._core
+        return self._lend(core.wait(lambda: core.by_ticket(s, g), core.timeout,
+                                    f"the slot of ticket ({s}, {g})"))
+
+    def _lend(self, s: int) -> RingSlot:
+        return RingSlot.make(self, self._core, s)
+
+
+def check_timeout(timeout: object) -> float | None:
+    """A timeout in seconds: a number > 0, or ``None`` (no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, not "
+                        f"{type(timeout).__name__}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds (or None: no limit), got {timeout}")
+    return float(timeout)
+
+
+def _ticket(ticket: object, slots: int) -> tuple[int, int]:
+    if (not isinstance(ticket, tuple) or len(ticket) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in ticket)):
+        raise TypeError(f"ticket must be a (slot, generation) pair of ints from "
+                        f"WriterSlot.publish(), not {ticket!r}")
+    s, g = ticket
+    if not 0 <= s < slots or g < 1:
+        raise ValueError(f"ticket {ticket!r} names no slot of this ring ({slots} slots, "
+                         "generations from 1)")
+    return s, g
+
+
+def unstarted_ring(slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike, *,
+                   grants: int, timeout: float | None) -> SharedHostRing:
+    """A :class:`SharedHostRing` whose service thread is not started yet (see :func:`start_ring`).
+
+    A Loader forks its workers before any thread of the ring runs, then
+    starts it (``ring_core(ring).start()``).
+    """
+    ring = object.__new__(SharedHostRing)
+    ring._build(slots, shape, dtype, grants, timeout)
+    return ring
+
+
+def ring_core(ring: SharedHostRing) -> RingCore:
+    """The state a Loader drives: epochs of batches, watched processes (see :class:`RingCore`)."""
+    return ring._core
+
+
+def lend(ring: SharedHostRing, s: int) -> RingSlot:
+    """Slot ``s`` (from :meth:`RingCore.wait`) as a :class:`RingSlot` lent to the consumer."""
+    return ring._lend(s)
+
+
+def _give_back(core: RingCore, s: int, g: int) -> None:
+    """Release function of a RingSlot: the slot goes back to the ring."""
+    core.give_back(s, g)
+
+
+class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
+    """A filled slot of a :class:`SharedHostRing`, lent to the consumer.
+
+    A buffer like every other (:class:`Buffer`): a numpy view (:attr:`array`,
+    ``np.asarray(slot)``), ``__cuda_array_interface__`` and DLPack (the slot
+    is registered pinned memory: DLPack device ``kDLCUDAHost``), ``copy_to``,
+    ``to_numpy``, ``fill``. Its memory shows in :func:`memory_stats` under
+    ``"shared_ring"`` (and, registered, under ``"registered"``).
+
+    :meth:`close` (or the end of a ``with`` block, or collection) gives the
+    slot back to the workers, once the asynchronous copies queued from it
+    have finished and its numpy views and DLPack consumers are gone.
+
+    Attributes
+    ----------
+    ring : SharedHostRing
+        The ring it belongs to.
+    index : int
+        The slot's number.
+    generation : int
+        How many times the slot was granted.
+    tag : int or None
+        What the worker published it with (a :class:`Loader`'s batch index).
+    worker : int or None
+        The label of the worker that filled it.
+    pid : int
+        That worker's process id.
+    """
+
+    ring: SharedHostRing
+    index: int
+    generation: int
+    tag: int | None
+    worker: int | None
+    pid: int
+    _shape: tuple[int, ...]
+    _dtype: np.dtype[Any]
+    _nbytes: int
+    _ptr: int
+    _dptr: int
+    _core: RingCore
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("RingSlots come from SharedHostRing.get() and take()")
+
+    @classmethod
+    def make(cls, ring: SharedHostRing, core: RingCore, s: int) -> RingSlot:
+        """The lent slot ``s`` of ``ring`` (used by the ring)."""
+        self = object.__new__(cls)
+        g = core.gen[s]
+        self.ring = ring
+        self._core = core
+        self.index = s
+        self.generation = g
+        tag = core.tag[s]
+        self.tag = None if tag < 0 else tag
+        owner_worker, owner_pid = core.filled_by(s)
+        self.worker = owner_worker
+        self.pid = owner_pid
+        self._shape = core.shape
+        self._dtype = core.dtype
+        self._nbytes = ring.slot_nbytes
+        self._ptr = core.segment.ptr + s * core.stride
+        self._dptr = core.segment.device_ptr + s * core.stride
+        self._open(make_finalizer(self, ("ring slot", self._ptr), _give_back, core, s, g))
+        return self
+
+    def close(self) -> None:
+        """Give the slot back: now, or once the copies from it and its views are done.
+
+        Calling it again does nothing.
+        """
+        fin = self._finalizer
+        super().close()
+        if fin is not None and fin.alive:
+            self._core.wake()  # the ring's thread watches the copies' events from now on
+
+    @property
+    def ptr(self) -> int:
+        """Host address of the slot."""
+        self._check_open()
+        return self._ptr
+
+    @property
+    def device_ptr(self) -> int:
+        """The slot's device address (the host address on GPUs with unified addressing)."""
+        self._check_open()
+        return self._dptr
+
+    @property
+    def device(self) -> None:
+        """``None``: the memory is host memory."""
+        return None
+
+    @property
+    def kind(self) -> MemoryKind:
+        """``MemoryKind.SHARED_RING``."""
+        return MemoryKind.SHARED_RING
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._dtype
+
+    @property
+    def ticket(self) -> tuple[int, int]:
+        """``(index, generation)``."""
+        return self.index, self.generation
+
+    @property
+    def batch(self) -> int | None:
+        """The batch a :class:`Loader` asked the worker for (its ``tag``), else ``None``."""
+        return self.tag
+
+    def _host_only(self) -> bool:
+        return True
+
+    def _dl_device(self) -> tuple[int, int]:
+        return (DL_CUDA_HOST, 0)
+
+    @property
+    def array(self) -> np.ndarray[Any, Any]:
+        """A zero-copy numpy view of the slot; the slot stays lent while it lives."""
+        self._check_open()
+        return host_array(self, self._ptr, self._shape, self._dtype)
+
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+                  ) -> np.ndarray[Any, Any]:
+        return array_protocol(self.array, dtype, copy)
+
+    def as_array(self, dtype: npt.DTypeLike = "u1",
+                 shape: int | tuple[int, ...] | None = None) -> DeviceArrayView:
+        """A typed, zero-copy view at the slot's device address (CuPy, torch, numba).
+
+        Parameters and errors as :meth:`DeviceBuffer.as_array`.
+        """
+        dt, shp = normalize_view(dtype, shape, self._nbytes)
+        self._check_open()
+        return DeviceArrayView(self, self._dptr, dt, shp, self._dl_device())
+
+    def _export(self) -> DeviceArrayView:
+        return self.as_array(self._dtype, self._shape)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"
+        tag = "" if self.tag is None else f" tag={self.tag}"
+        return (f"<RingSlot {self.index} shape={self._shape} dtype={self._dtype}{tag} "
+                f"{state}>")
+
+
+mark_pinned_class(RingSlot)
