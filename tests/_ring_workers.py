@@ -44,7 +44,10 @@ def fill_until_closed(handle: cm.RingHandle, worker: int, report: Any) -> None:
             slot.publish(k)
             k += 1
     except cm.ClosedError as exc:
-        report.send(("closed", str(exc)))
+        try:
+            report.send(("closed", str(exc)))
+        except BrokenPipeError:
+            pass  # the consumer's process is gone, and its end of the pipe with it
         os._exit(SAW_CLOSED)
 
 

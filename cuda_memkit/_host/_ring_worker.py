@@ -108,6 +108,26 @@ def _recv(sock: socket.socket, timeout: float | None) -> bytes:
     return sock.recv(256)
 
 
+def _handshake(sock: socket.socket, handle: RingHandle, worker: int,
+               timeout: float | None) -> tuple[bytes, list[int]]:
+    """Connect, say hello, and return the consumer's answer (message, passed descriptors)."""
+    sock.settimeout(timeout)
+    try:
+        sock.connect(handle._address)
+        sock.sendall(HELLO.pack(b"H", handle._token, worker, PROTOCOL))
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
+    except TimeoutError:
+        raise TimeoutError(f"the SharedHostRing's consumer did not answer within "
+                           f"{timeout} s") from None
+    except OSError as exc:
+        if exc.errno not in _GONE and not isinstance(exc, FileNotFoundError):
+            raise
+        raise ClosedError("no consumer listens for this ring: the SharedHostRing was closed "
+                          "(or its process exited)") from None
+    sock.settimeout(None)
+    return msg, fds
+
+
 def _label(worker: int) -> str:
     return "worker" if worker == _NONE else f"worker {worker}"
 
@@ -276,38 +296,22 @@ class RingWriter:
         self._open: dict[int, WriterSlot] = {}  # acquired slots, not yet published
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(handle._address)
-            except (ConnectionRefusedError, FileNotFoundError):
-                raise ClosedError("no consumer listens for this ring: the SharedHostRing was "
-                                  "closed (or its process exited)") from None
-            sock.sendall(HELLO.pack(b"H", handle._token, worker, PROTOCOL))
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 4096, 1)
+            msg, fds = _handshake(sock, handle, worker, timeout)
             if not msg:
                 raise ClosedError("the SharedHostRing's consumer closed the connection before "
                                   "welcoming this worker (the ring is closing)")
-            if msg[:1] == REFUSED:
-                for fd in fds:
-                    os.close(fd)
-                raise RuntimeError(f"the SharedHostRing refused this worker: "
-                                   f"{msg[1:].decode(errors='replace')}")
-            if msg[:1] != b"W" or len(fds) != 1:
-                for fd in fds:
-                    os.close(fd)
-                raise RuntimeError("the SharedHostRing answered with an unexpected message")
-            fd = fds[0]
             try:
+                if msg[:1] == REFUSED:
+                    raise RuntimeError(f"the SharedHostRing refused this worker: "
+                                       f"{msg[1:].decode(errors='replace')}")
+                if msg[:1] != b"W" or len(fds) != 1:
+                    raise RuntimeError("the SharedHostRing answered with an unexpected message")
                 size = handle._stride * handle.slots
-                self._mem = mmap.mmap(fd, size, mmap.MAP_SHARED,
+                self._mem = mmap.mmap(fds[0], size, mmap.MAP_SHARED,
                                       mmap.PROT_READ | mmap.PROT_WRITE)
             finally:
-                os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
-            sock.settimeout(None)
-        except TimeoutError:
-            sock.close()
-            raise TimeoutError(f"the SharedHostRing's consumer did not answer within "
-                               f"{timeout} s") from None
+                for fd in fds:
+                    os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
         except BaseException:
             sock.close()
             raise

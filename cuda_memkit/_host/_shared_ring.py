@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import importlib
 import mmap
 import os
 import secrets
@@ -345,8 +346,12 @@ class RingCore:
                 msg = sock.recv(HELLO.size + 64 + (32 << 10))
             except BlockingIOError:
                 return
+            except ConnectionResetError:
+                # The worker closed with grants unread: Linux reports that once, before
+                # the messages it sent last (its READYs, its BYE), which still follow.
+                continue
             except OSError:
-                msg = b""  # a reset connection is a closed one
+                msg = b""  # any other failure: the connection is gone
             with self.lock:
                 if not msg:
                     self._drop(conn, "left" if conn.bye else "died or closed its connection")
@@ -526,8 +531,8 @@ class RingCore:
             conn.granted.add(s)
             try:
                 conn.sock.send(GRANT.pack(b"G", s, g, batch))
-            except OSError:
-                self._drop(conn, "could not be reached")
+            except OSError as exc:
+                self._drop(conn, f"could not be reached ({exc})")
 
     def _recycle(self, s: int) -> None:
         self.state[s] = FREE
@@ -592,7 +597,7 @@ class RingCore:
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{what} was not ready within {timeout} s; "
+                    raise TimeoutError(f"{what} did not become ready within {timeout} s; "
                                        + self.outstanding())
                 self.cond.wait(left)
 
@@ -782,6 +787,9 @@ def _stop_at_exit() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+# After multiprocessing's own exit hook, so that this one runs first: workers see the ring
+# close and stop before multiprocessing joins those that are its children.
+importlib.import_module("multiprocessing.util")
 atexit.register(_stop_at_exit)
 
 
@@ -1006,7 +1014,7 @@ class SharedHostRing(Resource):
         """
         self._check_open()
         core = self._core
-        return self._lend(core.wait(core.first_ready, core.timeout, "no slot"))
+        return self._lend(core.wait(core.first_ready, core.timeout, "a slot"))
 
     def take(self, ticket: tuple[int, int]) -> RingSlot:
         """The slot a worker published under ``ticket`` (from :meth:`WriterSlot.publish`).
