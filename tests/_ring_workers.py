@@ -115,6 +115,5 @@ def batch_or_hang(batch: int, out: np.ndarray[Any, Any]) -> None:
 
 
 def failing_init(worker: int) -> None:
-    """A Loader's init that fails in worker 1."""
-    if worker == 1:
-        raise RuntimeError(f"worker {worker} cannot start")
+    """A Loader's init that fails in every worker."""
+    raise RuntimeError(f"worker {worker} cannot start")

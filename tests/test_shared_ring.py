@@ -134,7 +134,7 @@ def test_a_failed_slot_raises_worker_error_with_the_traceback(ring: cm.SharedHos
     with pytest.raises(cm.WorkerError, match=r"(?s)worker 5 .*ZeroDivisionError") as info:
         ring.get()
     assert info.value.worker == 5 and info.value.pid == os.getpid()
-    assert info.value.slot is not None and info.value.batch is None
+    assert info.value.slot is not None and info.value.batch is None and not info.value.gone
     assert pickle.loads(pickle.dumps(info.value)).slot == info.value.slot
     assert ring.stats()["failed"] == 0  # the slot went back to the workers
     w.close()

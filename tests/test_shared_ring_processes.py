@@ -96,7 +96,7 @@ def test_a_worker_killed_mid_batch_is_named_at_once() -> None:
         with pytest.raises(cm.WorkerError, match=rf"worker 6 \(pid {pid}\).*slot {slot}") as e:
             ring.get()
         assert time.monotonic() - t0 < 10  # the socket closes with the process: no timeout
-        assert (e.value.worker, e.value.pid, e.value.slot) == (6, pid, slot)
+        assert (e.value.worker, e.value.pid, e.value.slot, e.value.gone) == (6, pid, slot, True)
         assert ring.stats()["filling"] == 0  # the slot went back to the ring
     finally:
         _stop([p])

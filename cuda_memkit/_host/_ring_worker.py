@@ -18,7 +18,8 @@ by any crash. Then, one ``SOCK_SEQPACKET`` message each:
   worker's to fill (with batch ``batch`` for a :class:`~cuda_memkit.Loader`);
 * worker -> consumer ``ACQUIRED``, when it starts filling a granted slot
   (so that a death mid-batch is told from one with unused grants), then
-  ``READY(tag)`` or ``FAILED(text)``; ``BYE`` when it leaves on purpose.
+  ``READY(tag)`` or ``FAILED(text)``; ``BYE`` when it leaves on purpose,
+  ``ABORT(text)`` when it cannot go on (its error is the consumer's).
 
 The consumer alone decides which slot goes where, so a slot cannot be handed
 out twice; the kernel closes a dead worker's socket, so the consumer learns
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
+    "ABORT",
     "ACQUIRED",
     "BYE",
     "FAILED",
@@ -73,6 +75,7 @@ ACQUIRED = struct.Struct("<cIQ")  # b"A", slot, generation
 READY = struct.Struct("<cIQq")  # b"R", slot, generation, tag (-1: none)
 FAILED = struct.Struct("<cIQ")  # b"F", slot, generation + UTF-8 traceback text
 BYE = b"B"
+ABORT = b"E"  # b"E" + a UTF-8 traceback: the worker cannot go on
 #: The most text a FAILED message carries (a packet must fit the socket's buffer).
 FAILED_TEXT = 32 << 10
 _NONE = -1
@@ -106,6 +109,17 @@ def _recv(sock: socket.socket, timeout: float | None) -> bytes:
         if not ready:
             raise TimeoutError("timed out")
     return sock.recv(256)
+
+
+def _error_text(error: BaseException | str) -> bytes:
+    """An exception's traceback (or a message), as a FAILED or ABORT message carries it."""
+    if isinstance(error, BaseException):
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    elif isinstance(error, str):
+        text = error
+    else:
+        raise TypeError(f"error must be an exception or a str, not {type(error).__name__}")
+    return text.encode(errors="replace")[-FAILED_TEXT:]
 
 
 def _handshake(sock: socket.socket, handle: RingHandle, worker: int,
@@ -410,17 +424,29 @@ class RingWriter:
 
     def fail(self, slot: WriterSlot, error: BaseException | str) -> None:
         """Tell the consumer the slot's batch could not be made; see :meth:`WriterSlot.fail`."""
-        if isinstance(error, BaseException):
-            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        elif isinstance(error, str):
-            text = error
-        else:
-            raise TypeError(f"error must be an exception or a str, not {type(error).__name__}")
-        data = text.encode(errors="replace")[-FAILED_TEXT:]
+        data = _error_text(error)
         with self._lock:
             self._check()
             self._take_back(slot)
             self._send(FAILED.pack(b"F", slot.index, slot.generation) + data)
+
+    def abort(self, error: BaseException | str) -> None:
+        """Tell the consumer this worker cannot go on, then leave (as :meth:`close`).
+
+        The consumer's next :meth:`SharedHostRing.get` (or the
+        :class:`Loader`'s next batch) raises :class:`WorkerError` with
+        ``error``'s traceback: for failures outside a batch, such as a
+        worker's setup. Nothing happens if the consumer is gone already.
+        """
+        data = _error_text(error)
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                return
+            try:
+                self._sock.send(ABORT + data)
+            except OSError:
+                pass  # the consumer is gone already: nothing to tell
+            self._shut()
 
     def _take_back(self, slot: WriterSlot) -> None:
         if not isinstance(slot, WriterSlot):

@@ -53,6 +53,7 @@ from .._core._resource import (
 )
 from ._registered import HostRegisterFlags, RegisteredHost, register_host
 from ._ring_worker import (
+    ABORT,
     ACQUIRED,
     BYE,
     FAILED,
@@ -108,23 +109,29 @@ class WorkerError(RuntimeError):
         The slot it was filling.
     batch : int or None
         The batch it was making (a :class:`Loader`'s), else ``None``.
+    gone : bool
+        Whether the worker is gone (it died, left mid-batch or gave up)
+        rather than one batch failing.
     """
 
     def __init__(self, message: str, *, worker: int | None = None, pid: int | None = None,
-                 slot: int | None = None, batch: int | None = None) -> None:
+                 slot: int | None = None, batch: int | None = None, gone: bool = False
+                 ) -> None:
         super().__init__(message)
         self.worker = worker
         self.pid = pid
         self.slot = slot
         self.batch = batch
+        self.gone = gone
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_worker_error, (str(self), self.worker, self.pid, self.slot, self.batch))
+        return (_worker_error, (str(self), self.worker, self.pid, self.slot, self.batch,
+                                self.gone))
 
 
 def _worker_error(message: str, worker: int | None, pid: int | None, slot: int | None,
-                  batch: int | None) -> WorkerError:
-    return WorkerError(message, worker=worker, pid=pid, slot=slot, batch=batch)
+                  batch: int | None, gone: bool) -> WorkerError:
+    return WorkerError(message, worker=worker, pid=pid, slot=slot, batch=batch, gone=gone)
 
 
 # -- the memory ----------------------------------------------------------------------------
@@ -352,13 +359,22 @@ class RingCore:
                 continue
             except OSError:
                 msg = b""  # any other failure: the connection is gone
+            if not msg:
+                why = "left" if conn.bye else self._ending(conn.pid)
+                with self.lock:
+                    self._drop(conn, why)
+                return
             with self.lock:
-                if not msg:
-                    self._drop(conn, "left" if conn.bye else "died or closed its connection")
-                    return
                 if not self._message(conn, msg):
                     return
                 self.cond.notify_all()
+
+    def _ending(self, pid: int) -> str:
+        """Why a worker's connection ended without a goodbye (outside the lock: it may wait)."""
+        for wpid, _w, describe in list(self.watched.values()):
+            if wpid == pid:
+                return f"exited ({describe()})"
+        return "died or closed its connection"
 
     def _message(self, conn: _Conn, msg: bytes) -> bool:
         """Act on one message; False once the connection was dropped."""
@@ -384,6 +400,14 @@ class RingCore:
                 return True
         elif msg == BYE:
             conn.bye = True
+            return True
+        elif kind == ABORT:
+            conn.bye = True
+            if not self.closed:
+                self.reported.add(conn.pid)
+                self.errors.append(WorkerError(
+                    f"{conn.who()} cannot go on: {msg[1:].decode(errors='replace')}",
+                    worker=None if conn.worker < 0 else conn.worker, pid=conn.pid, gone=True))
             return True
         self._drop(conn, f"sent a message out of turn ({kind!r})")
         return False
@@ -463,14 +487,11 @@ class RingCore:
 
     def _report(self, pid: int, worker: int, message: str, slots: list[int]) -> None:
         """Queue a :class:`WorkerError` for the consumer's next wait."""
-        pending = self.watched_describe(pid)
-        if pending:
-            message = f"{message}; the process {pending}"
         self.reported.add(pid)
         s = slots[0] if slots else None
         b = self.batch[s] if s is not None and self.batch[s] >= 0 else None
         self.errors.append(WorkerError(message, worker=None if worker < 0 else worker,
-                                       pid=pid, slot=s, batch=b))
+                                       pid=pid, slot=s, batch=b, gone=True))
 
     # -- processes a Loader started ---------------------------------------------------------
     def watch(self, sentinel: int, pid: int, worker: int, describe: Describe) -> None:
@@ -479,12 +500,6 @@ class RingCore:
         Call before :meth:`start` (a Loader watches the workers it forked).
         """
         self.watched[sentinel] = (pid, worker, describe)
-
-    def watched_describe(self, pid: int) -> str:
-        for wpid, _w, describe in self.watched.values():
-            if wpid == pid:
-                return describe()
-        return ""
 
     def _ended(self, sentinel: int) -> None:
         assert self.selector is not None
@@ -498,7 +513,8 @@ class RingCore:
             if pid not in self.reported and not self.closed:
                 self.reported.add(pid)
                 self.errors.append(WorkerError(f"worker {worker} (pid {pid}) exited ({how}); "
-                                               "its batches are lost", worker=worker, pid=pid))
+                                               "its batches are lost", worker=worker, pid=pid,
+                                               gone=True))
             self.cond.notify_all()
 
     # -- grants ----------------------------------------------------------------------------

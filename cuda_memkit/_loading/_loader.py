@@ -77,7 +77,7 @@ def worker_main(handle: RingHandle, worker: int, make_batch: MakeBatch,
                 try:
                     init(worker)
                 except Exception as exc:
-                    writer.acquire().fail(exc)  # reported where its first batch is taken
+                    writer.abort(exc)  # the consumer's next batch raises it
                     return
             while True:
                 slot = writer.acquire()
@@ -335,6 +335,15 @@ class Loader(Resource):
         return self._workers
 
     @property
+    def timeout(self) -> float | None:
+        """Seconds to wait for a batch (``None``: no limit); settable."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._timeout = check_timeout(value)
+
+    @property
     def pids(self) -> list[int]:
         """The worker processes' ids."""
         return [p.pid for p in self._procs]
@@ -374,9 +383,9 @@ class Loader(Resource):
                     pick = functools.partial(core.first_of, epoch)
                 try:
                     s = core.wait(pick, self._timeout, f"batch {self._batch_list[pos]}")
-                except WorkerError:
-                    if any(not p.is_alive() for p in self._procs):
-                        self.close()  # a dead worker's batches are lost: the loader is done
+                except WorkerError as exc:
+                    if exc.gone:
+                        self.close()  # a lost worker's batches are lost: the loader is done
                     raise
                 yield self._deliver(lend(ring, s))
         finally:
