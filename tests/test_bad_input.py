@@ -28,8 +28,8 @@ import pytest
 import cuda_memkit as cm
 
 from . import _bad_cases_a, _bad_cases_b, _bad_cases_c, _bad_cases_ring  # noqa: F401
-from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_cases_b import CLOSED
+from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_input_table import CASES, Case, N, closed_fd
 from ._helpers import page_aligned_zeros
 from ._nothing import nothing_allocated
@@ -104,9 +104,9 @@ def o() -> Iterator[SimpleNamespace]:
     ns.stream.synchronize()
     yield ns
     ns.stream.synchronize()
-    for obj in (ns.ring_slot, ns.ring, ns.dev_half, ns.mapping, ns.range, ns.pm, ns.pm2, ns.grow, ns.pool_buf, ns.pool,
-                ns.host_pool, ns.reg, ns.reg_ro, ns.managed, ns.managed0, ns.dev, ns.host,
-                ns.host_f32, ns.host0d, ns.stream):
+    for obj in (ns.ring_slot, ns.ring, ns.dev_half, ns.mapping, ns.range, ns.pm, ns.pm2,
+                ns.grow, ns.pool_buf, ns.pool, ns.host_pool, ns.reg, ns.reg_ro, ns.managed,
+                ns.managed0, ns.dev, ns.host, ns.host_f32, ns.host0d, ns.stream):
         obj.close()
 
 
