@@ -100,6 +100,11 @@ case("RingSlot.copy_from(wrong shape)",
 case("RingSlot.as_array(too large)", lambda o: o.ring_slot.as_array(np.float32, (N,)),
      ValueError, "needs")
 case("RingSlot.fill('x')", lambda o: o.ring_slot.fill("x"), TypeError, "fill value")
+case("RingSlot.to_device(pool=3)", lambda o: o.ring_slot.to_device(pool=3), TypeError, "pool")
+case("RingSlot.to_device(pool=a host pool)", lambda o: o.ring_slot.to_device(pool=o.host_pool),
+     ValueError, "device pool")
+case("RingSlot.to_device(stream='s')", lambda o: o.ring_slot.to_device(stream="s"), TypeError,
+     "stream")
 case("RingSlot.to_numpy(object)", lambda o: o.ring_slot.to_numpy(object), TypeError,
      "objects")
 
@@ -168,6 +173,7 @@ RING_CLOSED: dict[str, _Closed] = {
         ("__cuda_array_interface__", lambda b, o: b.__cuda_array_interface__),
         ("__dlpack__", lambda b, o: b.__dlpack__()), ("with", lambda b, o: b.__enter__()),
         ("copy_to", lambda b, o: b.copy_to(o.dev_half)),
+        ("to_device", lambda b, o: b.to_device()),
         ("copy(src)", lambda b, o: cm.copy(o.host, b)),
     ],
     "Loader": [

@@ -136,8 +136,56 @@ def test_a_failed_slot_raises_worker_error_with_the_traceback(ring: cm.SharedHos
     assert info.value.worker == 5 and info.value.pid == os.getpid()
     assert info.value.slot is not None and info.value.batch is None and not info.value.gone
     assert pickle.loads(pickle.dumps(info.value)).slot == info.value.slot
-    assert ring.stats()["failed"] == 0  # the slot went back to the workers
+    assert ring.stats()["ready"] == 0  # the slot went back to the workers
     w.close()
+
+
+def test_a_failure_reaches_a_consumer_of_tickets_and_frees_its_slot(
+        ring: cm.SharedHostRing) -> None:
+    w = ring.handle.writer()
+    good = _publish(w, 1.0)
+    w.acquire(timeout=10).fail("no such item")
+    with pytest.raises(cm.WorkerError, match="no such item") as e:
+        ring.take(list(good))  # a DataLoader hands tickets over as lists
+    assert e.value.slot is not None and not e.value.gone
+    with ring.take(list(good)) as slot:  # the good one is still there
+        assert slot.array[0, 0] == 1.0
+    assert ring.stats()["ready"] == 0
+    w.close()
+
+
+def test_to_device_copies_and_gives_the_slot_back(ring: cm.SharedHostRing) -> None:
+    w = ring.handle.writer()
+    slot = ring.take(_publish(w, 8.0))
+    with cm.Stream() as s:
+        buf = slot.to_device(stream=s)
+        assert slot.closed and isinstance(buf, cm.PoolBuffer) and buf.nbytes == slot.nbytes
+        s.synchronize()
+        assert (buf.to_numpy(np.float32, SHAPE) == 8.0).all()
+        view = buf.as_array(slot.dtype, slot.shape)
+        assert view.shape == SHAPE and view.dtype == F32
+        buf.free(stream=s)
+    assert _eventually(lambda: ring.stats()["lent"] == 0)
+    with cm.MemoryPool(0) as pool:
+        buf = ring.take(_publish(w, 9.0)).to_device(pool=pool)
+        assert buf.pool is pool and (buf.to_numpy(np.float32) == 9.0).all()
+        buf.close()
+    w.close()
+
+
+def test_to_device_after_copies_in_flight(copies_in_flight: Callable[[], None]) -> None:
+    with cm.SharedHostRing(1, SHAPE, np.float32, grants=1, timeout=10) as ring, \
+            cm.Stream() as s:
+        w = ring.handle.writer()
+        buf = ring.take(_publish(w, 3.0)).to_device(stream=s)
+        assert ring.stats()["lent"] == 1 and _no_grant(w)
+        copies_in_flight()
+        assert _eventually(lambda: ring.stats()["lent"] == 0)
+        s.synchronize()
+        assert (buf.to_numpy(np.float32) == 3.0).all()
+        buf.free(stream=s)
+        s.synchronize()
+        w.close()
 
 
 # -- giving slots back only when nothing reads them any more -----------------------------
@@ -343,8 +391,8 @@ def test_a_timeout_names_what_the_ring_waits_for(ring: cm.SharedHostRing) -> Non
 
 
 def test_the_ring_reports_what_it_holds(ring: cm.SharedHostRing) -> None:
-    assert ring.stats() == {"free": 4, "granted": 0, "filling": 0, "ready": 0, "failed": 0,
-                            "lent": 0, "workers": 0}
+    assert ring.stats() == {"free": 4, "granted": 0, "filling": 0, "ready": 0, "lent": 0,
+                            "workers": 0}
     w = ring.handle.writer()
     assert _eventually(lambda: ring.stats()["granted"] == 2)
     assert ring.workers == 1 and ring.grants == 2 and ring.slots == 4

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
-from .._core._device import ensure_any_context
+from .._core._device import StreamLike, ensure_any_context, ensure_context
 from .._core._errors import ClosedError
 from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
 from .._core._operands import mark_pinned_class, pending_operands, reap_pending
@@ -51,6 +51,7 @@ from .._core._resource import (
     host_array,
     make_finalizer,
 )
+from .._pools._pool import MemoryPool, PoolBuffer
 from ._registered import HostRegisterFlags, RegisteredHost, register_host
 from ._ring_worker import (
     ABORT,
@@ -87,8 +88,8 @@ JOIN = 5.0
 _ACCOUNT = account("shared_ring")
 
 # Slot states (consumer side).
-FREE, GRANTED, FILLING, READY_, FAILED_, LENT = range(6)
-_STATE_NAMES = ("free", "granted", "filling", "ready", "failed", "lent")
+FREE, GRANTED, FILLING, READY_, LENT = range(5)
+_STATE_NAMES = ("free", "granted", "filling", "ready", "lent")
 
 
 class WorkerError(RuntimeError):
@@ -234,13 +235,13 @@ class RingCore:
         self.batch = [-1] * slots
         self.key: list[Key | None] = [None] * slots
         self.tag = [-1] * slots
-        self.error: list[str | None] = [None] * slots
         self.filler: list[tuple[int, int]] = [(-1, 0)] * slots  # (worker label, pid)
         self.free: collections.deque[int] = collections.deque(range(slots))
         self.ready: collections.deque[int] = collections.deque()  # in order of arrival
         self.keyed: dict[Key, int] = {}  # a Loader's ready slots by (epoch, position)
         self.returns: collections.deque[tuple[int, int]] = collections.deque()
         self.errors: collections.deque[WorkerError] = collections.deque()
+        self.failures: dict[Key, WorkerError] = {}  # a Loader's batches that failed, by key
         self.lent = 0
         self.conns: dict[int, _Conn] = {}  # by socket fd
         self.watched: dict[int, tuple[int, int, Describe]] = {}  # sentinel -> (pid, label, ...)
@@ -391,12 +392,12 @@ class RingCore:
         elif kind == b"R" and len(msg) == READY.size:
             _k, s, g, tag = READY.unpack(msg)
             if self._owned(conn, s, g, GRANTED, FILLING):
-                self._arrived(conn, s, READY_, tag, None)
+                self._arrived(conn, s, tag)
                 return True
         elif kind == b"F" and len(msg) >= FAILED.size:
             _k, s, g = FAILED.unpack(msg[:FAILED.size])
             if self._owned(conn, s, g, GRANTED, FILLING):
-                self._arrived(conn, s, FAILED_, -1, msg[FAILED.size:].decode(errors="replace"))
+                self._failed(conn, s, msg[FAILED.size:].decode(errors="replace"))
                 return True
         elif msg == BYE:
             conn.bye = True
@@ -437,7 +438,7 @@ class RingCore:
         return (0 <= s < self.slots and self.owner[s] is conn and self.gen[s] == g
                 and self.state[s] in states)
 
-    def _arrived(self, conn: _Conn, s: int, state: int, tag: int, error: str | None) -> None:
+    def _arrived(self, conn: _Conn, s: int, tag: int) -> None:
         conn.granted.discard(s)
         conn.filling.discard(s)
         self.owner[s] = None
@@ -445,13 +446,32 @@ class RingCore:
         if key is not None and not self._current(key):
             self._recycle(s)  # a batch of an epoch nobody waits for any more
             return
-        self.state[s] = state
+        self.state[s] = READY_
         self.tag[s] = tag
         self.filler[s] = (conn.worker, conn.pid)
-        self.error[s] = None if error is None else f"{conn.who()}: {error}"
         self.ready.append(s)
         if key is not None:
             self.keyed[key] = s
+
+    def _failed(self, conn: _Conn, s: int, text: str) -> None:
+        """A worker could not fill slot ``s``: the slot goes back, the error to the consumer.
+
+        A Loader's batch fails where the consumer waits for that batch; any
+        other failure at the consumer's next call (a ``DataLoader`` recipe's
+        consumer takes tickets, and a failed slot has none).
+        """
+        conn.granted.discard(s)
+        conn.filling.discard(s)
+        key = self.key[s]
+        b = self.batch[s]
+        err = WorkerError(f"{self._slot_name(s)} could not be filled by {conn.who()}: {text}",
+                          worker=None if conn.worker < 0 else conn.worker, pid=conn.pid,
+                          slot=s, batch=None if b < 0 else b)
+        self._recycle(s)
+        if key is None:
+            self.errors.append(err)
+        elif self._current(key):
+            self.failures[key] = err
 
     def _drop(self, conn: _Conn, why: str) -> None:
         """A worker's connection ended: its grants come back, a batch under way is an error."""
@@ -554,7 +574,6 @@ class RingCore:
         self.state[s] = FREE
         self.owner[s] = None
         self.key[s] = None
-        self.error[s] = None
         self.free.append(s)
 
     def _current(self, key: Key) -> bool:
@@ -594,15 +613,6 @@ class RingCore:
                 self._check()
                 s = pick()
                 if s is not None:
-                    if self.state[s] == FAILED_:
-                        err = self.error[s] or "failed"
-                        b = self.batch[s]
-                        worker, pid = self.filled_by(s)
-                        self._recycle(s)
-                        self.wake()
-                        raise WorkerError(f"{self._slot_name(s)} could not be filled by {err}",
-                                          worker=worker, pid=pid, slot=s,
-                                          batch=None if b < 0 else b)
                     self.state[s] = LENT
                     self.lent += 1
                     return s
@@ -646,7 +656,7 @@ class RingCore:
 
     def by_ticket(self, s: int, g: int) -> int | None:
         """Slot ``s`` if it holds generation ``g`` and is ready; ``ValueError`` if it never will."""
-        if self.gen[s] == g and self.state[s] in (READY_, FAILED_):
+        if self.gen[s] == g and self.state[s] == READY_:
             self.ready.remove(s)
             return s
         if self.gen[s] == g and self.state[s] in (GRANTED, FILLING):
@@ -658,6 +668,9 @@ class RingCore:
     def by_key(self, key: Key) -> int | None:
         """A Loader's ready batch at ``key`` (``(epoch, position)``), if it is there."""
         self._superseded(key[0])
+        failed = self.failures.pop(key, None)
+        if failed is not None:
+            raise failed
         s = self.keyed.pop(key, None)
         if s is not None:
             self.ready.remove(s)
@@ -666,6 +679,8 @@ class RingCore:
     def first_of(self, epoch: int) -> int | None:
         """A Loader's batch of ``epoch`` that became ready first, if any."""
         self._superseded(epoch)
+        if self.failures:
+            raise self.failures.pop(next(iter(self.failures)))
         return self.first_ready()
 
     def _superseded(self, epoch: int) -> None:
@@ -708,6 +723,7 @@ class RingCore:
             self.epoch += 1
             self.tasks = tasks
             self.requeued.clear()
+            self.failures.clear()
             for key, s in list(self.keyed.items()):
                 del self.keyed[key]
                 self.ready.remove(s)
@@ -723,6 +739,7 @@ class RingCore:
             self.epoch += 1  # nothing is current: old batches are recycled on arrival
             self.tasks = None
             self.requeued.clear()
+            self.failures.clear()
             for key, s in list(self.keyed.items()):
                 del self.keyed[key]
                 self.ready.remove(s)
@@ -996,8 +1013,8 @@ class SharedHostRing(Resource):
         Returns
         -------
         dict
-            ``{"free": n, "granted": n, "filling": n, "ready": n, "failed": n,
-            "lent": n, "workers": n}``; the states add up to :attr:`slots`.
+            ``{"free": n, "granted": n, "filling": n, "ready": n, "lent": n,
+            "workers": n}``; the states add up to :attr:`slots`.
         """
         core = self._core
         with core.lock:
@@ -1071,7 +1088,8 @@ def check_timeout(timeout: object) -> float | None:
 
 
 def _ticket(ticket: object, slots: int) -> tuple[int, int]:
-    if (not isinstance(ticket, tuple) or len(ticket) != 2
+    # A list too: a DataLoader hands the tuples its workers return over as lists.
+    if (not isinstance(ticket, (tuple, list)) or len(ticket) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in ticket)):
         raise TypeError(f"ticket must be a (slot, generation) pair of ints from "
                         f"WriterSlot.publish(), not {ticket!r}")
@@ -1251,6 +1269,56 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
 
     def _export(self) -> DeviceArrayView:
         return self.as_array(self._dtype, self._shape)
+
+    def to_device(self, *, stream: StreamLike = None, pool: MemoryPool | None = None
+                  ) -> PoolBuffer:
+        """Copy the slot into a new device buffer, and give the slot back after the copy.
+
+        One asynchronous copy at pinned speed, ordered on ``stream``; the new
+        buffer comes from ``pool`` on that stream, and the slot returns to
+        the workers once the copy has finished (this closes the slot). Use
+        the buffer on ``stream`` (or after waiting for it);
+        ``buf.as_array(slot.dtype, slot.shape)`` is a typed view for CuPy or
+        torch (``torch.from_dlpack``).
+
+        Parameters
+        ----------
+        stream : stream-like, optional
+            Default: the legacy default stream.
+        pool : MemoryPool, optional
+            A device pool; default: the current device's default pool, with
+            the process's block cache in front (``MemoryPool.default(device,
+            cache=True)``).
+
+        Returns
+        -------
+        PoolBuffer
+            The batch on the device (bytes; ``nbytes`` of the slot).
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a bad ``stream`` or ``pool`` (a pool of host memory), before
+            anything is allocated; the slot stays lent then, as it does when
+            the allocation or the copy fails.
+        ClosedError
+            If the slot is closed.
+        """
+        self._check_open()
+        if pool is None:
+            pool = MemoryPool.default(ensure_context(), cache=True)
+        elif not isinstance(pool, MemoryPool):
+            raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
+        elif pool.device is None or pool.is_host:
+            raise ValueError("pool must be a device pool: to_device() copies to device memory")
+        buf = pool.allocate(self._nbytes, stream=stream)
+        try:
+            self.copy_to(buf, stream=stream)
+        except BaseException:
+            buf.close()
+            raise
+        self.close()  # back to the workers once the copy has finished
+        return buf
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"ptr=0x{self._ptr:x}"

@@ -228,10 +228,11 @@ class Loader(Resource):
 
     Examples
     --------
-    >>> def make_batch(i, out):
-    ...     out[:] = i
-    >>> with cm.Loader(make_batch, 4, (64, 64), np.float32, workers=2,
-    ...                start_method="fork") as loader:
+    ``np.positive(batch, out)`` writes the batch number into every element:
+    a ``make_batch`` that pickles, as ``"forkserver"`` needs.
+
+    >>> with cm.Loader(np.positive, 4, (64, 64), np.float32, workers=2,
+    ...                start_method="forkserver") as loader:
     ...     sums = [float(buf.to_numpy(np.float32).sum()) for buf in loader]
     >>> sums
     [0.0, 4096.0, 8192.0, 12288.0]
@@ -398,15 +399,9 @@ class Loader(Resource):
             return slot  # output "slot": the slot itself, on the host
         try:
             ensure_context(self._device)
-            stream = self._stream_now()
-            buf = pool.allocate(slot.nbytes, stream=stream)
-            try:
-                slot.copy_to(buf, stream=stream)
-            except BaseException:
-                buf.close()
-                raise
+            buf = slot.to_device(stream=self._stream_now(), pool=pool)
         finally:
-            slot.close()  # back to the workers once the copy has finished
+            slot.close()  # the batch is lost if its copy failed: the slot goes back
         if self._framework is None:
             return buf
         view = buf.as_array(self.dtype, self.shape)
