@@ -138,6 +138,47 @@ def test_close_after_a_worker_died_holding_half_a_batch() -> None:
     assert _shm() == before
 
 
+def test_no_worker_overwrites_a_batch_the_gpu_has_not_copied() -> None:
+    """A copy held back on the GPU (the stream waits on a flag in pinned memory): its slot
+    stays lent, and a worker filling as fast as it can never gets it, until the copy ran."""
+    if _driver.backend_name() == "sim":
+        pytest.skip("the simulator has no stream memory operations (cuStreamWaitValue32)")
+    gate = cm.HostBuffer.zeros(1, np.uint32, flags=cm.HostAllocFlags.DEVICEMAP)
+    ring = cm.SharedHostRing(1, (1 << 18,), np.int32, grants=1, timeout=60)
+    _reports, child = multiprocessing.Pipe()  # kept open: the worker reports into it
+    p = _ctx("forkserver").Process(target=rw.fill_until_closed, args=(ring.handle, 0, child))
+    p.start()
+    s = cm.Stream()
+    dev = cm.DeviceBuffer.empty(ring.slot_nbytes)
+    try:
+        try:
+            _driver.call("cuStreamWaitValue32", s.handle, gate.device_ptr, 1, 0)  # until >= 1
+        except cm.CudaNotSupportedError:
+            pytest.skip("this device has no stream memory operations")
+        try:
+            slot = ring.get()
+            batch = slot.to_numpy()
+            slot.copy_to(dev, stream=s)  # queued behind the gate
+            slot.close()
+            time.sleep(0.5)  # the worker waits for the slot all this while
+            assert ring.stats()["lent"] == 1 and ring.stats()["granted"] == 0
+        finally:
+            gate.array[0] = 1  # the GPU goes on: the copy runs, then its event
+        s.synchronize()
+        assert (dev.to_numpy(np.int32) == batch).all()  # the batch as it was published
+        deadline = time.monotonic() + 10
+        while ring.stats()["lent"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ring.get().close()  # the worker had it back, filled it again
+    finally:
+        ring.close()
+        _stop([p])
+        dev.close()
+        s.close()
+        gate.close()
+
+
 # -- the consumer's process ending ---------------------------------------------------------
 
 CONSUMER = textwrap.dedent("""
