@@ -105,8 +105,8 @@ class Buffer(Protocol, metaclass=_BufferMeta):
     :class:`~cuda_memkit.DeviceBuffer`, :class:`~cuda_memkit.HostBuffer`
     (also pooled), :class:`~cuda_memkit.RegisteredHost`,
     :class:`~cuda_memkit.ManagedBuffer`, :class:`~cuda_memkit.PoolBuffer`,
-    :class:`~cuda_memkit.Mapping` and :class:`~cuda_memkit.GrowableBuffer`
-    satisfy it (``isinstance(buf, cm.Buffer)``).
+    :class:`~cuda_memkit.Mapping`, :class:`~cuda_memkit.GrowableBuffer` and
+    :class:`~cuda_memkit.RingSlot` satisfy it (``isinstance(buf, cm.Buffer)``).
 
     After :meth:`close`, ``nbytes``, ``kind``, ``closed``, ``device`` and
     ``repr()`` still answer; everything that touches the memory (``ptr``,

@@ -575,7 +575,7 @@ class WriterSlot:
         Parameters
         ----------
         tag : int, optional
-            A number >= 0 the consumer sees as :attr:`RingSlot.tag` (a batch
+            A number >= 0 the consumer sees as ``RingSlot.tag`` (a batch
             index, say); a :class:`Loader` worker's slots carry their batch.
 
         Returns
