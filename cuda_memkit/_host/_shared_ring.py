@@ -806,9 +806,16 @@ class RingCore:
 _cores: weakref.WeakSet[RingCore] = weakref.WeakSet()
 
 
+#: In a forked child: the parent's rings, never to be collected here. The driver may leave a
+#: registered range out of the child's address space, and the child's own mapping of the
+#: ring can land at that address: unmapping the parent's would unmap the child's.
+_inherited: list[RingCore] = []
+
+
 def _forget_in_child() -> None:
     for core in list(_cores):
         core.forget_in_child()
+        _inherited.append(core)
     _cores.clear()
 
 
