@@ -8,7 +8,7 @@ workers by fork), made by ``--workers`` worker processes (default 8), then moved
 device 0. One table, every row measured in this run, the cases of a size taking turns in
 each round (order shuffled per round, seeded), medians over the rounds; each sample is
 one pass over ``n`` batches (fewer for larger batches), timed from the start of the pass
-to the device having every batch:
+to the device having every batch, after two passes of warm-up (workers start, pools grow):
 
 * ``DataLoader(num_workers=N, pin_memory=True)`` over a dataset whose item is the batch
   (a new tensor the worker fills), each batch sent with ``.to("cuda", non_blocking=True)``;
@@ -33,16 +33,13 @@ import argparse
 import ctypes
 import functools
 import json
-import random
 import shutil
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from harness import backend, check
+from harness import backend, check, measure
 
 MiB = 1 << 20
 #: Forking a process with threads (the CUDA driver's, torch's) draws Python 3.12's
@@ -155,39 +152,35 @@ class Cases:
         check(self.raw.cuMemFreeHost(self.host))
 
 
-def measure(cases: dict[str, Callable[[], None]], rounds: int, seed: int,
-            failed: dict[str, str]) -> dict[str, list[float]]:
-    """Seconds per pass of each case, every round; a warm-up pass first (workers start).
+def measure_cases(cases: dict[str, Callable[[], None]], rounds: int, seed: int,
+                  failed: dict[str, str]) -> dict[str, float]:
+    """Median seconds per pass of each case (``harness.measure``: shuffled rounds, warm-up).
 
     The DataLoader may fail where this machine's /dev/shm is too small for its batches:
-    its case is dropped then, and ``failed`` says why.
+    its first pass is tried alone, and on failure the case is dropped (``failed`` says why).
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", FORK_WARNING, DeprecationWarning)
-        for key, fn in list(cases.items()):
+        if "torch" in cases:
             try:
-                fn()
+                cases["torch"]()
             except RuntimeError as exc:
-                if key != "torch":
-                    raise
-                failed[key] = f"{type(exc).__name__}: {exc}"[:200]
-                del cases[key]
-        times: dict[str, list[float]] = {k: [] for k in cases}
-        order = list(cases)
-        rng = random.Random(seed)
-        for _ in range(rounds):
-            rng.shuffle(order)
-            for key in order:
-                t0 = time.perf_counter()
-                cases[key]()
-                times[key].append(time.perf_counter() - t0)
-    return times
+                failed["torch"] = f"{type(exc).__name__}: {exc}"[:200]
+                del cases["torch"]
+        loops = {k: functools.partial(_passes, fn) for k, fn in cases.items()}
+        medians = measure(loops, dict.fromkeys(cases, 1), rounds, lambda: None, seed)
+    return {k: v for k, v in medians.items() if v is not None}
 
 
-def size_rows(mib: float, times: dict[str, list[float]], n: int, nbytes: int,
+def _passes(fn: Callable[[], None], n: int) -> None:
+    for _ in range(n):
+        fn()
+
+
+def size_rows(mib: float, times: dict[str, float], n: int, nbytes: int,
               torch_error: str, verdicts: bool) -> list[dict[str, Any]]:
-    """The table's rows for one batch size."""
-    rate = {k: n / statistics.median(v) for k, v in times.items()}
+    """The table's rows for one batch size (``times``: median seconds per pass)."""
+    rate = {k: n / t for k, t in times.items()}
     label = f"{mib:g} MiB"
     rows: list[dict[str, Any]] = []
 
@@ -196,8 +189,7 @@ def size_rows(mib: float, times: dict[str, list[float]], n: int, nbytes: int,
         r = rate.get(key)
         rows.append({"size_mib": mib, "case": f"{label} {case}", "key": key,
                      "batches_s": r, "gbps": None if r is None else r * nbytes / 1e9,
-                     "ratio": ratio, "vs": vs, "target": target, "ok": ok,
-                     "samples": times.get(key, [])})
+                     "ratio": ratio, "vs": vs, "target": target, "ok": ok})
 
     goals = TARGETS.get(int(mib), {}) if float(mib).is_integer() else {}
     if "torch" in rate:
@@ -205,8 +197,7 @@ def size_rows(mib: float, times: dict[str, list[float]], n: int, nbytes: int,
     else:
         rows.append({"size_mib": mib, "case": f"{label} torch DataLoader", "key": "torch",
                      "batches_s": None, "gbps": None, "ratio": None, "vs": "",
-                     "target": f"skipped: {torch_error or 'not measured'}", "ok": None,
-                     "samples": []})
+                     "target": f"skipped: {torch_error or 'not measured'}", "ok": None})
     limit = min(rate["fill"], rate["copy"])
     row("limit: workers fill slots, no device copy", "fill", rate["fill"] / limit, "limit")
     row("limit: pinned copy (raw cuMemcpyHtoDAsync)", "copy", rate["copy"] / limit, "limit")
@@ -247,7 +238,7 @@ def run(sizes_mib: list[float], workers: int, rounds: int, quick: bool,
         cases = Cases(cm, raw, nbytes, n, workers, simulated)
         failed: dict[str, str] = {}
         try:
-            times = measure(cases.cases(), rounds, seed, failed)
+            times = measure_cases(cases.cases(), rounds, seed, failed)
         finally:
             cases.close()
         why = failed.get("torch", cases.torch_error)

@@ -58,6 +58,7 @@ __all__ = [
     "RingHandle",
     "RingWriter",
     "WriterSlot",
+    "check_timeout",
     "close_inherited",
     "close_writers",
     "peer_credentials",
@@ -246,7 +247,7 @@ class RingHandle:
         label = _NONE if worker is None else as_index(worker, "worker")
         if worker is not None and label < 0:
             raise ValueError(f"worker must be >= 0, got {label}")
-        wait = _timeout(timeout)
+        wait = check_timeout(timeout)
         key = (self._address, os.getpid(), label)
         with _writers_lock:
             w = _writers.get(key)
@@ -259,7 +260,8 @@ class RingHandle:
         return w
 
 
-def _timeout(timeout: object) -> float | None:
+def check_timeout(timeout: object) -> float | None:
+    """A timeout in seconds: a number > 0, or ``None`` (no limit)."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -385,7 +387,7 @@ class RingWriter:
         TimeoutError
             If no slot was granted within ``timeout``.
         """
-        wait = _timeout(timeout)
+        wait = check_timeout(timeout)
         with self._recv_lock:  # not the state lock: publish() may run meanwhile
             self._check()
             try:

@@ -65,6 +65,7 @@ from ._ring_worker import (
     REFUSED,
     WELCOME,
     RingHandle,
+    check_timeout,
     close_writers,
     peer_credentials,
 )
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["RingCore", "RingSlot", "SharedHostRing", "WorkerError", "check_timeout", "lend",
+__all__ = ["RingCore", "RingSlot", "SharedHostRing", "WorkerError", "device_pool", "lend",
            "ring_core", "unstarted_ring"]
 
 #: Most slots a ring may have (the wire protocol carries 32-bit slot numbers; more than
@@ -158,7 +159,11 @@ class Segment:
     def close_fd(self) -> None:
         """Close the memfd: workers already hold the memory; new ones cannot come any more."""
         with self.lock:
-            fd, self.fd = self.fd, -1
+            self.drop_fd()
+
+    def drop_fd(self) -> None:
+        """:meth:`close_fd` for a caller holding :attr:`lock` (or a forked child)."""
+        fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
 
@@ -720,31 +725,26 @@ class RingCore:
         with self.lock:
             self._check()
             self.loading = True
-            self.epoch += 1
-            self.tasks = tasks
-            self.requeued.clear()
-            self.failures.clear()
-            for key, s in list(self.keyed.items()):
-                del self.keyed[key]
-                self.ready.remove(s)
-                self._recycle(s)
-            self.wake()
+            self._new_epoch(tasks)
             return self.epoch
 
     def end_epoch(self, epoch: int) -> None:
         """Stop handing out ``epoch``'s batches; the ones under way are dropped as they come."""
         with self.lock:
-            if self.epoch != epoch:
-                return
-            self.epoch += 1  # nothing is current: old batches are recycled on arrival
-            self.tasks = None
-            self.requeued.clear()
-            self.failures.clear()
-            for key, s in list(self.keyed.items()):
-                del self.keyed[key]
-                self.ready.remove(s)
-                self._recycle(s)
-            self.wake()
+            if self.epoch == epoch:
+                self._new_epoch(None)  # one with no batches: nothing is current
+
+    def _new_epoch(self, tasks: Iterator[tuple[int, int]] | None) -> None:
+        """Make a new epoch current: the older batches ready now go back, the rest on arrival."""
+        self.epoch += 1
+        self.tasks = tasks
+        self.requeued.clear()
+        self.failures.clear()
+        for key, s in list(self.keyed.items()):
+            del self.keyed[key]
+            self.ready.remove(s)
+            self._recycle(s)
+        self.wake()
 
     # -- closing ----------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -770,17 +770,24 @@ class RingCore:
             conns = list(self.conns.values())
             self.conns.clear()
             self._take_returns()
+        with self.wake_lock, self.segment.lock:
+            self._close_all(conns)
+        if self.selector is not None:
+            self.selector.close()
+
+    def _close_all(self, conns: list[_Conn]) -> None:
+        """Close the listener, ``conns``' sockets, the memfd and the wake pipe.
+
+        The caller holds the wake pipe's and the segment's locks (or is a forked child).
+        """
         self.listener.close()
         for conn in conns:
             conn.sock.close()
-        self.segment.close_fd()
-        if self.selector is not None:
-            self.selector.close()
-        with self.wake_lock:
-            if self.wake_w >= 0:
-                os.close(self.wake_w)
-                os.close(self.wake_r)
-                self.wake_w = self.wake_r = -1
+        self.segment.drop_fd()
+        if self.wake_w >= 0:
+            os.close(self.wake_w)
+            os.close(self.wake_r)
+            self.wake_w = self.wake_r = -1
 
     def release_if_idle(self) -> None:
         """Give the memory back now if no slot is lent (else the last give-back does)."""
@@ -788,18 +795,13 @@ class RingCore:
             self._take_returns()
 
     def forget_in_child(self) -> None:
-        """In a forked child: close this process's copies of the parent's descriptors."""
+        """In a forked child: close this process's copies of the parent's descriptors.
+
+        Without the locks: the child has one thread, and a lock that another of the
+        parent's threads held at the fork stays held here for ever.
+        """
         self.closed = True
-        self.listener.close()
-        for conn in list(self.conns.values()):
-            conn.sock.close()
-        if self.segment.fd >= 0:
-            os.close(self.segment.fd)
-            self.segment.fd = -1
-        if self.wake_w >= 0:
-            os.close(self.wake_w)
-            os.close(self.wake_r)
-            self.wake_w = self.wake_r = -1
+        self._close_all(list(self.conns.values()))
 
 
 #: Every ring of this process whose service may still run (for fork and interpreter exit).
@@ -1082,18 +1084,6 @@ class SharedHostRing(Resource):
         return RingSlot.make(self, self._core, s)
 
 
-def check_timeout(timeout: object) -> float | None:
-    """A timeout in seconds: a number > 0, or ``None`` (no limit)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not "
-                        f"{type(timeout).__name__}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds (or None: no limit), got {timeout}")
-    return float(timeout)
-
-
 def _ticket(ticket: object, slots: int) -> tuple[int, int]:
     # A list too: a DataLoader hands the tuples its workers return over as lists.
     if (not isinstance(ticket, (tuple, list)) or len(ticket) != 2
@@ -1127,6 +1117,17 @@ def ring_core(ring: SharedHostRing) -> RingCore:
 def lend(ring: SharedHostRing, s: int) -> RingSlot:
     """Slot ``s`` (from :meth:`RingCore.wait`) as a :class:`RingSlot` lent to the consumer."""
     return ring._lend(s)
+
+
+def device_pool(pool: object) -> MemoryPool | None:
+    """``pool`` checked as a device pool (``None`` stays ``None``): a copy's destination."""
+    if pool is None:
+        return None
+    if not isinstance(pool, MemoryPool):
+        raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
+    if pool.device is None or pool.is_host:
+        raise ValueError("pool must be a device pool: the copies go to device memory")
+    return pool
 
 
 def _give_back(core: RingCore, s: int, g: int) -> None:
@@ -1312,12 +1313,9 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
             If the slot is closed.
         """
         self._check_open()
+        pool = device_pool(pool)
         if pool is None:
             pool = MemoryPool.default(ensure_context(), cache=True)
-        elif not isinstance(pool, MemoryPool):
-            raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
-        elif pool.device is None or pool.is_host:
-            raise ValueError("pool must be a device pool: to_device() copies to device memory")
         buf = pool.allocate(self._nbytes, stream=stream)
         try:
             self.copy_to(buf, stream=stream)

@@ -34,13 +34,13 @@ from .._core._checks import as_index, positive
 from .._core._device import StreamLike, ensure_context, existing_ordinal, stream_handle
 from .._core._errors import ClosedError
 from .._core._resource import Resource, Transaction, make_finalizer
-from .._host._ring_worker import RingHandle
+from .._host._ring_worker import RingHandle, check_timeout
 from .._host._shared_ring import (
     JOIN,
     RingSlot,
     SharedHostRing,
     WorkerError,
-    check_timeout,
+    device_pool,
     lend,
     ring_core,
     unstarted_ring,
@@ -270,13 +270,8 @@ class Loader(Resource):
         ordinal = None if device is None else existing_ordinal(device)
         if stream is not None:
             stream_handle(stream)  # TypeError now, not at the first batch
-        if pool is not None:
-            if not isinstance(pool, MemoryPool):
-                raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
-            if pool.device is None or pool.is_host:
-                raise ValueError("pool must be a device pool: the batches go to device memory")
+        device_pool(pool)
         framework = _framework(output)
-        self._make_batch = make_batch
         self._batch_list = seq
         self._workers = n
         self._ordered = ordered
