@@ -117,6 +117,30 @@ def test_a_writer_holds_at_most_its_grants(ring: cm.SharedHostRing) -> None:
     other.close()
 
 
+def test_a_worker_leaving_as_it_is_granted_loses_nothing() -> None:
+    """Workers that publish their last batch and leave, again and again: a grant sent to one
+    that has just left fails, and its last batches (still unread) must arrive all the same."""
+    def fill(handle: cm.RingHandle, label: int) -> None:
+        with handle.writer(label) as w:
+            for k in range(4):
+                with w.acquire(timeout=10) as slot:
+                    slot.array[...] = label * 10 + k
+
+    for _ in range(100):
+        with cm.SharedHostRing(3, 64, np.int32, timeout=10) as ring:
+            threads = [threading.Thread(target=fill, args=(ring.handle, label))
+                       for label in (1, 2)]
+            for t in threads:
+                t.start()
+            got = []
+            for _ in range(8):
+                with ring.get() as slot:
+                    got.append(int(slot.array[0]))
+            for t in threads:
+                t.join()
+            assert sorted(got) == [10, 11, 12, 13, 20, 21, 22, 23]
+
+
 def test_one_writer_per_process_and_label(ring: cm.SharedHostRing) -> None:
     h = ring.handle
     assert h.writer() is h.writer() and h.writer(1) is h.writer(1)

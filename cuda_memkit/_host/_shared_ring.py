@@ -185,7 +185,7 @@ class Segment:
 class _Conn:
     """A worker's connection, as the service thread sees it."""
 
-    __slots__ = ("bye", "filling", "granted", "pid", "sock", "welcomed", "worker")
+    __slots__ = ("bye", "filling", "granted", "leaving", "pid", "sock", "welcomed", "worker")
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
@@ -193,6 +193,7 @@ class _Conn:
         self.worker = -1
         self.welcomed = False
         self.bye = False
+        self.leaving = False  # a grant could not be sent: no more go to it
         self.granted: set[int] = set()  # granted, not started
         self.filling: set[int] = set()  # acquired by the worker, not handed back
 
@@ -214,9 +215,9 @@ class RingCore:
     """The state of a ring and its service thread (never holds the :class:`SharedHostRing`).
 
     Everything below runs under :attr:`lock`, unless it says otherwise; the
-    consumer's waits sleep on :attr:`cond`. Finalizers (a :class:`RingSlot`
-    collected on any thread, the service thread included) only append to
-    :attr:`returns` and wake the thread: they never take the lock.
+    consumer's waits sleep on :attr:`cond`. While the ring serves, finalizers
+    (a :class:`RingSlot` collected on any thread, the service thread
+    included) only append to :attr:`returns` and wake the thread.
     """
 
     def __init__(self, slots: int, stride: int, shape: tuple[int, ...], dtype: np.dtype[Any],
@@ -330,8 +331,8 @@ class RingCore:
     def _accept(self, _fileobj: object) -> None:
         try:
             sock, _addr = self.listener.accept()
-        except BlockingIOError:
-            return
+        except (BlockingIOError, ConnectionAbortedError):
+            return  # gone before it was accepted
         sock.setblocking(False)
         pid, uid = peer_credentials(sock)
         if uid != os.geteuid():
@@ -354,15 +355,20 @@ class RingCore:
         conn = self.conns.get(sock.fileno())
         if conn is None:
             return
+        reset = False
         while True:
             try:
                 msg = sock.recv(HELLO.size + 64 + (32 << 10))
             except BlockingIOError:
                 return
             except ConnectionResetError:
-                # The worker closed with grants unread: Linux reports that once, before
-                # the messages it sent last (its READYs, its BYE), which still follow.
-                continue
+                if reset:
+                    msg = b""
+                else:
+                    # The worker closed with grants unread: Linux reports that once, before
+                    # the messages it sent last (its READYs, its BYE), which still follow.
+                    reset = True
+                    continue
             except OSError:
                 msg = b""  # any other failure: the connection is gone
             if not msg:
@@ -434,7 +440,12 @@ class RingCore:
             self._forget(conn)
             conn.sock.close()
             return False
-        socket.send_fds(conn.sock, [WELCOME.pack(b"W", PROTOCOL)], [fd])
+        try:
+            socket.send_fds(conn.sock, [WELCOME.pack(b"W", PROTOCOL)], [fd])
+        except OSError:
+            self._forget(conn)  # it left before it was welcomed
+            conn.sock.close()
+            return False
         conn.worker = worker
         conn.welcomed = True
         return True
@@ -484,10 +495,7 @@ class RingCore:
         conn.sock.close()
         lost = []
         for s in sorted(conn.granted, reverse=True):
-            key = self.key[s]
-            if key is not None and self._current(key):
-                self.requeued.appendleft((key[1], self.batch[s]))  # to another worker
-            self._recycle(s)
+            self._ungrant(conn, s)
         for s in sorted(conn.filling):
             lost.append(s)
             self._recycle(s)
@@ -548,7 +556,7 @@ class RingCore:
         while self.free and self.fatal is None:
             conn = None
             for c in self.conns.values():
-                if c.welcomed and not c.bye and c.load < self.grants and (
+                if c.welcomed and not (c.bye or c.leaving) and c.load < self.grants and (
                         conn is None or c.load < conn.load):
                     conn = c
             if conn is None:
@@ -572,8 +580,22 @@ class RingCore:
             conn.granted.add(s)
             try:
                 conn.sock.send(GRANT.pack(b"G", s, g, batch))
-            except OSError as exc:
-                self._drop(conn, f"could not be reached ({exc})")
+            except BlockingIOError:
+                self._ungrant(conn, s)
+                return  # its queue is full: the next wake tries again
+            except OSError:
+                # The worker is leaving (or gone): the grant never reaches it, but the
+                # messages it sent last, and its end, are still to be read.
+                conn.leaving = True
+                self._ungrant(conn, s)
+
+    def _ungrant(self, conn: _Conn, s: int) -> None:
+        """A grant the worker will never use: the slot, and a Loader's batch, go to others."""
+        conn.granted.discard(s)
+        key = self.key[s]
+        if key is not None and self._current(key):
+            self.requeued.appendleft((key[1], self.batch[s]))
+        self._recycle(s)
 
     def _recycle(self, s: int) -> None:
         self.state[s] = FREE
