@@ -185,7 +185,8 @@ class Segment:
 class _Conn:
     """A worker's connection, as the service thread sees it."""
 
-    __slots__ = ("bye", "filling", "granted", "leaving", "pid", "sock", "welcomed", "worker")
+    __slots__ = ("bye", "ended", "filling", "granted", "leaving", "pid", "sock", "welcomed",
+                 "worker")
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.sock = sock
@@ -194,6 +195,7 @@ class _Conn:
         self.welcomed = False
         self.bye = False
         self.leaving = False  # a grant could not be sent: no more go to it
+        self.ended = ""  # how its process ended, when a Loader saw it end first
         self.granted: set[int] = set()  # granted, not started
         self.filling: set[int] = set()  # acquired by the worker, not handed back
 
@@ -252,6 +254,7 @@ class RingCore:
         self.conns: dict[int, _Conn] = {}  # by socket fd
         self.watched: dict[int, tuple[int, int, Describe]] = {}  # sentinel -> (pid, label, ...)
         self.reported: set[int] = set()  # pids whose end was reported already
+        self.workers: set[int] = set()  # a Loader's worker processes: any end is an error
         # a Loader's batches: (position, batch) pairs of the current epoch, lost ones first
         self.loading = False  # a Loader's ring: every grant carries a batch
         self.epoch = 0
@@ -372,7 +375,7 @@ class RingCore:
             except OSError:
                 msg = b""  # any other failure: the connection is gone
             if not msg:
-                why = "left" if conn.bye else self._ending(conn.pid)
+                why = "left" if conn.bye else conn.ended or self._ending(conn.pid)
                 with self.lock:
                     self._drop(conn, why)
                 return
@@ -501,9 +504,13 @@ class RingCore:
             self._recycle(s)
         conn.granted.clear()
         conn.filling.clear()
-        if lost and not self.closed:
+        if self.closed or conn.pid in self.reported:
+            pass
+        elif lost:
             self._report(conn.pid, conn.worker, f"{conn.who()} {why} while filling "
                          + ", ".join(self._slot_name(s) for s in lost), lost)
+        elif conn.pid in self.workers and not conn.bye:
+            self._report(conn.pid, conn.worker, f"{conn.who()} {why}", [])
         self.cond.notify_all()
 
     def _forget(self, conn: _Conn) -> None:
@@ -533,21 +540,21 @@ class RingCore:
         Call before :meth:`start` (a Loader watches the workers it forked).
         """
         self.watched[sentinel] = (pid, worker, describe)
+        self.workers.add(pid)
 
     def _ended(self, sentinel: int) -> None:
         assert self.selector is not None
         self.selector.unregister(sentinel)
         pid, worker, describe = self.watched.pop(sentinel)
-        how = describe()
+        how = f"exited ({describe()})"
         with self.lock:
-            for conn in list(self.conns.values()):
-                if conn.pid == pid:
-                    self._drop(conn, f"exited ({how})")
-            if pid not in self.reported and not self.closed:
+            conns = [c for c in self.conns.values() if c.pid == pid]
+            for conn in conns:  # its socket's end, read after the messages it sent last, says so
+                conn.ended = how
+            if not conns and pid not in self.reported and not self.closed:
                 self.reported.add(pid)
-                self.errors.append(WorkerError(f"worker {worker} (pid {pid}) exited ({how}); "
-                                               "its batches are lost", worker=worker, pid=pid,
-                                               gone=True))
+                self.errors.append(WorkerError(f"worker {worker} (pid {pid}) {how}; its batches "
+                                               "are lost", worker=worker, pid=pid, gone=True))
             self.cond.notify_all()
 
     # -- grants ----------------------------------------------------------------------------
