@@ -216,6 +216,10 @@ class Loader(Resource):
     ------
     TypeError, ValueError
         For a bad argument, before any process starts or memory is taken.
+    ImportError
+        For ``output="torch"`` or ``"cupy"`` where that framework is missing.
+    NotImplementedError
+        Off Linux (see :class:`SharedHostRing`).
 
     Notes
     -----
