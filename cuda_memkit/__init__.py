@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
     from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
+    from ._host._ring_core import WorkerError
     from ._host._ring_worker import RingHandle, RingWriter, WriterSlot
-    from ._host._shared_ring import RingSlot, SharedHostRing, WorkerError
+    from ._host._shared_ring import RingSlot, SharedHostRing
     from ._loading._loader import Loader
     from ._managed_memory._managed import AttachFlags, ManagedBuffer
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
@@ -65,7 +66,8 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "_host._pinned": ("HostAllocFlags", "HostBuffer"),
     "_host._registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
-    "_host._shared_ring": ("RingSlot", "SharedHostRing", "WorkerError"),
+    "_host._shared_ring": ("RingSlot", "SharedHostRing"),
+    "_host._ring_core": ("WorkerError",),
     "_host._ring_worker": ("RingHandle", "RingWriter", "WriterSlot"),
     "_loading._loader": ("Loader",),
     "_managed_memory._managed": ("AttachFlags", "ManagedBuffer"),

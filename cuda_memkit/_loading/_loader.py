@@ -34,12 +34,11 @@ from .._core._checks import as_index, positive
 from .._core._device import StreamLike, ensure_context, existing_ordinal, stream_handle
 from .._core._errors import ClosedError
 from .._core._resource import Resource, Transaction, make_finalizer
+from .._host._ring_core import JOIN, WorkerError
 from .._host._ring_worker import RingHandle, check_timeout
 from .._host._shared_ring import (
-    JOIN,
     RingSlot,
     SharedHostRing,
-    WorkerError,
     device_pool,
     lend,
     ring_core,
