@@ -187,7 +187,7 @@ def size_rows(mib: float, times: dict[str, float], n: int, nbytes: int,
     def row(case: str, key: str, ratio: float | None = None, vs: str = "",
             target: str = "", ok: bool | None = None) -> None:
         r = rate.get(key)
-        rows.append({"size_mib": mib, "case": f"{label} {case}", "key": key,
+        rows.append({"size_mib": mib, "case": f"{label}: {case}", "key": key,
                      "batches_s": r, "gbps": None if r is None else r * nbytes / 1e9,
                      "ratio": ratio, "vs": vs, "target": target, "ok": ok})
 
@@ -195,7 +195,7 @@ def size_rows(mib: float, times: dict[str, float], n: int, nbytes: int,
     if "torch" in rate:
         row("torch DataLoader(pin_memory=True), .to(cuda)", "torch", 1.0, "", "reference")
     else:
-        rows.append({"size_mib": mib, "case": f"{label} torch DataLoader", "key": "torch",
+        rows.append({"size_mib": mib, "case": f"{label}: torch DataLoader", "key": "torch",
                      "batches_s": None, "gbps": None, "ratio": None, "vs": "",
                      "target": f"skipped: {torch_error or 'not measured'}", "ok": None})
     limit = min(rate["fill"], rate["copy"])
@@ -245,6 +245,12 @@ def run(sizes_mib: list[float], workers: int, rounds: int, quick: bool,
         rows += size_rows(mib, times, n, nbytes, why, not simulated)
     shm = shutil.disk_usage("/dev/shm").total if not simulated else 0
     return {"backend": backend_name, "simulated": simulated, "device": cm.Device(0).name,
+            "title": "Feeding the GPU from worker processes",
+            "about": (f"{workers} worker processes, each batch one copy from a preloaded "
+                      "array, moved to device 0: PyTorch's DataLoader(pin_memory=True) "
+                      "against cuda_memkit's Loader and the ring's two limits (the workers "
+                      "filling slots with no copy, the pinned copy alone); batches/s, "
+                      "medians of interleaved rounds (key and size_mib: notebook 09's series)."),
             "workers": workers, "rounds": rounds, "shm_bytes": shm, "rows": rows}
 
 
