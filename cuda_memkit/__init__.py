@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
     from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
+    from ._host._ring_core import WorkerError
+    from ._host._ring_worker import RingHandle, RingWriter, WriterSlot
+    from ._host._shared_ring import RingSlot, SharedHostRing
+    from ._loading._loader import Loader
     from ._managed_memory._managed import AttachFlags, ManagedBuffer
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
     from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
@@ -62,6 +66,10 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "_host._pinned": ("HostAllocFlags", "HostBuffer"),
     "_host._registered": ("HostRegisterFlags", "RegisteredHost", "register_host"),
+    "_host._shared_ring": ("RingSlot", "SharedHostRing"),
+    "_host._ring_core": ("WorkerError",),
+    "_host._ring_worker": ("RingHandle", "RingWriter", "WriterSlot"),
+    "_loading._loader": ("Loader",),
     "_managed_memory._managed": ("AttachFlags", "ManagedBuffer"),
     "_managed_memory._managed_ranges": ("MemAdvice", "RangeInfo"),
     "_managed_memory._policy": ("ManagedMemoryHints", "MigrationPolicy"),
@@ -79,11 +87,14 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
 # The transfers plug copy() into every buffer's copy_from/copy_to (_core._buffer.copier).
+# A Loader allocates from pools (the pinned cache plugs into them) and copies.
 _COMPANIONS: dict[str, tuple[str, ...]] = {
     "_host._pinned": ("_host._pinned_pool", "_transfer._transfers"),
     "_pools._pool": ("_host._pinned_pool", "_transfer._transfers"),
     "_device_memory._device_buffer": ("_transfer._transfers",),
     "_host._registered": ("_transfer._transfers",),
+    "_host._shared_ring": ("_transfer._transfers",),
+    "_loading._loader": ("_host._pinned_pool", "_transfer._transfers"),
     "_managed_memory._managed": ("_transfer._transfers",),
     "_virtual._vmm": ("_transfer._transfers",),
     "_virtual._growable": ("_transfer._transfers",),
@@ -111,6 +122,7 @@ __all__ = [
     "HostRegisterFlags",
     "KindStats",
     "KindSummary",
+    "Loader",
     "Location",
     "LocationType",
     "ManagedBuffer",
@@ -130,6 +142,10 @@ __all__ = [
     "PrefetchPlan",
     "RangeInfo",
     "RegisteredHost",
+    "RingHandle",
+    "RingSlot",
+    "RingWriter",
+    "SharedHostRing",
     "SiteSummary",
     "StagingSettings",
     "Stream",
@@ -137,6 +153,8 @@ __all__ = [
     "TrackSummary",
     "Tracker",
     "Usage",
+    "WorkerError",
+    "WriterSlot",
     "__version__",
     "backend_name",
     "configure_staging",

@@ -87,7 +87,7 @@ GATEWAY = {"_core._errors", "_core._driver"}
 TOOLS = {"__init__", "__main__", "_cli", "_tour", "allocators", "pytest_plugin"}
 #: The private subpackages, one concept each: a reader looking for pools finds ``_pools``.
 CONCEPTS = {"_core", "_host", "_device_memory", "_managed_memory", "_virtual", "_pools",
-            "_transfer", "_observability"}
+            "_transfer", "_observability", "_loading"}
 
 
 def _module_name(path: pathlib.Path) -> str:

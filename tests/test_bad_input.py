@@ -27,8 +27,9 @@ import pytest
 
 import cuda_memkit as cm
 
-from . import _bad_cases_a, _bad_cases_b, _bad_cases_c  # noqa: F401  (they fill CASES)
+from . import _bad_cases_a, _bad_cases_b, _bad_cases_c, _bad_cases_ring  # noqa: F401
 from ._bad_cases_b import CLOSED
+from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_input_table import CASES, Case, N, closed_fd
 from ._helpers import page_aligned_zeros
 from ._nothing import nothing_allocated
@@ -68,6 +69,7 @@ def o() -> Iterator[SimpleNamespace]:
     ns.plan_of_closed = cm.PrefetchPlan().add(closed_later, 0)
     closed_later.close()
     ns.page = np.zeros(N, np.uint8)
+    ring_objects(ns)  # before the closed descriptor: the ring's would take its number
     ns.closed_fd = closed_fd()
     # -- closed objects of every kind
     c = SimpleNamespace()
@@ -97,13 +99,14 @@ def o() -> Iterator[SimpleNamespace]:
     c.Mapping = vr.map(cm.PhysicalMemory.create(g))
     c.Mapping.close()
     vr.close()
+    closed_ring_objects(c)
     ns.closed = c
     ns.stream.synchronize()
     yield ns
     ns.stream.synchronize()
-    for obj in (ns.mapping, ns.range, ns.pm, ns.pm2, ns.grow, ns.pool_buf, ns.pool,
-                ns.host_pool, ns.reg, ns.reg_ro, ns.managed, ns.managed0, ns.dev, ns.host,
-                ns.host_f32, ns.host0d, ns.stream):
+    for obj in (ns.ring_slot, ns.ring, ns.dev_half, ns.mapping, ns.range, ns.pm, ns.pm2,
+                ns.grow, ns.pool_buf, ns.pool, ns.host_pool, ns.reg, ns.reg_ro, ns.managed,
+                ns.managed0, ns.dev, ns.host, ns.host_f32, ns.host0d, ns.stream):
         obj.close()
 
 

@@ -61,6 +61,13 @@ def _growable(env: cm.Stream) -> Made:
 F32 = np.dtype(np.float32)
 SHAPE = (N // 4 // 8, 8)
 
+
+def _ring_slot(env: cm.Stream) -> Made:
+    ring = cm.SharedHostRing(1, SHAPE, F32)
+    filled = ring.handle.writer().acquire(timeout=30)  # a worker, in this process
+    filled.array[...] = 0
+    return Made(ring.take(filled.publish()), [ring], F32, SHAPE, True, True, True)
+
 KINDS: dict[str, Callable[[cm.Stream], Made]] = {
     "DeviceBuffer": lambda s: Made(cm.DeviceBuffer.empty(N), [], np.dtype(np.uint8), (N,),
                                    True, False, False),
@@ -79,11 +86,13 @@ KINDS: dict[str, Callable[[cm.Stream], Made]] = {
     "PoolBuffer(managed)": lambda s: _pool_buf(s, managed=True),
     "Mapping": _mapping,
     "GrowableBuffer": _growable,
+    "RingSlot": _ring_slot,
 }
 KIND_OF = {"DeviceBuffer": "device", "DeviceBuffer(typed)": "device", "HostBuffer": "pinned",
            "HostBuffer.pooled": "pinned_pooled", "RegisteredHost": "registered",
            "ManagedBuffer": "managed", "PoolBuffer(device)": "pool", "PoolBuffer(host)": "pool",
-           "PoolBuffer(managed)": "pool", "Mapping": "vmm_mapped", "GrowableBuffer": "growable"}
+           "PoolBuffer(managed)": "pool", "Mapping": "vmm_mapped", "GrowableBuffer": "growable",
+           "RingSlot": "shared_ring"}
 PARAMS = [pytest.param(k, marks=pytest.mark.uses_managed_memory) if "anaged" in k else k
           for k in KINDS]
 

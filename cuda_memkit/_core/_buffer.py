@@ -61,6 +61,10 @@ class MemoryKind(str, enum.Enum):
         :class:`~cuda_memkit.Mapping` (``cuMemMap``).
     GROWABLE
         :class:`~cuda_memkit.GrowableBuffer` (mapped chunks).
+    SHARED_RING
+        :class:`~cuda_memkit.RingSlot` of a :class:`~cuda_memkit.SharedHostRing`
+        (shared memory registered with ``cuMemHostRegister``: its bytes are
+        also under ``REGISTERED``).
     """
 
     DEVICE = "device"
@@ -72,6 +76,7 @@ class MemoryKind(str, enum.Enum):
     VMM_PHYSICAL = "vmm_physical"
     VMM_MAPPED = "vmm_mapped"
     GROWABLE = "growable"
+    SHARED_RING = "shared_ring"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -100,8 +105,8 @@ class Buffer(Protocol, metaclass=_BufferMeta):
     :class:`~cuda_memkit.DeviceBuffer`, :class:`~cuda_memkit.HostBuffer`
     (also pooled), :class:`~cuda_memkit.RegisteredHost`,
     :class:`~cuda_memkit.ManagedBuffer`, :class:`~cuda_memkit.PoolBuffer`,
-    :class:`~cuda_memkit.Mapping` and :class:`~cuda_memkit.GrowableBuffer`
-    satisfy it (``isinstance(buf, cm.Buffer)``).
+    :class:`~cuda_memkit.Mapping`, :class:`~cuda_memkit.GrowableBuffer` and
+    :class:`~cuda_memkit.RingSlot` satisfy it (``isinstance(buf, cm.Buffer)``).
 
     After :meth:`close`, ``nbytes``, ``kind``, ``closed``, ``device`` and
     ``repr()`` still answer; everything that touches the memory (``ptr``,

@@ -417,6 +417,7 @@ KINDS: dict[str, str] = {
     "vmm_physical": "PhysicalMemory (cuMemCreate)",
     "vmm_mapped": "Mapping (cuMemMap)",
     "growable": "GrowableBuffer (mapped chunks)",
+    "shared_ring": "SharedHostRing segments (registered: also counted under registered)",
 }
 
 

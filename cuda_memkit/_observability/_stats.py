@@ -35,8 +35,9 @@ __all__ = ["MEMORY_KINDS", "KindStats", "MemoryStats", "Usage", "memory_stats",
 MEMORY_KINDS: dict[str, str] = dict(KINDS)
 
 #: Kinds whose bytes are another kind's memory seen again: a mapping of a
-#: PhysicalMemory occupies no memory of its own, so totals leave it out.
-ALIAS_KINDS = frozenset({"vmm_mapped"})
+#: PhysicalMemory occupies no memory of its own, and a SharedHostRing's segment
+#: is registered host memory (under "registered"), so totals leave them out.
+ALIAS_KINDS = frozenset({"vmm_mapped", "shared_ring"})
 
 _ANY: Any = object()  # MemoryStats.pool() given a bare handle: any device
 
@@ -166,11 +167,12 @@ class MemoryStats:
 
     @property
     def by_device(self) -> dict[int | None, Usage]:
-        """Sums per device (``None``: host memory) over kinds, mapped ranges left out.
+        """Sums per device (``None``: host memory) over kinds, aliases left out.
 
         A ``"vmm_mapped"`` range is PhysicalMemory (counted under
-        ``"vmm_physical"``) seen through addresses: counting it again would
-        count the same bytes twice.
+        ``"vmm_physical"``) seen through addresses, and a ``"shared_ring"``
+        segment is registered memory (counted under ``"registered"``):
+        counting them again would count the same bytes twice.
         """
         out: dict[int | None, Usage] = {}
         for s in self.accounts:
@@ -180,7 +182,7 @@ class MemoryStats:
 
     @property
     def current(self) -> int:
-        """Bytes held now, all kinds (mapped ranges left out: see :attr:`by_device`)."""
+        """Bytes held now, all kinds (mapped ranges and rings left out: see :attr:`by_device`)."""
         return sum(s.current for s in self.accounts if s.kind not in ALIAS_KINDS)
 
     @property
@@ -190,12 +192,12 @@ class MemoryStats:
 
     @property
     def live(self) -> int:
-        """Allocations alive now, all kinds (mapped ranges left out)."""
+        """Allocations alive now, all kinds (mapped ranges and rings left out)."""
         return sum(s.live for s in self.accounts if s.kind not in ALIAS_KINDS)
 
     @property
     def total(self) -> int:
-        """Allocations made so far, all kinds (mappings left out)."""
+        """Allocations made so far, all kinds (mappings and rings left out)."""
         return sum(s.total for s in self.accounts if s.kind not in ALIAS_KINDS)
 
     def kind(self, kind: str, device: int | Device | None = None) -> tuple[KindStats, ...]:
