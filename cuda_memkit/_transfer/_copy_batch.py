@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._core import _driver
+from .._core import _driver, _peer
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._checks import int64_array, refuse_negative
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
@@ -70,6 +70,7 @@ from .._core._operands import (
 )
 from .._core._resource import Resource, State
 from . import _kernels
+from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -717,7 +718,7 @@ class _Memo:
         """
         if any(op[3] in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
             return _kernels.kernel_groups(groups, method, stream)
-        key = (ctx, method, stream, where)
+        key = (ctx, method, stream, where, _peer.generation[0])  # (a disable: pick again)
         if key == self.pick_key and (not self.picked or int(
                 _driver.call("cuStreamGetDevice", stream)) == self.device):
             return self.picked
@@ -764,6 +765,9 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
+    # two devices' memory: peer access, grants (see _cross_device)
+    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op[3] == DRIVER == g.src_op[3]],
+                  issue_on)
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
               else memo.pick(groups, method, issue_on, where, ctx))
     rest = groups

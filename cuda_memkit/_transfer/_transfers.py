@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core import _buffer, _driver
-from .._core._device import StreamLike, ensure_any_context, stream_handle
+from .._core._device import StreamLike, ensure_any_context, primary_pushed, stream_handle
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -34,6 +34,7 @@ from .._core._operands import (
     reap_pending,
     refuse_pageable,
 )
+from ._cross_device import prepare_copy
 from ._staging import staged_copy, staging_wanted
 
 __all__ = ["copy", "copy_async"]
@@ -106,6 +107,12 @@ def copy(
     n = copy_size(d, s, nbytes)
     if staged is not False and _staged(d, s, n, None):
         return dst
+    if d[3] == DRIVER == s[3] and n:
+        runner = prepare_copy(dst, src, None)  # two devices' memory: see _cross_device
+        if runner is not None:
+            with primary_pushed(runner):
+                copy_sync(d, s, n)
+            return dst
     copy_sync(d, s, n)
     return dst
 
@@ -179,6 +186,8 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
     if pending_operands:
         reap_pending()
     ensure_any_context()
+    if d[3] == DRIVER == s[3]:
+        prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != RAW or d[3] != RAW:
         keep_alive(stream, (dst, src))
