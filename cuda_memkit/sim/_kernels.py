@@ -204,11 +204,13 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
     a: Allocation | None = S.MACHINE.find(addr)
     if a is None or not a.start <= addr < a.end:
         raise _fault()  # pageable, freed or never allocated
-    if (a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device)
+    if (a.kind not in _HOST_KINDS and a.kind not in ("managed", "vmm")
+            and a.device not in (-1, device)
             and not (a.kind == "pool" and pool_grants(a, device, write))
             and not (a.kind == "device" and reaches(device, a.device))):
         # another device's memory (a device pool's: unless it granted access; context
-        # memory: unless this device has peer access to it)
+        # memory: unless this device has peer access to it; a mapping's: the access it
+        # gives this device, checked by real_runs below)
         raise _fault()
     if a.kind == "host_pool" and not pool_grants(a, device, write):
         raise _fault()  # a pinned pool's memory is mapped only on devices given access
