@@ -215,3 +215,15 @@ case("MemoryPool(Location.host(), peers=[0])",
      lambda o: cm.MemoryPool(location=cm.Location.host(), peers=[0]), ValueError, "peers=")
 case("MemoryPool(managed=True, peers=[1])",
      lambda o: cm.MemoryPool(managed=True, peers=[1]), ValueError, "peers=")
+for _bad, _exc, _rx in [(0, ValueError, "nbytes"), ("1", TypeError, "nbytes"),
+                        (-5, ValueError, "nbytes")]:
+    case(f"GrowableBuffer.registrable({_bad!r})",
+         lambda o, b=_bad: cm.GrowableBuffer.registrable(b), _exc, _rx)
+case("GrowableBuffer.registrable(device='0')",
+     lambda o: cm.GrowableBuffer.registrable(1 << 20, device="0"), TypeError, "device")
+case("GrowableBuffer.registrable(peers=1)",
+     lambda o: cm.GrowableBuffer.registrable(1 << 20, peers=1), TypeError, "peers")
+case("GrowableBuffer(handle_type='bogus')",
+     lambda o: cm.GrowableBuffer(1 << 21, handle_type="bogus"), ValueError, "handle type")
+case("GrowableBuffer(handle_type=True)",
+     lambda o: cm.GrowableBuffer(1 << 21, handle_type=True), TypeError, "handle_type")
