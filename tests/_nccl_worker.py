@@ -157,7 +157,7 @@ def teardown(torch: Any, dist: Any, rank: int, world: int) -> dict[str, Any]:
     for obj in keep:
         obj.close()  # twice: nothing happens
     stats = cm.memory_stats()
-    live = {str(k): v.current for k, v in stats.by_kind().items() if v.current}
+    live = {str(k): v.current for k, v in stats.by_kind.items() if v.current}
     return {"sums": sums, "want": float(world * N), "live": live}
 
 
