@@ -905,9 +905,16 @@ def copy_batch(
         overlapping a destination block, read-only destinations, pageable
         memory in a stream-ordered batch without ``allow_pageable``, an
         unknown ``method``, ``method="kernel"`` with an operand the kernel
-        cannot reach (pageable memory, another device's memory).
+        cannot reach (pageable memory, another device's memory it has no peer
+        access to).
     ClosedError
         If an operand is closed.
+    PeerAccessError
+        Between two devices: the stream's device was given no access to the
+        other device's pool or mapped memory (see :func:`copy`); nothing is
+        issued. Another device's context memory is reached through peer
+        access, enabled on first use (:func:`configure_peer_access`), or
+        staged by the driver where the devices cannot reach each other.
     CudaError
         If the driver refuses a call: only an int address can lead there, as
         those are not checked. The calls before it, and the copies before
@@ -1063,6 +1070,8 @@ class CopyBatch(Resource):
             refused as by :func:`copy_batch`.
         ClosedError
             If an operand was closed since :meth:`add`.
+        PeerAccessError
+            As for :func:`copy_batch`.
         """
         with self._lock:
             self._check_open()

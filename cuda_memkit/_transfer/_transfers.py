@@ -96,6 +96,24 @@ def copy(
         ``allow_pageable``; all before any driver call.
     ClosedError
         If an operand is closed.
+    PeerAccessError
+        Between two devices: when neither may reach the other's pool or
+        mapped memory (see Notes), before anything is copied.
+
+    Notes
+    -----
+    Between the memory of two devices the copy runs on one of them (the
+    stream's device; without a stream the current device, or the other one
+    when only it was granted the pool or mapped memory involved). Context
+    memory of the other device (``DeviceBuffer``, other libraries' arrays) is
+    reached through peer access, enabled on first use where the two devices
+    can reach each other (:func:`configure_peer_access` turns that off);
+    where they cannot, the driver stages the copy through host memory:
+    correct, about ten times slower. Pool and mapped memory of the other
+    device needs its own grant (``MemoryPool(..., peers=[...])``,
+    ``GrowableBuffer(..., peers=[...])``, ``Mapping.set_access``); a
+    stream-ordered copy without it raises :class:`PeerAccessError` naming the
+    call. See "Several GPUs" in the docs.
     """
     if staged is not None and not isinstance(staged, bool):
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
@@ -164,6 +182,13 @@ def copy_async(
     Returns
     -------
     dst
+
+    Raises
+    ------
+    PeerAccessError
+        Between two devices, when the stream's device was given no access to
+        the other device's pool or mapped memory (see :func:`copy`), before
+        anything is issued.
     """
     _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable)
     return dst
