@@ -238,3 +238,24 @@ def test_a_pool_peer_without_a_path_is_refused_before_the_pool_is_made(
     with nothing_allocated(monkeypatch, driver_may_refuse=True), \
             pytest.raises(cm.CudaPeerAccessUnsupportedError, match="cannot access device 0"):
         cm.MemoryPool(0, peers=[1])
+
+
+@pytest.mark.sim_only
+def test_a_growable_peer_without_a_path_is_refused_before_anything_is_made(
+        no_path: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    with nothing_allocated(monkeypatch, driver_may_refuse=True), \
+            pytest.raises(cm.CudaPeerAccessUnsupportedError, match="cannot access device 1"):
+        cm.GrowableBuffer(1 << 22, device=1, peers=[0])
+
+
+def test_grants_of_a_closed_pool_or_buffer_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = cm.MemoryPool(1, peers=[0])
+    assert pool.access(0) is cm.Access.READWRITE  # granted at creation
+    grow = cm.GrowableBuffer(1 << 22, device=1)
+    pool.close()
+    grow.close()
+    with nothing_allocated(monkeypatch):
+        with pytest.raises(cm.ClosedError):
+            pool.set_access(0, cm.Access.READWRITE)
+        with pytest.raises(cm.ClosedError):
+            grow.grant_access(0)
