@@ -302,6 +302,15 @@ def pool_on_1(c: Case, ctx1, s1, n: int) -> tuple[object, int]:
     return pool, ptr
 
 
+def pool_setup(c: Case, n: int):
+    """(ctx0, ctx1, stream of each, ``n`` bytes of device 0, a pool of device 1, ``n`` of it)."""
+    ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
+    s0, s1 = stream_in(c, ctx0), stream_in(c, ctx1)
+    local = alloc_in(c, ctx0, n)
+    pool, remote = pool_on_1(c, ctx1, s1, n)
+    return ctx0, ctx1, s0, s1, local, pool, remote
+
+
 def _free_sync(ptr, stream):
     r = d.cuMemFreeAsync(ptr, stream)
     d.cuStreamSynchronize(stream)
@@ -324,10 +333,7 @@ def f_copy_pool(c: Case):
     if not two(c):
         return
     n = MiB
-    ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
-    s0, s1 = stream_in(c, ctx0), stream_in(c, ctx1)
-    local = alloc_in(c, ctx0, n)
-    pool, remote = pool_on_1(c, ctx1, s1, n)
+    ctx0, ctx1, s0, s1, local, pool, remote = pool_setup(c, n)
     GA, SA = d.cuMemPoolGetAccess, d.cuMemPoolSetAccess
     r = c("getAccess(pool1, dev0) fresh", GA, pool, dev_loc(0))
     c.val("access_dev0_fresh", jv(r.v))
@@ -361,10 +367,7 @@ def _pool_grant_case(flags, label: str):
         if not two(c):
             return
         n = MiB
-        ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
-        s0, s1 = stream_in(c, ctx0), stream_in(c, ctx1)
-        local = alloc_in(c, ctx0, n)
-        pool, remote = pool_on_1(c, ctx1, s1, n)
+        ctx0, ctx1, s0, s1, local, pool, remote = pool_setup(c, n)
         c("setAccess(pool1, dev0 RW)", d.cuMemPoolSetAccess, pool, [access_desc(dev_loc(0))], 1)
         cross(c, "granted", ctx0, ctx1, s0, local, remote, n)
         c(f"setAccess(pool1, dev0 {label})", d.cuMemPoolSetAccess, pool,
