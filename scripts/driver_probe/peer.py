@@ -367,7 +367,7 @@ def _pool_grant_case(flags, label: str):
         if not two(c):
             return
         n = MiB
-        ctx0, ctx1, s0, s1, local, pool, remote = pool_setup(c, n)
+        ctx0, ctx1, s0, _s1, local, pool, remote = pool_setup(c, n)
         c("setAccess(pool1, dev0 RW)", d.cuMemPoolSetAccess, pool, [access_desc(dev_loc(0))], 1)
         cross(c, "granted", ctx0, ctx1, s0, local, remote, n)
         c(f"setAccess(pool1, dev0 {label})", d.cuMemPoolSetAccess, pool,
