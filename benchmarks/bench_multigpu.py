@@ -197,6 +197,8 @@ def staged_and_ungranted(b: Bench, src: Any, dst: Any, n: int) -> None:
                   res["staged"])
         finally:
             cm.configure_peer_access(auto=before)
+            cm.Device(0).enable_peer_access(1)  # PyTorch's rows after this use it too
+            cm.Device(1).enable_peer_access(0)
     finally:
         pool.close()
 
