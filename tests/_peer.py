@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import cuda_memkit as cm
+from cuda_memkit._core import _driver
 
 
 def disable_all() -> None:
@@ -19,9 +20,14 @@ def disable_all() -> None:
 
 @contextmanager
 def no_peer_access(auto: bool = True) -> Iterator[None]:
-    """Inside: no peer access enabled, ``configure_peer_access(auto=auto)``; after: as before,
-    with peer access disabled again (a test enables what it needs)."""
+    """No peer access and ``configure_peer_access(auto=auto)`` inside.
+
+    After: the settings as before, peer access disabled again (a test enables
+    what it needs), and the thread's current context as before (buffers made
+    on device 1 leave device 1's context current; the next test expects its own).
+    """
     before = cm.peer_access_settings()
+    ctx = _driver.call("cuCtxGetCurrent")
     disable_all()
     cm.configure_peer_access(auto=auto)
     try:
@@ -29,3 +35,4 @@ def no_peer_access(auto: bool = True) -> Iterator[None]:
     finally:
         cm.configure_peer_access(auto=before.auto)
         disable_all()
+        _driver.call("cuCtxSetCurrent", ctx)
