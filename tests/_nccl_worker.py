@@ -99,7 +99,7 @@ def _dlpack_managed(torch: Any) -> bool:
     try:
         with cm.ManagedBuffer.empty(4, np.float32) as m:
             torch.from_dlpack(m.as_array(np.float32, (4,)))
-    except (BufferError, RuntimeError, TypeError):
+    except (BufferError, RuntimeError, TypeError, ValueError):
         return False
     return True
 
@@ -138,27 +138,38 @@ def lifetime(torch: Any, dist: Any, rank: int, world: int) -> dict[str, Any]:
 
 
 def teardown(torch: Any, dist: Any, rank: int, world: int) -> dict[str, Any]:
+    """The group destroyed under live views; buffers closed while DLPack views hold them.
+
+    A DLPack view holds the buffer's memory past ``close()`` (the memory goes
+    when the last view does); a ``__cuda_array_interface__`` consumer cannot be
+    followed, so those views are dropped before their buffers are closed.
+    """
+    import gc
+
     stream = torch.cuda.current_stream()
     keep: list[Any] = []
     bufs = [make(kind, rank, N, keep, stream) for kind in KINDS]
-    views = [tensor(torch, b, N, rank, "cai") for b in bufs]
+    dl = _dlpack_managed(torch)
+    vias = ["dlpack" if kind != "managed" or dl else "cai" for kind in KINDS]
+    views = [tensor(torch, b, N, rank, via) for b, via in zip(bufs, vias, strict=True)]
     for t in views:
         t.fill_(1.0)
         dist.all_reduce(t)
     torch.cuda.synchronize()
     dist.destroy_process_group()  # with torch tensors still viewing every buffer
     sums = [float(b.to_numpy().view(np.float32).sum()) for b in bufs]
-    for obj in reversed(keep):
-        obj.close()  # deferred while the tensors live
+    for b, via in zip(bufs, vias, strict=True):
+        if via == "dlpack":
+            b.close()  # its release waits for the view
+    torch.cuda.synchronize()
+    after_close = [float(t.sum().item()) for t in views]  # the memory is still there
     del views
-    import gc
-
     gc.collect()
-    for obj in keep:
-        obj.close()  # twice: nothing happens
+    for obj in reversed(keep):
+        obj.close()  # the rest; the closed ones again: nothing happens
     stats = cm.memory_stats()
     live = {str(k): v.current for k, v in stats.by_kind.items() if v.current}
-    return {"sums": sums, "want": float(world * N), "live": live}
+    return {"sums": sums, "after_close": after_close, "want": float(world * N), "live": live}
 
 
 def nccl4py(torch: Any, dist: Any, rank: int, world: int) -> dict[str, Any]:

@@ -95,6 +95,7 @@ def test_the_documented_lifetime_pattern(tmp_path: Path) -> None:
 def test_process_group_torn_down_while_buffers_are_viewed(tmp_path: Path) -> None:
     for result in run_ranks("teardown", tmp_path):
         assert result["sums"] == [result["want"]] * 6
+        assert result["after_close"] == [result["want"]] * 6  # nothing freed under a view
         assert result["live"] == {}  # nothing left in the ledger: nothing leaked
 
 
