@@ -255,3 +255,19 @@ def test_host_copies_of_another_devices_memory_from_any_context(kind: str) -> No
             remote.fill(5)
             assert int(_driver.call("cuCtxGetDevice")) == 0
         assert (remote.to_numpy() == 5).all()
+
+
+def test_a_copy_on_another_devices_stream_stays_asynchronous(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issued in the stream's context, so that the operands' hold (an event) goes on the
+    # stream rather than waiting for the copy; the caller's context is kept.
+    with ExitStack() as stack:
+        a, b = make("device", 0, stack), make("device", 1, stack)
+        s0 = stack.enter_context(cm.Stream(0))
+        with cm.Device(1), record_calls(monkeypatch) as calls:
+            cm.copy_async(b, a, stream=s0)
+            assert int(_driver.call("cuCtxGetDevice")) == 1
+        made = [api for api, _ in calls]
+        assert "cuMemcpyAsync" in made and "cuStreamSynchronize" not in made
+        assert made.index("cuCtxPushCurrent") < made.index("cuMemcpyAsync")
+        s0.synchronize()

@@ -112,7 +112,8 @@ def prepare_copy(dst: Any, src: Any, stream: int | None) -> int | None:
     Returns
     -------
     int or None
-        The device whose primary context a synchronous copy must run in,
+        The device whose primary context the copy must be issued in (a
+        synchronous copy's runner; a stream-ordered copy's stream's device),
         when that is not the current one; ``None`` otherwise.
 
     Raises
@@ -125,14 +126,14 @@ def prepare_copy(dst: Any, src: Any, stream: int | None) -> int | None:
     if a is None or b is None or a == b:
         return None
     sides = [(dst, a, True), (src, b, False)]
+    current = ensure_context(None)
     if stream is not None:
         runner = int(_driver.call("cuStreamGetDevice", stream))
         problems = _missing(sides, runner)
         if problems:
             raise _refuse("cuMemcpyAsync", problems)
         _enable(sides, runner)
-        return None
-    current = ensure_context(None)
+        return None if runner == current else runner
     problems = []
     for runner in dict.fromkeys((current, a, b)):
         found = _missing(sides, runner)

@@ -212,7 +212,17 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
         reap_pending()
     ensure_any_context()
     if d[3] == DRIVER == s[3]:
-        prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
+        runner = prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
+        if runner is not None:
+            # issued in the stream's context, where keep_alive's event may go on the stream
+            with primary_pushed(runner):
+                _issue(dst, src, d, s, n, stream)
+            return
+    _issue(dst, src, d, s, n, stream)
+
+
+def _issue(dst: Any, src: Any, d: Operand, s: Operand, n: int, stream: int) -> None:
+    """``cuMemcpyAsync`` on ``stream``; the operands held until the stream is past it."""
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != RAW or d[3] != RAW:
         keep_alive(stream, (dst, src))
