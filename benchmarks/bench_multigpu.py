@@ -135,11 +135,14 @@ def copies(b: Bench) -> None:
         cases["torch"] = torch_copy
 
     def one_way() -> None:
-        cm.copy_async(dst, src, stream=s0)
+        with cm.Device(0):
+            cm.copy_async(dst, src, stream=s0)
 
     def both_ways() -> None:
-        cm.copy_async(dst, src, stream=s0)
-        cm.copy_async(back_dst, back_src, stream=s1)
+        with cm.Device(0):
+            cm.copy_async(dst, src, stream=s0)
+        with cm.Device(1):
+            cm.copy_async(back_dst, back_src, stream=s1)
 
     cases["one way"], cases["both ways"] = one_way, both_ways
     res = b.run(cases, rewarm=True)
@@ -274,8 +277,9 @@ def sizes(b: Bench) -> None:
         while size <= top:
             count = max(1, min(64, (256 * MiB) // size)) if not b.quick else 4
             def memkit(size: int = size, count: int = count) -> None:
-                for _ in range(count):
-                    cm.copy_async(dst, src, stream=s0, nbytes=size)
+                with cm.Device(0):  # the stream's device, as a program issuing there has
+                    for _ in range(count):
+                        cm.copy_async(dst, src, stream=s0, nbytes=size)
 
             cases: Cases = {"memkit": memkit}
             if x is not None and y is not None:
