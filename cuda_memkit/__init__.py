@@ -18,6 +18,7 @@ from ._core._errors import *  # noqa: F403 - the exception tree, named once in i
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._core._buffer import Buffer, MemoryKind
     from ._core._device import Device, Location, LocationType, Stream, device_count
+    from ._core._peer import PeerAccessSettings, configure_peer_access, peer_access_settings
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
     from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_core._buffer": ("Buffer", "MemoryKind"),
     "_core._device": ("Device", "Location", "LocationType", "Stream", "device_count"),
+    "_core._peer": ("PeerAccessSettings", "configure_peer_access", "peer_access_settings"),
     "_device_memory._device_buffer": ("DeviceBuffer",),
     "_transfer._transfers": ("copy", "copy_async"),
     "_transfer._copy_batch": ("CopyBatch", "copy_batch"),
@@ -134,6 +136,7 @@ __all__ = [
     "MemoryPool",
     "MemoryStats",
     "MigrationPolicy",
+    "PeerAccessSettings",
     "PhysicalMemory",
     "PlanEntry",
     "PlannedCall",
@@ -157,6 +160,7 @@ __all__ = [
     "WriterSlot",
     "__version__",
     "backend_name",
+    "configure_peer_access",
     "configure_staging",
     "copy",
     "copy_async",
@@ -164,6 +168,7 @@ __all__ = [
     "device_count",
     "granularity",
     "memory_stats",
+    "peer_access_settings",
     "register_host",
     "release_staging",
     "reset_peak_stats",

@@ -42,7 +42,9 @@ Layout: ``scripts/driver_probe/`` holds the framework (``_framework.py``: call
 helpers, ``Case``, ``@probe``; ``_helpers.py``: locations and resources;
 ``_runner.py``: child processes and crash recovery) and one module per feature
 section: ``core.py`` (A), ``pinned.py`` (B), ``managed.py`` (C), ``vmm.py`` (D),
-``pool.py`` (E).  This file only parses the arguments and runs.
+``pool.py`` (E), ``peer.py`` (F: two devices; its answers are recorded apart, in
+``tests/conformance/h200x2_probe.json``: ``--cases 'F_*'`` on a machine with two
+GPUs).  This file only parses the arguments and runs.
 
 Adding a probe
 --------------

@@ -215,3 +215,40 @@ case("DeviceBuffer.zeros(device='0')", lambda o: cm.DeviceBuffer.zeros(4, device
      TypeError, "device")
 case("DeviceBuffer.empty(float32, overflow)",
      lambda o: cm.DeviceBuffer.empty((1 << 62, 4), np.float32), ValueError, "bytes")
+
+# == peer access between devices ======================================================
+
+case("configure_peer_access(auto=1)", lambda o: cm.configure_peer_access(auto=1), TypeError,
+     "auto")
+case("configure_peer_access(auto=None)", lambda o: cm.configure_peer_access(auto=None),
+     TypeError, "auto")
+case("PeerAccessSettings(auto='yes')", lambda o: cm.PeerAccessSettings(auto="yes"), TypeError,
+     "auto")
+for _m in ("enable_peer_access", "disable_peer_access", "peer_access_enabled"):
+    for _bad, _exc, _rx in [(0, ValueError, "not a peer of itself"),
+                            (99, ValueError, "peer 99 does not exist"),
+                            ("1", TypeError, "peer must be"), (True, TypeError, "peer must be"),
+                            (-1, ValueError, "peer ordinal")]:
+        case(f"Device.{_m}({_bad!r})",
+             lambda o, m=_m, b=_bad: getattr(cm.Device(0), m)(b), _exc, _rx)
+for _bad, _exc, _rx in [(1, TypeError, "peers must be an iterable"),
+                        ("1", TypeError, "peers must be an iterable"),
+                        ([99], ValueError, "peer 99 does not exist"),
+                        (["1"], TypeError, "peer must be"), ([-1], ValueError, "peer ordinal")]:
+    case(f"MemoryPool(peers={_bad!r})", lambda o, b=_bad: cm.MemoryPool(0, peers=b), _exc, _rx)
+case("MemoryPool(Location.host(), peers=[0])",
+     lambda o: cm.MemoryPool(location=cm.Location.host(), peers=[0]), ValueError, "peers=")
+case("MemoryPool(managed=True, peers=[1])",
+     lambda o: cm.MemoryPool(managed=True, peers=[1]), ValueError, "peers=")
+for _bad, _exc, _rx in [(0, ValueError, "nbytes"), ("1", TypeError, "nbytes"),
+                        (-5, ValueError, "nbytes")]:
+    case(f"GrowableBuffer.registrable({_bad!r})",
+         lambda o, b=_bad: cm.GrowableBuffer.registrable(b), _exc, _rx)
+case("GrowableBuffer.registrable(device='0')",
+     lambda o: cm.GrowableBuffer.registrable(1 << 20, device="0"), TypeError, "device")
+case("GrowableBuffer.registrable(peers=1)",
+     lambda o: cm.GrowableBuffer.registrable(1 << 20, peers=1), TypeError, "peers")
+case("GrowableBuffer(handle_type='bogus')",
+     lambda o: cm.GrowableBuffer(1 << 21, handle_type="bogus"), ValueError, "handle type")
+case("GrowableBuffer(handle_type=True)",
+     lambda o: cm.GrowableBuffer(1 << 21, handle_type=True), TypeError, "handle_type")

@@ -46,7 +46,8 @@ FORBIDDEN = ALLOCATING | ISSUING | {"cuMemSetAccess", "cuMemPoolSetAccess",
                                     "cuMemPoolSetAttribute", "cuStreamAttachMemAsync",
                                     "cuMemcpy", "cuMemcpyAsync", "cuMemsetD8",
                                     "cuMemsetD8Async", "cuMemcpyBatchAsync",
-                                    "cuMemcpyHtoDAsync", "cuLaunchKernel"}
+                                    "cuMemcpyHtoDAsync", "cuLaunchKernel",
+                                    "cuCtxEnablePeerAccess", "cuCtxDisablePeerAccess"}
 #: Free memory a GPU may report differently between two reads with nothing allocated.
 GPU_SLACK = 2 << 20
 

@@ -22,6 +22,7 @@ from cuda_memkit._transfer import _kernels
 from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
 from ._helpers import record_calls
+from ._peer import no_peer_access
 
 KiB = 1 << 10
 B = 4 * KiB
@@ -259,10 +260,10 @@ def test_kernel_refuses_pageable_before_anything_runs(dev_out: cm.DeviceBuffer,
 
 
 @pytest.mark.multi_gpu
-def test_kernel_refuses_another_devices_memory(host: cm.HostBuffer) -> None:
+def test_kernel_refuses_another_devices_memory_without_peer_access(host: cm.HostBuffer) -> None:
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
-    with cm.Device(0):  # the caller's context comes back at the end
+    with cm.Device(0), no_peer_access(auto=False):  # the caller's context comes back at the end
         other = cm.DeviceBuffer.empty(N * B, device=1)
         try:
             with cm.Device(0):

@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 ENTRY = SCRIPTS / "gpu_probe.py"
 H100 = ROOT / "tests" / "conformance" / "h100_probe.json"
-SECTION = {"core": "A", "pinned": "B", "managed": "C", "vmm": "D", "pool": "E"}
+#: Answers of the two-device cases (section F), recorded on two H200s.
+TWO_GPUS = ROOT / "tests" / "conformance" / "h200x2_probe.json"
+SECTION = {"core": "A", "pinned": "B", "managed": "C", "vmm": "D", "pool": "E", "peer": "F"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,10 @@ def test_every_recorded_case_is_registered(pkg: ModuleType) -> None:
     assert runner_cases <= recorded
     missing = sorted(recorded - runner_cases - names)
     assert not missing, f"cases of h100_probe.json no probe module registers: {missing}"
+    if TWO_GPUS.exists():
+        two = set(json.loads(TWO_GPUS.read_text())) - {"_meta"} - runner_cases
+        assert two and all(n.startswith("F_") for n in two)
+        assert not sorted(two - names), "cases of h200x2_probe.json no probe module registers"
     assert len(names) >= 50  # the 53 probes of the split; never fewer by accident
 
 

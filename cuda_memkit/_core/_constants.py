@@ -10,21 +10,36 @@ __all__ = [
     "CONTEXT_IS_DESTROYED",
     "EVENT_DISABLE_TIMING",
     "INVALID_CONTEXT",
+    "INVALID_VALUE",
     "LEGACY_STREAMS",
     "MEMHOSTALLOC_PORTABLE",
     "MEMHOSTREGISTER_READ_ONLY",
     "MEMHOST_DEVICEMAP",
+    "PEER_ACCESS_ALREADY_ENABLED",
+    "PEER_ACCESS_NOT_ENABLED",
+    "PEER_ACCESS_UNSUPPORTED",
     "STREAM_LEGACY",
     "STREAM_NON_BLOCKING",
     "STREAM_PER_THREAD",
+    "TOO_MANY_PEERS",
 ]
 
 # -- CUresult codes --------------------------------------------------------------------
 
+#: ``CUDA_ERROR_INVALID_VALUE``: the driver refused an argument.
+INVALID_VALUE = 1
 #: ``CUDA_ERROR_INVALID_CONTEXT``: the calling thread has no current context.
 INVALID_CONTEXT = 201
 #: ``CUDA_ERROR_CONTEXT_IS_DESTROYED``: another thread destroyed the current context.
 CONTEXT_IS_DESTROYED = 709
+#: ``CUDA_ERROR_PEER_ACCESS_UNSUPPORTED``: the two devices have no peer path.
+PEER_ACCESS_UNSUPPORTED = 217
+#: ``CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED``: enabling twice (success for cuda_memkit).
+PEER_ACCESS_ALREADY_ENABLED = 704
+#: ``CUDA_ERROR_PEER_ACCESS_NOT_ENABLED``: disabling what is not enabled.
+PEER_ACCESS_NOT_ENABLED = 705
+#: ``CUDA_ERROR_TOO_MANY_PEERS``: the device's peer mappings are used up.
+TOO_MANY_PEERS = 711
 
 # -- stream handles and flags ----------------------------------------------------------
 

@@ -5,22 +5,26 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
-from . import _driver
+from . import _driver, _peer
 from ._checks import MAX_U64, u64
 from ._constants import (
     CONTEXT_IS_DESTROYED,
     EVENT_DISABLE_TIMING,
     INVALID_CONTEXT,
+    PEER_ACCESS_ALREADY_ENABLED,
+    PEER_ACCESS_NOT_ENABLED,
+    PEER_ACCESS_UNSUPPORTED,
     STREAM_LEGACY,
     STREAM_NON_BLOCKING,
+    TOO_MANY_PEERS,
 )
-from ._errors import CudaError
+from ._errors import CudaError, CudaPeerAccessUnsupportedError
 from ._resource import Resource, driver_release, make_finalizer, warn_exit_failed
 
 __all__ = [
@@ -89,6 +93,7 @@ def forget_contexts() -> None:
     """Forget the retained primary contexts (the simulated machine was replaced)."""
     with _ctx_lock:
         _primary.clear()
+    _peer.forget()  # peer access was enabled between those contexts
 
 
 def primary_context(ordinal: int) -> int:
@@ -184,6 +189,128 @@ def ensure_context(ordinal: int | None = None) -> int:
     if cur != want:
         _driver.call("cuCtxSetCurrent", want)
     return ordinal
+
+
+# -- peer access (the state is in _peer) --------------------------------------------------
+
+
+def peer_ordinal(device: int, peer: object) -> int:
+    """``peer`` checked for :class:`Device`'s peer-access methods: an existing other device."""
+    other = existing_ordinal(peer, "peer")
+    if other == device:
+        raise ValueError(f"device {device} is not a peer of itself: a device always accesses "
+                         "its own memory")
+    return other
+
+
+def peer_ordinals(peers: object, device: int | None) -> list[int]:
+    """A ``peers=`` argument checked: the existing devices other than ``device``, in order.
+
+    ``device`` ``None`` (memory of no one device): every device given, unchecked for reach.
+
+    Raises
+    ------
+    TypeError
+        If ``peers`` is not an iterable of ints or Devices (one int is refused too).
+    ValueError
+        For a device that does not exist.
+    CudaPeerAccessUnsupportedError
+        For a device that cannot access ``device``'s memory.
+    """
+    if isinstance(peers, (str, bytes)) or not isinstance(peers, Iterable):
+        raise TypeError(f"peers must be an iterable of devices (ints or Devices), not "
+                        f"{type(peers).__name__}; for one peer pass peers=[n]")
+    out: list[int] = []
+    for p in peers:
+        o = existing_ordinal(p, "peer")
+        if o != device and o not in out:
+            out.append(o)
+    for o in out:
+        if device is not None and not can_reach(o, device):
+            raise CudaPeerAccessUnsupportedError(
+                PEER_ACCESS_UNSUPPORTED, "cuDeviceCanAccessPeer",
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+                f"device {o} cannot access device {device}'s memory, so it cannot be a peer")
+    return out
+
+
+def can_reach(device: int, peer: int) -> bool:
+    """``cuDeviceCanAccessPeer(device, peer)``, asked once per pair."""
+    hit = _peer.reachable.get((device, peer))
+    if hit is None:
+        hit = bool(_driver.call("cuDeviceCanAccessPeer", _driver.call("cuDeviceGet", device),
+                                _driver.call("cuDeviceGet", peer)))
+        _peer.reachable[(device, peer)] = hit
+    return hit
+
+
+def peer_enabled(device: int, peer: int) -> bool:
+    """Whether cuda_memkit enabled (or found enabled) ``device``'s access to ``peer``'s memory."""
+    hit = _peer.enabled.get((device, peer))
+    return hit is not None and hit == (_primary.get(device), _primary.get(peer))
+
+
+def enable_peer(device: int, peer: int) -> None:
+    """Enable ``device``'s access to ``peer``'s memory between their primary contexts.
+
+    ``CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`` is success (another library
+    sharing the primary contexts may have enabled it).
+
+    Raises
+    ------
+    CudaPeerAccessUnsupportedError
+        Where ``cuDeviceCanAccessPeer`` says no, before any enabling call.
+    """
+    with _peer.LOCK:
+        if peer_enabled(device, peer):
+            return
+        if not can_reach(device, peer):
+            raise CudaPeerAccessUnsupportedError(
+                PEER_ACCESS_UNSUPPORTED, "cuCtxEnablePeerAccess",
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+                f"device {device} cannot access device {peer}'s memory "
+                "(cuDeviceCanAccessPeer): copies between them are staged through host memory")
+        ctx, other = primary_context(device), primary_context(peer)
+        with primary_pushed(device):
+            try:
+                _driver.call("cuCtxEnablePeerAccess", other, 0)
+            except CudaError as exc:
+                if exc.code != PEER_ACCESS_ALREADY_ENABLED:
+                    raise
+        _peer.enabled[(device, peer)] = (ctx, other)
+
+
+def disable_peer(device: int, peer: int) -> None:
+    """Disable ``device``'s access to ``peer``'s memory; not enabled is success."""
+    with _peer.LOCK:
+        other = primary_context(peer)
+        with primary_pushed(device):
+            try:
+                _driver.call("cuCtxDisablePeerAccess", other)
+            except CudaError as exc:
+                if exc.code != PEER_ACCESS_NOT_ENABLED:
+                    raise
+        _peer.enabled.pop((device, peer), None)
+        _peer.generation[0] += 1
+
+
+def ensure_peer_access(device: int, peer: int) -> bool:
+    """For copies: whether ``device`` reaches ``peer``'s context memory directly now.
+
+    Enables it on first use where the settings allow (``auto``) and the
+    hardware can; ``False`` leaves the copy to the driver's staged path.
+    """
+    if peer_enabled(device, peer):
+        return True
+    if not _peer.peer_access_settings().auto or not can_reach(device, peer):
+        return False
+    try:
+        enable_peer(device, peer)
+    except CudaError as exc:  # the hardware's answer: the copy is staged instead
+        if exc.code not in (PEER_ACCESS_UNSUPPORTED, TOO_MANY_PEERS):
+            raise
+        return False
+    return True
 
 
 class Device:
@@ -380,6 +507,88 @@ class Device:
         """
         other = Device(peer) if not isinstance(peer, Device) else peer
         return bool(_driver.call("cuDeviceCanAccessPeer", self._handle, other._handle))
+
+    def enable_peer_access(self, peer: Device | int) -> None:
+        """Let this device access device ``peer``'s memory directly (``cuCtxEnablePeerAccess``).
+
+        Enables it between the two devices' primary contexts, in one direction:
+        this device's kernels and copies may then read and write ``peer``'s
+        context memory (:class:`~cuda_memkit.DeviceBuffer`, ``cuMemAlloc``)
+        over NVLink or PCIe, instead of the driver staging copies through host
+        memory. Enabling what is enabled is success, so is enabling what
+        another library (PyTorch, CuPy) enabled in the same primary contexts;
+        the call is thread-safe. Copies enable it by themselves where
+        :func:`~cuda_memkit.configure_peer_access` allows (the default).
+
+        Pool and mapped memory are not affected: they follow their own grants
+        (``MemoryPool(..., peers=[...])``, :meth:`MemoryPool.set_access
+        <cuda_memkit.MemoryPool.set_access>`, ``GrowableBuffer(..., peers=[...])``,
+        :meth:`Mapping.set_access <cuda_memkit.Mapping.set_access>`).
+
+        Parameters
+        ----------
+        peer : int or Device
+            The other device.
+
+        Raises
+        ------
+        TypeError
+            If ``peer`` is not an int or a :class:`Device`.
+        ValueError
+            If ``peer`` is this device or does not exist (before any enabling call).
+        CudaPeerAccessUnsupportedError
+            If the devices cannot access each other's memory
+            (:meth:`can_access_peer` is false).
+
+        Examples
+        --------
+        >>> if cm.device_count() > 1 and cm.Device(0).can_access_peer(1):
+        ...     cm.Device(0).enable_peer_access(1)
+        ...     cm.Device(0).peer_access_enabled(1)
+        ... else:
+        ...     True
+        True
+        """
+        enable_peer(self._ordinal, peer_ordinal(self._ordinal, peer))
+
+    def disable_peer_access(self, peer: Device | int) -> None:
+        """End this device's direct access to device ``peer``'s memory (``cuCtxDisablePeerAccess``).
+
+        Disabling what is not enabled is success. Copies issued afterwards
+        between the two are staged by the driver (or enable it again, where
+        :func:`~cuda_memkit.configure_peer_access` has ``auto`` on). Finish the
+        work that uses the access first: a kernel reading ``peer``'s memory
+        when the access is gone faults.
+
+        Parameters
+        ----------
+        peer : int or Device
+            The other device.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :meth:`enable_peer_access`.
+        """
+        disable_peer(self._ordinal, peer_ordinal(self._ordinal, peer))
+
+    def peer_access_enabled(self, peer: Device | int) -> bool:
+        """Whether this device has direct access to device ``peer``'s memory.
+
+        What cuda_memkit enabled (or found enabled) between the primary
+        contexts; the driver has no query of its own.
+
+        Parameters
+        ----------
+        peer : int or Device
+            The other device.
+
+        Raises
+        ------
+        TypeError, ValueError
+            As for :meth:`enable_peer_access`.
+        """
+        return peer_enabled(self._ordinal, peer_ordinal(self._ordinal, peer))
 
     # -- context -------------------------------------------------------------
     def set_current(self) -> None:

@@ -25,7 +25,9 @@ __all__ = [
     "CudaNotPermittedError",
     "CudaNotSupportedError",
     "CudaOutOfMemoryError",
+    "CudaPeerAccessUnsupportedError",
     "MemkitWarning",
+    "PeerAccessError",
 ]
 
 
@@ -126,6 +128,31 @@ class CudaHostMemoryNotRegisteredError(CudaError):
     """The host range is not registered (``CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED``)."""
 
 
+class CudaPeerAccessUnsupportedError(CudaError):
+    """Two devices cannot access each other's memory (``CUDA_ERROR_PEER_ACCESS_UNSUPPORTED``).
+
+    Raised by :meth:`~cuda_memkit.Device.enable_peer_access` where
+    ``cuDeviceCanAccessPeer`` answers no (no NVLink or PCIe peer path between
+    them); copies between such devices still work, staged by the driver
+    through host memory.
+    """
+
+
+class PeerAccessError(CudaInvalidValueError):
+    """A device was given no access to pool or mapped memory of another device.
+
+    A copy or kernel between two devices runs on one of them, which must be
+    allowed to read (and, for a destination, write) the other's pool or VMM
+    memory: ``MemoryPool(..., peers=[...])`` or :meth:`MemoryPool.set_access
+    <cuda_memkit.MemoryPool.set_access>`, ``GrowableBuffer(..., peers=[...])``
+    or :meth:`GrowableBuffer.grant_access <cuda_memkit.GrowableBuffer.grant_access>`,
+    :meth:`Mapping.set_access <cuda_memkit.Mapping.set_access>`. The driver
+    answers such a copy with ``CUDA_ERROR_INVALID_VALUE``, which is this
+    error's code; the message names the memory, the device and the call that
+    grants the access.
+    """
+
+
 class CudaDriverNotFoundError(CudaError):
     """No usable CUDA driver: libcuda is missing, or lacks a function we need.
 
@@ -155,6 +182,7 @@ _CLASS_BY_CODE: dict[int, type[CudaError]] = {
     201: CudaInvalidContextError,  # CUDA_ERROR_INVALID_CONTEXT
     208: CudaAlreadyMappedError,  # CUDA_ERROR_ALREADY_MAPPED
     211: CudaNotMappedError,  # CUDA_ERROR_NOT_MAPPED
+    217: CudaPeerAccessUnsupportedError,  # CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
     400: CudaInvalidHandleError,  # CUDA_ERROR_INVALID_HANDLE
     712: CudaHostMemoryAlreadyRegisteredError,  # CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
     713: CudaHostMemoryNotRegisteredError,  # CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED

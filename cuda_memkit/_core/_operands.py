@@ -274,18 +274,14 @@ def device_with_access(ptr: int, preferred: int) -> int | None:
     return None
 
 
-def _pool_owner(*ptrs: int) -> int | None:
-    """The device of the pool one of ``ptrs`` is from, where the current device has no access.
+def _granted_device(*ptrs: int) -> int | None:
+    """A device granted the pool or mapped memory one of ``ptrs`` is, the current one not.
 
     ``None``: no such operand (the copy failed for another reason).
     """
     current = ensure_context(None)
-    fn = _driver.function("cuPointerGetAttribute")
     for ptr in ptrs:
-        res = fn(_POOL_ATTR, ptr)
-        if res[0] or not int(res[1] or 0):
-            continue
-        device = device_with_access(ptr, current)
+        device = device_with_access(ptr, current)  # None for other memory
         if device is not None and device != current:
             return device
     return None
@@ -512,11 +508,11 @@ def copy_sync(d: Operand, s: Operand, n: int) -> None:
     try:
         _driver.call("cuMemcpy", d[0], s[0], n)
     except CudaInvalidValueError:
-        device = _pool_owner(d[0], s[0])
+        device = _granted_device(d[0], s[0])
         if device is None:
             raise
-        # Pool memory of a device the current one may not access: the driver refuses
-        # the copy in this context, so the pool's own device makes it.
+        # Pool or mapped memory of a device the current one may not access: the driver
+        # refuses the copy in this context, so a device that may makes it.
         with primary_pushed(device):
             _driver.call("cuMemcpy", d[0], s[0], n)
             _driver.call("cuStreamSynchronize", 0)

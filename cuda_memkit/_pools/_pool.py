@@ -54,6 +54,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from cuda.bindings import driver as _cu
@@ -72,6 +73,7 @@ from .._core._device import (
     check_ordinal,
     device_count,
     ensure_context,
+    peer_ordinals,
 )
 from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._operands import releases_waiting, wait_pending
@@ -218,6 +220,12 @@ class MemoryPool(PoolAttributes, Resource):
     cache_limit : int, optional
         Most bytes the cache holds (default ``DEFAULT_CACHE_LIMIT``, 1 GiB);
         a free beyond it goes to the driver. Only with ``cache=True``.
+    peers : iterable of int or Device, optional
+        Other devices given READWRITE access to the pool's memory at creation
+        (:meth:`set_access`), so that their kernels and copies reach it: a
+        copy between this pool's memory and another device's runs on one of
+        the two devices, which needs this grant (see "Several GPUs" in the
+        docs). Only for device pools.
 
     Raises
     ------
@@ -225,6 +233,9 @@ class MemoryPool(PoolAttributes, Resource):
         For bad arguments, before any driver call.
     CudaNotSupportedError
         If the device or driver has no pools of this kind.
+    CudaPeerAccessUnsupportedError
+        If a device of ``peers`` cannot access the pool's device's memory
+        (the pool is not made).
 
     Examples
     --------
@@ -254,6 +265,7 @@ class MemoryPool(PoolAttributes, Resource):
         release_threshold: int | None = None,
         cache: bool = False,
         cache_limit: int | None = None,
+        peers: Iterable[Device | int] = (),
     ) -> None:
         ordinal = check_ordinal(device)
         loc = None if location is None else as_location(location)
@@ -277,6 +289,12 @@ class MemoryPool(PoolAttributes, Resource):
             loc = Location.device(ordinal)
         elif loc.type is LocationType.HOST and ipc:
             raise ValueError("Location.host() pools cannot be shared (ipc); use host_numa(n)")
+        device_pool = loc is not None and loc.type is LocationType.DEVICE and not managed
+        pool_device = loc.id if device_pool and loc is not None else None
+        grant = peer_ordinals(peers, pool_device)
+        if grant and pool_device is None:
+            raise ValueError("peers= is for device pools; give devices access to a host "
+                             "pool's memory with set_access()")
 
         ensure_context(None)
         if pending_pools:  # pools collected with their buffers, and since then unused
@@ -303,9 +321,12 @@ class MemoryPool(PoolAttributes, Resource):
             caches.append(own)
         self._open(fin)
         self._max_size = -(-max_size // POOL_CHUNK) * POOL_CHUNK
-        if threshold is not None:
+        if threshold is not None or grant:
             try:
-                self.release_threshold = threshold
+                if threshold is not None:
+                    self.release_threshold = threshold
+                if grant:
+                    self.set_access(grant, Access.READWRITE)
             except BaseException:
                 self.close()
                 raise

@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._core import _driver
+from .._core import _driver, _peer
 from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
@@ -71,6 +71,7 @@ from .._core._operands import (
 )
 from .._core._resource import Resource, State
 from . import _kernels
+from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -746,7 +747,7 @@ class _Memo:
         """
         if any(op[3] in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
             return _kernels.kernel_groups(groups, method, stream)
-        key = (ctx, method, stream, where)
+        key = (ctx, method, stream, where, _peer.generation[0])  # (a disable: pick again)
         if key == self.pick_key and (not self.picked or int(
                 _driver.call("cuStreamGetDevice", stream)) == self.device):
             return self.picked
@@ -793,6 +794,9 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
+    # two devices' memory: peer access, grants (see _cross_device)
+    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op[3] == DRIVER == g.src_op[3]],
+                  issue_on)
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
               else memo.pick(groups, method, issue_on, where, ctx))
     rest = groups
@@ -931,9 +935,16 @@ def copy_batch(
         overlapping a destination block, read-only destinations, pageable
         memory in a stream-ordered batch without ``allow_pageable``, an
         unknown ``method``, ``method="kernel"`` with an operand the kernel
-        cannot reach (pageable memory, another device's memory).
+        cannot reach (pageable memory, another device's memory it has no peer
+        access to).
     ClosedError
         If an operand is closed.
+    PeerAccessError
+        Between two devices: the stream's device was given no access to the
+        other device's pool or mapped memory (see :func:`copy`); nothing is
+        issued. Another device's context memory is reached through peer
+        access, enabled on first use (:func:`configure_peer_access`), or
+        staged by the driver where the devices cannot reach each other.
     CudaError
         If the driver refuses a call: only an int address can lead there, as
         those are not checked. The calls before it, and the copies before
@@ -1091,6 +1102,8 @@ class CopyBatch(Resource):
             refused as by :func:`copy_batch`.
         ClosedError
             If an operand was closed since :meth:`add`.
+        PeerAccessError
+            As for :func:`copy_batch`.
         """
         with self._lock:
             self._check_open()

@@ -43,7 +43,7 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
 from .._core._checks import ADDRESS_END
-from .._core._device import ensure_any_context
+from .._core._device import ensure_any_context, ensure_peer_access
 from .._core._errors import CudaError
 from .._core._operands import (
     DRIVER,
@@ -173,14 +173,16 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
         flags = access_flags(ptr, device) if ordinal is None else 3
     except CudaError as e:
         return None, f"the driver does not say which device the {role} is on ({e})", False
-    if ordinal is not None and ordinal != device:
-        return None, (f"the {role} is memory of device {ordinal}, but the current "
-                      f"context's device is {device}"), False
+    if ordinal is not None and ordinal != device and not ensure_peer_access(device, ordinal):
+        return None, (f"the {role} is memory of device {ordinal}, which the current "
+                      f"context's device {device} has no peer access to (see "
+                      "Device.enable_peer_access and configure_peer_access)"), False
     need = 3 if role == "destination" else 1
     if flags & need != need:
         return None, (f"the {role} is pool or mapped memory that the current context's "
                       f"device {device} was given no {'write' if need == 3 else 'read'} "
-                      "access to"), False
+                      "access to (MemoryPool.set_access, GrowableBuffer.grant_access or "
+                      "Mapping.set_access grants it)"), False
     return ptr, "", False
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from .._core import _buffer, _driver
 from .._core._checks import check_bool
-from .._core._device import StreamLike, ensure_any_context, stream_handle
+from .._core._device import StreamLike, ensure_any_context, primary_pushed, stream_handle
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -35,6 +35,7 @@ from .._core._operands import (
     reap_pending,
     refuse_pageable,
 )
+from ._cross_device import prepare_copy
 from ._staging import staged_copy, staging_wanted
 
 __all__ = ["copy", "copy_async"]
@@ -97,6 +98,24 @@ def copy(
         ``allow_pageable``; all before any driver call.
     ClosedError
         If an operand is closed.
+    PeerAccessError
+        Between two devices: when neither may reach the other's pool or
+        mapped memory (see Notes), before anything is copied.
+
+    Notes
+    -----
+    Between the memory of two devices the copy runs on one of them (the
+    stream's device; without a stream the current device, or the other one
+    when only it was granted the pool or mapped memory involved). Context
+    memory of the other device (``DeviceBuffer``, other libraries' arrays) is
+    reached through peer access, enabled on first use where the two devices
+    can reach each other (:func:`configure_peer_access` turns that off);
+    where they cannot, the driver stages the copy through host memory:
+    correct, about ten times slower. Pool and mapped memory of the other
+    device needs its own grant (``MemoryPool(..., peers=[...])``,
+    ``GrowableBuffer(..., peers=[...])``, ``Mapping.set_access``); a
+    stream-ordered copy without it raises :class:`PeerAccessError` naming the
+    call. See "Several GPUs" in the docs.
     """
     if staged is not None and not isinstance(staged, bool):
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
@@ -109,6 +128,12 @@ def copy(
     n = copy_size(d, s, nbytes)
     if staged is not False and _staged(d, s, n, None):
         return dst
+    if d[3] == DRIVER == s[3] and n:
+        runner = prepare_copy(dst, src, None)  # two devices' memory: see _cross_device
+        if runner is not None:
+            with primary_pushed(runner):
+                copy_sync(d, s, n)
+            return dst
     copy_sync(d, s, n)
     return dst
 
@@ -162,6 +187,13 @@ def copy_async(
     Returns
     -------
     dst
+
+    Raises
+    ------
+    PeerAccessError
+        Between two devices, when the stream's device was given no access to
+        the other device's pool or mapped memory (see :func:`copy`), before
+        anything is issued.
     """
     _copy_async(dst, src, nbytes, stream_handle(stream),
                 check_bool(allow_pageable, "allow_pageable"))
@@ -185,6 +217,18 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
     if pending_operands:
         reap_pending()
     ensure_any_context()
+    if d[3] == DRIVER == s[3]:
+        runner = prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
+        if runner is not None:
+            # issued in the stream's context, where keep_alive's event may go on the stream
+            with primary_pushed(runner):
+                _issue(dst, src, d, s, n, stream)
+            return
+    _issue(dst, src, d, s, n, stream)
+
+
+def _issue(dst: Any, src: Any, d: Operand, s: Operand, n: int, stream: int) -> None:
+    """``cuMemcpyAsync`` on ``stream``; the operands held until the stream is past it."""
     _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
     if s[3] != RAW or d[3] != RAW:
         keep_alive(stream, (dst, src))

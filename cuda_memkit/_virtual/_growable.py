@@ -21,6 +21,7 @@ from .._core._device import (
     LocationType,
     check_ordinal,
     existing_ordinal,
+    peer_ordinals,
     primary_context,
 )
 from .._core._errors import CudaError
@@ -41,6 +42,7 @@ from ._vmm_base import (
     access_descs,
     alloc_prop,
     as_access,
+    as_handle_type,
     as_targets,
     check_multiple,
     free_range,
@@ -128,7 +130,12 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         Bytes mapped at a time: a multiple of :func:`granularity`; default the
         recommended granularity.
     peers : iterable of int or Device, optional
-        Other devices that get READWRITE access to every chunk.
+        Other devices that get READWRITE access to every chunk (their kernels
+        and copies then reach it: see "Several GPUs" in the docs).
+    handle_type : HandleType, optional
+        Shareable handles of the chunks' physical memory, e.g.
+        ``HandleType.POSIX_FD``; it also sets the granularities used (see
+        :meth:`registrable`).
 
     Examples
     --------
@@ -142,16 +149,17 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     """
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
-                 peers: Iterable[Device | int] = ()) -> None:
+                 peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
         max_size = positive("max_size", max_size)
         ordinal = check_ordinal(device)
-        if isinstance(peers, (str, bytes)) or not isinstance(peers, Iterable):
-            raise TypeError(f"peers must be an iterable of devices (ints or Devices), not "
-                            f"{type(peers).__name__}; for one peer pass peers=[n]")
-        peer_list = [existing_ordinal(p, "peer") for p in peers]
-        gran = granularity(ordinal)
+        ht = as_handle_type(handle_type)
+        peer_list = peer_ordinals(peers, ordinal)
+        gran = granularity(ordinal, handle_type=ht)
+        # the reservation is aligned to the recommended granularity (NCCL registers
+        # only memory whose address is)
+        align = granularity(ordinal, recommended=True, handle_type=ht)
         if chunk is None:
-            chunk = granularity(ordinal, recommended=True)
+            chunk = align
         else:
             chunk = positive("chunk", chunk)
             check_multiple("chunk", chunk, gran)
@@ -164,15 +172,70 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         self._access: dict[int, Access] = {ordinal: Access.READWRITE}
         for p in peer_list:
             self._access[p] = Access.READWRITE
-        self._prop = alloc_prop(Location.device(ordinal), HandleType.NONE)
+        self._prop = alloc_prop(Location.device(ordinal), ht)
+        self._handle_type = ht
         self._descs = self._makeaccess_descs()
-        ptr = int(_driver.call("cuMemAddressReserve", reserved, 0, 0, 0))
+        ptr = int(_driver.call("cuMemAddressReserve", reserved, align, 0, 0))
         with Transaction() as undo:
             undo.push(free_range, ptr, reserved)
             gs = _GrowState(ptr, reserved, chunk, account("growable", ordinal))
             self._gs = gs
             self._open(make_finalizer(self, f"growable buffer 0x{ptr:x}", _fin_growable, gs))
             gs.acct.add(ptr, 0)
+
+    @classmethod
+    def registrable(cls, nbytes: int, *, device: Device | int = 0,
+                    peers: Iterable[Device | int] = ()) -> GrowableBuffer:
+        """A buffer of at least ``nbytes`` that NCCL's user-buffer registration accepts.
+
+        One physical allocation with POSIX file-descriptor handles
+        (``HandleType.POSIX_FD``), its size ``nbytes`` rounded up to the
+        recommended granularity, mapped at an address aligned to it: what
+        ``ncclCommRegister`` (nccl4py's ``Communicator.register_buffer``) takes
+        for zero-copy collectives. It is mapped already (``nbytes`` as asked,
+        ``capacity`` the rounded size) and does not grow further. Register it
+        on every rank, or on none: NCCL leaves mixing registered and
+        unregistered buffers in one collective undefined.
+
+        Parameters
+        ----------
+        nbytes : int
+            Bytes wanted (> 0).
+        device : int or Device, default 0
+            The device whose memory it is.
+        peers : iterable of int or Device, optional
+            As for the constructor.
+
+        Returns
+        -------
+        GrowableBuffer
+
+        Raises
+        ------
+        TypeError, ValueError
+            For bad arguments, before any driver call.
+        CudaNotSupportedError
+            Where the driver has no POSIX file-descriptor handles.
+
+        Examples
+        --------
+        >>> buf = cm.GrowableBuffer.registrable(3 << 20)
+        >>> buf.nbytes, buf.capacity % (2 << 20), buf.ptr % (2 << 20)
+        (3145728, 0, 0)
+        >>> buf.close()
+        """
+        n = positive("nbytes", nbytes)
+        ordinal = check_ordinal(device)
+        size = _round_up(n, granularity(ordinal, recommended=True,
+                                        handle_type=HandleType.POSIX_FD))
+        self = cls(size, device=ordinal, chunk=size, peers=peers,
+                   handle_type=HandleType.POSIX_FD)
+        try:
+            self.resize(n)
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def _makeaccess_descs(self) -> list[_cu.CUmemAccessDesc]:
         out = []
@@ -217,6 +280,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     def kind(self) -> MemoryKind:
         """``MemoryKind.GROWABLE``."""
         return MemoryKind.GROWABLE
+
+    @property
+    def handle_type(self) -> HandleType:
+        """The shareable handle type of its physical memory (``HandleType.NONE`` by default)."""
+        return self._handle_type
 
     @property
     def peers(self) -> tuple[int, ...]:

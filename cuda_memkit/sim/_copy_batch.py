@@ -192,6 +192,7 @@ def _resolve(k: int, dst: int, src: int, size: int) -> tuple[list[tuple[int, int
                                                             list[tuple[int, int]]]:
     """Check entry ``k`` as the driver does; its (dst runs, src runs)."""
     from ._core import _writable, refuse_unreachable_pool
+    from ._peer import note_copy
     from ._vmm import real_runs
 
     if size == 0 or dst == 0 or src == 0:
@@ -199,6 +200,7 @@ def _resolve(k: int, dst: int, src: int, size: int) -> tuple[list[tuple[int, int
     _crash_if_unknown(dst, "destination", k)
     _crash_if_unknown(src, "source", k)
     refuse_unreachable_pool(dst, src)  # as cuMemcpy
+    note_copy(dst, src)
     _writable(dst, size)
     return real_runs(dst, size, True), real_runs(src, size, False)
 

@@ -13,6 +13,7 @@ from cuda.bindings import driver as cu
 
 from . import _state as S
 from ._errors_table import ERROR_STRINGS
+from ._peer import forget_context, linked, note_copy, reaches
 from ._state import Allocation, Fail, R, SimEvent, SimStream, api, host_address, memmove
 from ._vmm import move_runs, real_runs
 
@@ -51,6 +52,8 @@ __all__ = [
     "cuMemcpyDtoHAsync",
     "cuMemcpyHtoD",
     "cuMemcpyHtoDAsync",
+    "cuMemcpyPeer",
+    "cuMemcpyPeerAsync",
     "cuMemsetD8",
     "cuMemsetD8Async",
     "cuMemsetD16",
@@ -144,7 +147,7 @@ def cuDeviceGetAttribute(attrib: Any, dev: Any) -> int:
 def cuDeviceCanAccessPeer(dev: Any, peer: Any) -> int:
     a = M().device(dev)
     b = M().device(peer)
-    return int(a.ordinal != b.ordinal)
+    return int(linked(a.ordinal, b.ordinal))
 
 
 # -- contexts -------------------------------------------------------------------
@@ -163,6 +166,8 @@ def cuDevicePrimaryCtxRelease(dev: Any) -> None:
     if M().primary_retain[d.ordinal] <= 0:
         raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
     M().primary_retain[d.ordinal] -= 1
+    if not M().primary_retain[d.ordinal]:
+        forget_context(d.ordinal)  # the context is destroyed, its peer access with it
 
 
 @api(1)
@@ -388,15 +393,16 @@ def cuMemGetAddressRange(dptr: Any) -> tuple[cu.CUdeviceptr, int]:
 # -- copies -----------------------------------------------------------------------
 
 
-def _copy(dst: int, src: int, n: int) -> None:
+def _copy(dst: int, src: int, n: int, check: bool = True) -> None:
+    """Copy ``n`` bytes; ``check``: mappings need the current device's access."""
     m = M()
     m.need_ctx()
     n = int(n)
     if n < 0:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _writable(dst, n)
-    d = real_runs(dst, n, True)  # several runs only across adjacent VMM mappings
-    s = real_runs(src, n, False)
+    d = real_runs(dst, n, True, check)  # several runs only across adjacent VMM mappings
+    s = real_runs(src, n, False, check)
     if len(d) == 1 and len(s) == 1:
         memmove(d[0][0], s[0][0], n)
     else:
@@ -421,16 +427,31 @@ def _device_side(addr: Any, n: int) -> int:
 
 @api(0)
 def cuMemcpy(dst: Any, src: Any, ByteCount: int) -> None:
+    copy_between(dst, src, ByteCount)
+
+
+def copy_between(dst: Any, src: Any, n: int) -> None:
+    """``cuMemcpy``'s work, shared by the copies that name no contexts.
+
+    Pool or mapped memory of another device is refused unless it granted the
+    current device access; a copy between two devices is counted
+    (``_peer.note_copy``).
+    """
     refuse_unreachable_pool(dst, src)
-    _copy(host_address(dst), host_address(src), ByteCount)
+    note_copy(dst, src)
+    _copy(host_address(dst), host_address(src), n)
 
 
 def refuse_unreachable_pool(*ptrs: Any) -> None:
     """INVALID_VALUE for a device pool's memory the current device was given no access to.
 
-    The driver refuses ``cuMemcpy`` of device 1's pool memory in device 0's
-    context until the pool grants device 0 access (conformance
-    test_copy_of_another_devices_pool_memory_needs_access).
+    The driver refuses ``cuMemcpy``, ``cuMemcpyDtoD``, ``cuMemcpyAsync`` and
+    ``cuMemcpyBatchAsync`` of device 1's pool memory in device 0's context
+    until the pool grants device 0 access, peer access between the contexts
+    or not (conformance test_copy_of_another_devices_pool_memory_needs_access,
+    test_copies_of_pool_and_mapped_memory_need_their_grant); ``cuMemcpyPeer``
+    does not (``_peer``). Mapped memory is checked where it is translated
+    (``_vmm.real_runs``).
     """
     from ._kernels import pool_grants
 
@@ -446,7 +467,7 @@ def refuse_unreachable_pool(*ptrs: Any) -> None:
 @api(0)
 def cuMemcpyAsync(dst: Any, src: Any, ByteCount: int, hStream: Any) -> None:
     M().stream(hStream)
-    _copy(host_address(dst), host_address(src), ByteCount)
+    copy_between(dst, src, ByteCount)
 
 
 @api(0)
@@ -473,13 +494,43 @@ def cuMemcpyDtoHAsync(dstHost: Any, srcDevice: Any, ByteCount: int, hStream: Any
 
 @api(0)
 def cuMemcpyDtoD(dstDevice: Any, srcDevice: Any, ByteCount: int) -> None:
-    _copy(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount), ByteCount)
+    copy_between(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount),
+                 ByteCount)
 
 
 @api(0)
 def cuMemcpyDtoDAsync(dstDevice: Any, srcDevice: Any, ByteCount: int, hStream: Any) -> None:
     M().stream(hStream)
-    _copy(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount), ByteCount)
+    copy_between(_device_side(dstDevice, ByteCount), _device_side(srcDevice, ByteCount),
+                 ByteCount)
+
+
+def _peer_copy(dst: Any, dst_ctx: Any, src: Any, src_ctx: Any, n: int) -> None:
+    """A copy naming both contexts: no grant of a pool or mapping is needed.
+
+    The H200s copied device 1's pool and mapped memory from device 0's
+    context without one (h200x2_probe: F_copy_pool_memory, F_copy_vmm_memory).
+    """
+    m = M()
+    for ctx in (dst_ctx, src_ctx):
+        h = int(ctx) if ctx is not None else 0
+        if not h or m.ctx_device(h) is None:
+            raise Fail(R.CUDA_ERROR_INVALID_CONTEXT)
+    note_copy(dst, src)
+    _copy(host_address(dst), host_address(src), n, check=False)
+
+
+@api(0)
+def cuMemcpyPeer(dstDevice: Any, dstContext: Any, srcDevice: Any, srcContext: Any,
+                 ByteCount: int) -> None:
+    _peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
+
+
+@api(0)
+def cuMemcpyPeerAsync(dstDevice: Any, dstContext: Any, srcDevice: Any, srcContext: Any,
+                      ByteCount: int, hStream: Any) -> None:
+    M().stream(hStream)
+    _peer_copy(dstDevice, dstContext, srcDevice, srcContext, ByteCount)
 
 
 # -- memset -----------------------------------------------------------------------
@@ -496,6 +547,7 @@ def _check_unsigned(value: Any, bits: int) -> int:
 def _memset(dst: Any, value: int, count: int, width: int, sync: bool = False) -> None:
     import numpy as np
 
+
     m = M()
     current = m.need_ctx()
     n = int(count)
@@ -508,10 +560,13 @@ def _memset(dst: Any, value: int, count: int, width: int, sync: bool = False) ->
     target = m.find(addr)
     if target is not None and target.kind == "host_pool":
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)  # the H100 will not memset pinned-pool memory
-    if (sync and target is not None and target.kind != "managed"
-            and target.device not in (-1, current)):  # (host memory: device -1)
-        # Another device's memory from this device's context is refused (conformance
-        # test_sync_memset_of_another_devices_memory_is_refused).
+    if (target is not None and target.kind != "managed" and target.device not in (-1, current)
+            and (sync or target.kind == "device")  # (host memory: device -1)
+            and not (target.kind == "device" and reaches(current, target.device))):
+        # Another device's memory from this device's context is refused, a cuMemAlloc
+        # allocation's unless this device has peer access to it (conformance
+        # test_sync_memset_of_another_devices_memory_is_refused,
+        # test_memset_of_another_devices_memory_needs_peer_access).
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     _writable(addr, n)
     for real, k in real_runs(_device_side(addr, n), n * width, True):

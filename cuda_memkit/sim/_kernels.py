@@ -47,6 +47,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 
 from . import _state as S
+from ._peer import reaches
 from ._state import Allocation, Fail, R, api, memmove
 
 __all__ = ["cuLaunchKernel", "cuModuleGetFunction", "cuModuleLoadData", "cuModuleUnload"]
@@ -203,9 +204,14 @@ def _reachable(addr: int, n: int, write: bool, device: int) -> list[tuple[int, i
     a: Allocation | None = S.MACHINE.find(addr)
     if a is None or not a.start <= addr < a.end:
         raise _fault()  # pageable, freed or never allocated
-    if (a.kind not in _HOST_KINDS and a.kind != "managed" and a.device not in (-1, device)
-            and not (a.kind == "pool" and pool_grants(a, device, write))):
-        raise _fault()  # another device's memory (a device pool's: unless it granted access)
+    if (a.kind not in _HOST_KINDS and a.kind not in ("managed", "vmm")
+            and a.device not in (-1, device)
+            and not (a.kind == "pool" and pool_grants(a, device, write))
+            and not (a.kind == "device" and reaches(device, a.device))):
+        # another device's memory (a device pool's: unless it granted access; context
+        # memory: unless this device has peer access to it; a mapping's: the access it
+        # gives this device, checked by real_runs below)
+        raise _fault()
     if a.kind == "host_pool" and not pool_grants(a, device, write):
         raise _fault()  # a pinned pool's memory is mapped only on devices given access
     if write and a.kind == "registered" and a.flags & _READ_ONLY:

@@ -598,27 +598,30 @@ def _check_access(a: Allocation, write: bool) -> None:
         raise Fail(MISUSE["no_access_copy"])
 
 
-def real_runs(addr: int, n: int, write: bool) -> list[tuple[int, int]]:
+def real_runs(addr: int, n: int, write: bool, check: bool = True) -> list[tuple[int, int]]:
     """Translate ``[addr, addr+n)`` to ``(real address, length)`` runs.
 
     Anything but a VMM mapping is one run (``Machine.real``); a range that
     starts in a mapping may continue into the mappings right after it, as
     on the GPU, where adjacent mappings form one contiguous device range.
-    Mappings need access for the current device (READWRITE to ``write``).
+    Mappings need access for the current device (READWRITE to ``write``),
+    unless ``check`` is false (``cuMemcpyPeer``, which two H200s ran without).
     """
     m = S.MACHINE
     a = m.find(addr) if n > 0 else None
     if a is None or a.kind != "vmm":
         return [(m.real(addr, n), n)]
     if addr + n <= a.end:
-        _check_access(a, write)
+        if check:
+            _check_access(a, write)
         return [(m.real(addr, n), n)]
     runs: list[tuple[int, int]] = []
     while n > 0:
         a = m.find(addr)
         if a is None or a.kind != "vmm" or not a.start <= addr < a.end or a.host == 0:
             raise Fail(R.CUDA_ERROR_INVALID_VALUE)
-        _check_access(a, write)
+        if check:
+            _check_access(a, write)
         k = min(n, a.end - addr)
         runs.append((a.host + (addr - a.start), k))
         addr += k

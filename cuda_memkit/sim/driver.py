@@ -12,6 +12,7 @@ from ._copy_batch import *  # noqa: F403
 from ._core import *  # noqa: F403
 from ._kernels import *  # noqa: F403
 from ._managed import *  # noqa: F403
+from ._peer import *  # noqa: F403
 from ._pinned import *  # noqa: F403
 from ._pool import *  # noqa: F403
 from ._vmm import *  # noqa: F403

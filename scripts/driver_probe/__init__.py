@@ -4,7 +4,8 @@
                 (``jv``, ``tv``), the ``Case`` recorder, the ``@probe`` registry, ``Ctx``
 ``_helpers``    locations, resources freed at case end, ``ctx_after``, ``ptr_attrs``
 ``_runner``     child processes, crash recovery, case selection, JSON file, summary
-``core`` (A), ``pinned`` (B), ``managed`` (C), ``vmm`` (D), ``pool`` (E): the cases
+``core`` (A), ``pinned`` (B), ``managed`` (C), ``vmm`` (D), ``pool`` (E), ``peer`` (F,
+                two devices): the cases
 
 :func:`load` imports the feature modules in :data:`FEATURES` order, which is the
 order the cases run in.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 # feature modules, in run order; a new feature module is added here
-FEATURES = ("core", "pinned", "managed", "vmm", "pool")
+FEATURES = ("core", "pinned", "managed", "vmm", "pool", "peer")
 
 
 def load() -> list:

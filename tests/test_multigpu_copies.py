@@ -1,0 +1,273 @@
+"""Copies between the memory of two devices, every kind and every path.
+
+``copy`` (synchronous and on a stream of either device), ``copy_batch`` (the
+driver's batch and the kernel path) and ``CopyBatch`` between device,
+pool (cached and not), growable, mapped and managed memory of device 0 and of
+device 1; pool and mapped memory granted to the other device (``peers=``,
+``set_access``). Without the grant a copy names the call that grants it
+(``PeerAccessError``) before anything is issued. Runs on the simulator and on
+two GPUs that reach each other; every test starts and ends with no peer access.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cuda_memkit as cm
+from cuda_memkit._core import _driver
+
+from ._helpers import record_calls
+from ._peer import no_peer_access
+
+pytestmark = pytest.mark.multi_gpu
+
+MiB = 1 << 20
+N = 2 * MiB  # one VMM granule
+KINDS = ("device", "pool", "pool_cached", "growable", "mapping", "managed")
+COPIES = ("cuMemcpy", "cuMemcpyAsync", "cuMemcpyBatchAsync", "cuLaunchKernel")
+
+
+@pytest.fixture(autouse=True)
+def clean(two_devices: None) -> Iterator[None]:
+    if not cm.Device(0).can_access_peer(1):
+        pytest.skip("devices 0 and 1 are not peers")
+    with no_peer_access():
+        yield
+
+
+def make(kind: str, device: int, stack: ExitStack, *, granted: bool = True) -> Any:
+    """``N`` bytes of ``kind`` memory of ``device``; the other device granted access."""
+    other = [1 - device] if granted else []
+    if kind == "device":
+        return stack.enter_context(cm.DeviceBuffer.zeros(N, np.uint8, device=device))
+    if kind in ("pool", "pool_cached"):
+        pool = stack.enter_context(cm.MemoryPool(device, peers=other,
+                                                 cache=kind == "pool_cached"))
+        with cm.Device(device), cm.Stream(device) as s:
+            buf = pool.allocate(N, stream=s)
+            s.synchronize()
+        stack.callback(buf.close)
+        return buf
+    if kind == "growable":
+        grow = stack.enter_context(cm.GrowableBuffer(4 * N, device=device, peers=other))
+        grow.resize(N)
+        return grow
+    if kind == "mapping":
+        phys = stack.enter_context(cm.PhysicalMemory.create(N, device=device))
+        rng = stack.enter_context(cm.AddressRange.reserve(N))
+        m = stack.enter_context(rng.map(phys))
+        m.set_access([device, *other])
+        return m
+    return stack.enter_context(cm.ManagedBuffer.zeros(N, np.uint8))
+
+
+def pattern(seed: int) -> np.ndarray[Any, Any]:
+    return ((np.arange(N, dtype=np.uint32) * 31 + seed) % 253).astype(np.uint8)
+
+
+def reset(buf: Any, data: np.ndarray[Any, Any]) -> None:
+    cm.copy(buf, data)
+
+
+def paths(dst: Any, src: Any) -> dict[str, Callable[[], None]]:
+    """Every way to copy ``src`` into ``dst`` (each complete when it returns)."""
+    offs = np.arange(N // 4096) * 4096
+
+    def on_stream(device: int) -> Callable[[], None]:
+        def run() -> None:
+            with cm.Device(device), cm.Stream(device) as s:
+                cm.copy_async(dst, src, stream=s)
+                s.synchronize()
+        return run
+
+    def batch(method: str, device: int) -> Callable[[], None]:
+        def run() -> None:
+            with cm.Device(device), cm.Stream(device) as s:
+                cm.copy_batch(dst, src, dst_offsets=offs, src_offsets=offs, sizes=4096,
+                              stream=s, method=method)
+                s.synchronize()
+        return run
+
+    def prebuilt() -> None:
+        with cm.CopyBatch() as b, cm.Device(1), cm.Stream(1) as s:
+            b.add(dst, src, dst_offsets=offs[::-1], src_offsets=offs[::-1], sizes=4096)
+            b.execute(s)
+            b.execute(s, method="kernel")
+            s.synchronize()
+
+    def sync(device: int) -> Callable[[], None]:
+        def run() -> None:
+            with cm.Device(device):
+                cm.copy(dst, src)
+        return run
+
+    return {"copy from 0": sync(0), "copy from 1": sync(1), "copy_async on 0": on_stream(0),
+            "copy_async on 1": on_stream(1), "copy_batch driver on 0": batch("driver", 0),
+            "copy_batch kernel on 1": batch("kernel", 1), "CopyBatch on 1": prebuilt}
+
+
+@pytest.mark.parametrize(("src_kind", "dst_kind"), list(itertools.product(KINDS, KINDS)))
+def test_every_kind_to_every_kind_across_devices(src_kind: str, dst_kind: str) -> None:
+    with ExitStack() as stack:
+        src = make(src_kind, 0, stack)
+        dst = make(dst_kind, 1, stack)
+        for i, (name, run) in enumerate(paths(dst, src).items()):
+            want = pattern(i)
+            reset(src, want)
+            reset(dst, np.zeros(N, np.uint8))
+            run()
+            assert (dst.to_numpy() == want).all(), f"{src_kind} -> {dst_kind}: {name}"
+
+
+@pytest.mark.sim_only
+def test_context_memory_goes_peer_to_peer() -> None:
+    from cuda_memkit.sim import _peer as sim_peer
+
+    st = sim_peer.state()
+    with ExitStack() as stack:
+        a, b = make("device", 0, stack), make("device", 1, stack)
+        for name, run in paths(b, a).items():
+            staged = st.staged
+            run()
+            assert st.staged == staged, name
+    assert cm.Device(0).peer_access_enabled(1) and cm.Device(1).peer_access_enabled(0)
+
+
+@pytest.mark.parametrize("kind", ["pool", "growable", "mapping"])
+def test_a_missing_grant_names_the_call_before_anything_is_issued(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    grant = {"pool": r"MemoryPool\(1, peers=\[0\]\) or pool.set_access\(0",
+             "growable": r"GrowableBuffer\(\.\.\., device=1, peers=\[0\]\) or "
+                         r"buf.grant_access\(0\)",
+             "mapping": r"mapping.set_access\(\[1, 0\]\)"}[kind]
+    with ExitStack() as stack:
+        remote = make(kind, 1, stack, granted=False)
+        local = make("device", 0, stack)
+        offs = np.arange(4) * 4096
+        with cm.Device(0), cm.Stream(0) as s:
+            calls_made = []
+            for attempt in (
+                    lambda: cm.copy_async(remote, local, stream=s),
+                    lambda: cm.copy_async(local, remote, stream=s),
+                    lambda: cm.copy_batch(remote, local, dst_offsets=offs, src_offsets=offs,
+                                          sizes=4096, stream=s),
+                    lambda: cm.copy_batch(local, remote, dst_offsets=offs, src_offsets=offs,
+                                          sizes=4096, stream=s, method="kernel")):
+                with record_calls(monkeypatch) as calls, \
+                        pytest.raises(cm.PeerAccessError, match=grant) as info:
+                    attempt()
+                assert isinstance(info.value, ValueError)
+                assert info.value.name == "CUDA_ERROR_INVALID_VALUE"
+                calls_made += [api for api, _ in calls if api in COPIES]
+            assert not calls_made
+            s.synchronize()
+
+
+@pytest.mark.parametrize("kind", ["pool", "growable", "mapping"])
+def test_a_synchronous_copy_runs_on_the_device_that_was_granted(kind: str) -> None:
+    with ExitStack() as stack:
+        remote = make(kind, 1, stack, granted=False)  # device 0 may not touch it
+        local = make("device", 0, stack)
+        want = pattern(7)
+        reset(local, want)
+        with cm.Device(0):
+            cm.copy(remote, local)  # device 1 copies (its peer access to device 0 enabled)
+            assert int(_driver.call("cuCtxGetDevice")) == 0  # the caller's context kept
+        assert (remote.to_numpy() == want).all()
+        assert cm.Device(1).peer_access_enabled(0)
+
+
+def test_two_ungranted_pools_name_both_grants() -> None:
+    with ExitStack() as stack:
+        pa = make("pool", 0, stack, granted=False)
+        pb = make("pool", 1, stack, granted=False)
+        with pytest.raises(cm.PeerAccessError) as info:
+            cm.copy(pb, pa)
+        text = str(info.value)
+        assert "MemoryPool(1, peers=[0])" in text and "MemoryPool(0, peers=[1])" in text
+        assert text.startswith("cuMemcpy: CUDA_ERROR_INVALID_VALUE")
+
+
+def test_scattered_blocks_between_devices_on_the_kernel_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # expert-parallel token shuffles: many small blocks from device 0 to device 1, the kernel
+    # of device 1 reading device 0's memory (65536 x 4 KiB in benchmarks/bench_multigpu.py)
+    n, block = 4096, 4096
+    rng = np.random.default_rng(5)
+    src_off = rng.permutation(n) * block
+    dst_off = np.arange(n) * block
+    data = rng.integers(0, 256, n * block, dtype=np.uint8)
+    with ExitStack() as stack:
+        src = stack.enter_context(cm.DeviceBuffer.from_array(data, device=0))
+        dst = stack.enter_context(cm.DeviceBuffer.zeros(n * block, np.uint8, device=1))
+        with cm.Device(1), cm.Stream(1) as s, record_calls(monkeypatch) as calls:
+            cm.copy_batch(dst, src, dst_offsets=dst_off, src_offsets=src_off, sizes=block,
+                          stream=s, method="kernel")
+            s.synchronize()
+        assert sum(api == "cuLaunchKernel" for api, _ in calls) == 1
+        assert cm.Device(1).peer_access_enabled(0)
+        got = dst.to_numpy().reshape(n, block)
+        assert (got == data.reshape(n, block)[src_off // block]).all()
+
+
+def test_closed_operands_and_streams_fail_before_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ._nothing import nothing_allocated
+
+    a = cm.DeviceBuffer.zeros(4096, np.uint8, device=0)
+    b = cm.DeviceBuffer.zeros(4096, np.uint8, device=1)
+    s = cm.Stream(0)
+    s.close()
+    try:
+        with nothing_allocated(monkeypatch):
+            with pytest.raises(cm.ClosedError):
+                cm.copy(b, a, stream=s)
+            with pytest.raises(cm.ClosedError):
+                cm.copy_batch(b, a, dst_offsets=[0], src_offsets=[0], sizes=16, stream=s)
+        assert not cm.Device(0).peer_access_enabled(1)
+        b.close()
+        with nothing_allocated(monkeypatch), pytest.raises(cm.ClosedError):
+            cm.copy(b, a)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("kind", ["device", "pool", "growable", "mapping"])
+def test_host_copies_of_another_devices_memory_from_any_context(kind: str) -> None:
+    # Host <-> device 1's memory with device 0's context current involves one device: it
+    # needs no grant (the copy runs where the memory is) for every export path too.
+    with ExitStack() as stack:
+        remote = make(kind, 1, stack, granted=False)
+        want = pattern(3)
+        with cm.Device(0):
+            remote.copy_from(want)
+            assert (remote.to_numpy() == want).all()
+            out = np.zeros(N, np.uint8)
+            cm.copy(out, remote)
+            assert (out == want).all()
+            remote.fill(5)
+            assert int(_driver.call("cuCtxGetDevice")) == 0
+        assert (remote.to_numpy() == 5).all()
+
+
+def test_a_copy_on_another_devices_stream_stays_asynchronous(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issued in the stream's context, so that the operands' hold (an event) goes on the
+    # stream rather than waiting for the copy; the caller's context is kept.
+    with ExitStack() as stack:
+        a, b = make("device", 0, stack), make("device", 1, stack)
+        s0 = stack.enter_context(cm.Stream(0))
+        with cm.Device(1), record_calls(monkeypatch) as calls:
+            cm.copy_async(b, a, stream=s0)
+            assert int(_driver.call("cuCtxGetDevice")) == 1
+        made = [api for api, _ in calls]
+        assert "cuMemcpyAsync" in made and "cuStreamSynchronize" not in made
+        assert made.index("cuCtxPushCurrent") < made.index("cuMemcpyAsync")
+        s0.synchronize()
