@@ -206,7 +206,9 @@ def peer_ordinal(device: int, peer: object) -> int:
 def peer_ordinals(peers: object, device: int | None) -> list[int]:
     """A ``peers=`` argument checked: the existing devices other than ``device``, in order.
 
-    ``device`` ``None`` (memory of no one device): every device given, unchecked for reach.
+    ``device`` ``None`` (memory of no one device, which no ``peers=`` applies to): the
+    ordinals given, checked for their type only, so that the caller refuses the argument
+    itself whatever devices it names.
 
     Raises
     ------
@@ -222,7 +224,7 @@ def peer_ordinals(peers: object, device: int | None) -> list[int]:
                         f"{type(peers).__name__}; for one peer pass peers=[n]")
     out: list[int] = []
     for p in peers:
-        o = existing_ordinal(p, "peer")
+        o = existing_ordinal(p, "peer") if device is not None else check_ordinal(p, "peer")
         if o != device and o not in out:
             out.append(o)
     for o in out:
