@@ -264,7 +264,9 @@ def _cell(key: str, row: dict[str, Any], header: str) -> str:
 
 def _target(row: dict[str, Any]) -> str:
     target, ok = str(row.get("target") or ""), row.get("ok")
-    verdict = "" if ok is None else ("**OK**" if ok else "**MISS**")
+    # A missed target whose row shows it below a floor measured in the same run is blocked.
+    blocked = "BLOCKED" in target
+    verdict = "" if ok is None else ("**OK**" if ok else "**BLOCKED**" if blocked else "**MISS**")
     if target in ("info", "reference") and not verdict:
         return f"<small>{target}</small>"
     return " ".join(x for x in (md_text(target), verdict) if x)
