@@ -112,7 +112,9 @@ def paths(dst: Any, src: Any) -> dict[str, Callable[[], None]]:
             "copy_batch kernel on 1": batch("kernel", 1), "CopyBatch on 1": prebuilt}
 
 
-@pytest.mark.parametrize(("src_kind", "dst_kind"), list(itertools.product(KINDS, KINDS)))
+@pytest.mark.parametrize(("src_kind", "dst_kind"), [
+    pytest.param(a, b, marks=pytest.mark.uses_managed_memory) if "managed" in (a, b) else (a, b)
+    for a, b in itertools.product(KINDS, KINDS)])
 def test_every_kind_to_every_kind_across_devices(src_kind: str, dst_kind: str) -> None:
     with ExitStack() as stack:
         src = make(src_kind, 0, stack)

@@ -57,7 +57,9 @@ def run_ranks(scenario: str, tmp_path: Path) -> list[Any]:
     """Run ``scenario`` on both ranks; their results, rank order."""
     out = tmp_path / scenario
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-               NVSHMEM_DISABLE_NVLS="1", PYTHONPATH=str(ROOT))
+               NVSHMEM_DISABLE_NVLS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT),
+                                                        os.environ.get("PYTHONPATH")))))
     env.pop("CUDA_MEMKIT_BACKEND", None)
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "tests._nccl_worker", scenario, str(rank),
