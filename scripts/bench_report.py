@@ -97,6 +97,12 @@ AREAS: dict[str, tuple[str, str]] = {
         "What tracking (`track()`, `track(stacks=True)`) adds to the pool pair, the pooled "
         "pinned pair and `HostBuffer.empty`. The statistics are always on: their cost is "
         "inside every memkit row of the other tables."),
+    "bench_multigpu": (
+        "Several GPUs",
+        "Copies between two GPUs (whole buffers of every kind, both directions at once, "
+        "scattered 4 KiB blocks through the copy kernel, a sweep of sizes against PyTorch), "
+        "and NCCL collectives through `torch.distributed` and nccl4py on every kind of "
+        "cuda_memkit memory against `torch.empty`."),
 }
 
 #: Column headers of the known row keys; other keys are shown under their own name.
@@ -396,11 +402,11 @@ def report(benches: dict[str, dict[str, Any]], comparisons: list[Comparison],
         out += [*machine_lines(next(iter(benches.values())).get("machine", {})), ""]
     else:
         out += ["The benchmarks below come from more than one run:", ""]
+        runs: dict[str, list[str]] = {}
         for name, data in benches.items():
-            m = data.get("machine", {})
-            out.append(f"- {name}: {m.get('gpu', '?')}, {m.get('date', '?')}, "
-                       f"commit {m.get('commit', '?')}")
-        out.append("")
+            runs.setdefault(json.dumps(data.get("machine", {}), sort_keys=True), []).append(name)
+        for key, names in runs.items():
+            out += [f"**{', '.join(names)}**", "", *machine_lines(json.loads(key)), ""]
     out += ["## Against the other libraries", "",
             "The comparisons the [why page](why.md) quotes: cuda_memkit's bars in colour, the "
             "other libraries' in grey, the raw driver's in light grey.", ""]
@@ -410,8 +416,10 @@ def report(benches: dict[str, dict[str, Any]], comparisons: list[Comparison],
     out += targets_table(benches)
     for name in [*AREAS, *(n for n in benches if n not in AREAS)]:
         data = benches.get(name)
-        title, about = AREAS.get(name, (str((data or {}).get("title", name)),
-                                        str((data or {}).get("about", ""))))
+        # A script's own title and intro (in its JSON) win over the defaults listed here.
+        title, about = AREAS.get(name, (name, ""))
+        title = str((data or {}).get("title", title))
+        about = str((data or {}).get("about", about))
         out += [f"## {title}", ""]
         if about:
             out += [about, ""]
