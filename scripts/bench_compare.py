@@ -25,10 +25,10 @@ NONE = "\u2013"
 PEERS = ("cuda.core", "CuPy", "RMM", "PyTorch")
 MEMKIT = "cuda_memkit"
 #: Units where more is better; every other unit (times) is better smaller.
-HIGHER = {"gbps", "GB/s"}
+HIGHER = {"gbps", "GB/s", "batches_s", "batches/s"}
 UNITS = {"us": "us", "gbps": "GB/s", "ms": "ms", "median_ms": "ms"}
 #: The comparisons of the headline plot (README, home page), in its panel order.
-HEADLINE = ("pool-pair", "small-blocks", "pageable-h2d", "cupy-step")
+HEADLINE = ("pool-pair", "small-blocks", "pageable-h2d", "loader-64", "cupy-step")
 
 
 @dataclass(frozen=True)
