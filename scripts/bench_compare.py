@@ -47,6 +47,7 @@ class Spec:
 
 _N4 = r"^\d+ x 4 KiB pinned->device: "
 _H2D, _D2H = r"^\d+ MiB pageable H2D: ", r"^\d+ MiB pageable D2H: "
+_P2P = r"^256 MiB device 0 -> 1: "
 
 SPECS = (
     Spec("pool-pair", "Allocate + free a 1 MiB device block", "1 MiB pool block",
@@ -102,13 +103,12 @@ SPECS = (
          "bench_multigpu", "gbps", "GB/s",
          "A pipeline stage handing its activations to the next GPU (two GPUs linked by "
          "NVLink). Without peer access the driver stages the copy through host memory.",
-         ((MEMKIT, "`copy` of `DeviceBuffer`s", r"^256 MiB device 0 -> 1: cm\.copy DeviceBuffer"),
-          (MEMKIT, "`copy` of `PoolBuffer`s (`peers=`)", r"^256 MiB device 0 -> 1: cm\.copy PoolBuffer"),
-          (MEMKIT, "`copy` of `GrowableBuffer`s (`peers=`)",
-           r"^256 MiB device 0 -> 1: cm\.copy GrowableBuffer"),
-          ("PyTorch", "`y.copy_(x)`", r"^256 MiB device 0 -> 1: torch y\.copy_"),
+         ((MEMKIT, "`copy` of `DeviceBuffer`s", _P2P + r"cm\.copy DeviceBuffer"),
+          (MEMKIT, "`copy` of `PoolBuffer`s (`peers=`)", _P2P + r"cm\.copy PoolBuffer"),
+          (MEMKIT, "`copy` of `GrowableBuffer`s (`peers=`)", _P2P + r"cm\.copy GrowableBuffer"),
+          ("PyTorch", "`y.copy_(x)`", _P2P + r"torch y\.copy_"),
           ("raw driver", "`cuMemcpyAsync` with peer access",
-           r"^256 MiB device 0 -> 1: raw cuMemcpyAsync, peer access"),
+           _P2P + r"raw cuMemcpyAsync, peer access"),
           ("raw driver", "`cuMemcpy` without peer access (staged)",
            r"^256 MiB: cm\.copy without peer access"))),
     Spec("loader-64", "Feed the GPU 64 MiB batches from 8 worker processes", "64 MiB batches",
