@@ -17,8 +17,10 @@ from ._core._errors import *  # noqa: F403 - the exception tree, named once in i
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._core._buffer import Buffer, MemoryKind
-    from ._core._device import Device, Location, LocationType, Stream, device_count
+    from ._core._device import Device, device_count
+    from ._core._location import Location, LocationType
     from ._core._peer import PeerAccessSettings, configure_peer_access, peer_access_settings
+    from ._core._stream import Stream
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
     from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
@@ -58,7 +60,9 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
 # ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_core._buffer": ("Buffer", "MemoryKind"),
-    "_core._device": ("Device", "Location", "LocationType", "Stream", "device_count"),
+    "_core._device": ("Device", "device_count"),
+    "_core._location": ("Location", "LocationType"),
+    "_core._stream": ("Stream",),
     "_core._peer": ("PeerAccessSettings", "configure_peer_access", "peer_access_settings"),
     "_device_memory._device_buffer": ("DeviceBuffer",),
     "_transfer._transfers": ("copy", "copy_async"),

@@ -31,7 +31,8 @@ from cuda.bindings.driver import CUpointer_attribute
 from . import _driver
 from ._checks import ADDRESS_END, MAX_U64, byte_count, u64
 from ._constants import EVENT_DISABLE_TIMING, MEMHOST_DEVICEMAP, MEMHOSTREGISTER_READ_ONLY
-from ._device import device_count, ensure_any_context, ensure_context, primary_pushed, sync_hooks
+from ._context import ensure_any_context, ensure_context, primary_pushed
+from ._device import device_count, sync_hooks
 from ._errors import CudaError, CudaInvalidValueError
 from ._interop import DeviceArrayView
 from ._resource import ArrayHolder, Resource, release_hooks

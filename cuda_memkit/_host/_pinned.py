@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._core import _driver
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
-from .._core._device import ensure_any_context, release_call
+from .._core._context import ensure_any_context, release_call
 from .._core._errors import CudaError, CudaInvalidContextError, MemkitWarning
 from .._core._operands import (
     mapped_device_ptr,

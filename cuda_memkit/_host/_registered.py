@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._core import _driver
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import check_flags
-from .._core._device import ensure_context, release_call
+from .._core._context import ensure_context, release_call
 from .._core._errors import CudaHostMemoryNotRegisteredError
 from .._core._operands import (
     forget_registration,

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._core._device import ensure_any_context
+from .._core._context import ensure_any_context
 from .._core._errors import ClosedError
 from .._core._operands import pending_operands, reap_pending
 from .._core._resource import Transaction, account

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
-from .._core._device import StreamLike, ensure_context
+from .._core._context import ensure_context
 from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
 from .._core._operands import mark_pinned_class
 from .._core._resource import (
@@ -34,6 +34,7 @@ from .._core._resource import (
     host_array,
     make_finalizer,
 )
+from .._core._stream import StreamLike
 from .._pools._pool import MemoryPool, PoolBuffer
 from ._ring_core import RingCore, close_ring, make_segment
 from ._ring_worker import RingHandle, check_timeout

@@ -60,22 +60,10 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._device import (
-    Device,
-    Location,
-    LocationLike,
-    LocationType,
-    Stream,
-    StreamLike,
-    StreamRef,
-    as_location,
-    buffer_stream,
-    check_ordinal,
-    device_count,
-    ensure_context,
-    peer_ordinals,
-)
+from .._core._context import ensure_context
+from .._core._device import Device, check_ordinal, device_count, peer_ordinals
 from .._core._errors import CudaNotSupportedError, MemkitWarning
+from .._core._location import Location, LocationLike, LocationType, as_location
 from .._core._operands import releases_waiting, wait_pending
 from .._core._resource import (
     CLOSED,
@@ -86,6 +74,7 @@ from .._core._resource import (
     forget_account,
     make_finalizer,
 )
+from .._core._stream import Stream, StreamLike, StreamRef, buffer_stream
 from .._virtual._vmm_base import Access
 from . import _cache, _pool_ipc
 from ._cache import (

@@ -49,15 +49,9 @@ from .._core import _driver, _peer
 from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
-from .._core._device import (
-    StreamLike,
-    as_location,
-    check_exists,
-    ensure_any_context,
-    forked_stream,
-    stream_handle,
-)
+from .._core._context import ensure_any_context
 from .._core._errors import CudaDriverNotFoundError, CudaError
+from .._core._location import as_location, check_exists
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -70,13 +64,14 @@ from .._core._operands import (
     reap_pending,
 )
 from .._core._resource import Resource, State
+from .._core._stream import StreamLike, forked_stream, stream_handle
 from . import _kernels
 from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["CopyBatch", "copy_batch"]
 
@@ -695,7 +690,7 @@ def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
     """``main`` on ``stream``, ``side`` on a private stream forked from and joined to it.
 
     The batch is ordered exactly as if every copy had gone to ``stream``
-    (:func:`~cuda_memkit._core._device.forked_stream`).
+    (:func:`~cuda_memkit._core._stream.forked_stream`).
     """
     with forked_stream(stream) as private:
         _issue_batch(side, private)  # a driver without the call: nothing issued

@@ -43,7 +43,7 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
 from .._core._checks import ADDRESS_END
-from .._core._device import ensure_any_context, ensure_peer_access
+from .._core._context import ensure_any_context
 from .._core._errors import CudaError
 from .._core._operands import (
     DRIVER,
@@ -56,6 +56,7 @@ from .._core._operands import (
     memory_type,
     owning_device,
 )
+from .._core._peer import ensure_peer_access
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

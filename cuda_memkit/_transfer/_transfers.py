@@ -20,7 +20,7 @@ from typing import Any
 
 from .._core import _buffer, _driver
 from .._core._checks import check_bool
-from .._core._device import StreamLike, ensure_any_context, primary_pushed, stream_handle
+from .._core._context import ensure_any_context, primary_pushed
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -35,6 +35,7 @@ from .._core._operands import (
     reap_pending,
     refuse_pageable,
 )
+from .._core._stream import StreamLike, stream_handle
 from ._cross_device import prepare_copy
 from ._staging import staged_copy, staging_wanted
 

@@ -16,15 +16,9 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._device import (
-    Device,
-    Location,
-    LocationType,
-    as_location,
-    check_exists,
-    device_count,
-    ensure_context,
-)
+from .._core._context import ensure_context
+from .._core._device import Device, device_count
+from .._core._location import Location, LocationType, as_location, check_exists
 
 __all__ = ["Access", "HandleType", "granularity"]
 
