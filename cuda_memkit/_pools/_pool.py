@@ -60,6 +60,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access
 from .._core._context import ensure_context
 from .._core._device import Device, check_ordinal, device_count, peer_ordinals
 from .._core._errors import CudaNotSupportedError, MemkitWarning
@@ -75,7 +76,6 @@ from .._core._resource import (
     make_finalizer,
 )
 from .._core._stream import Stream, StreamLike, StreamRef, buffer_stream
-from .._virtual._vmm_base import Access
 from . import _cache, _pool_ipc
 from ._cache import (
     DEFAULT_CACHE_LIMIT,

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access, access_descs, as_access, as_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import primary_context
@@ -31,13 +32,9 @@ from .._core._resource import (
 )
 from ._vmm_base import (
     LOCK,
-    Access,
     HandleType,
-    access_descs,
     alloc_prop,
-    as_access,
     as_handle_type,
-    as_targets,
     check_multiple,
     free_range,
     granularity,

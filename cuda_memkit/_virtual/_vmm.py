@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access, TargetLike, access_descs, as_access, as_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import ensure_context
@@ -62,14 +63,9 @@ from .._core._resource import (
 )
 from ._vmm_base import (
     LOCK,
-    Access,
     HandleType,
-    TargetLike,
-    access_descs,
     alloc_prop,
-    as_access,
     as_handle_type,
-    as_targets,
     check_multiple,
     free_range,
     granularity,
