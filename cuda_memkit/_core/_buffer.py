@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol, _ProtocolMeta, runtime_checkabl
 
 from . import _driver
 from ._context import ensure_any_context, ensure_context, primary_pushed
+from ._inflight import keep_alive
 from ._interop import normalize_view
-from ._operands import copy_sync, keep_alive, operand
+from ._operands import copy_sync, operand
 from ._resource import Resource
 from ._stream import StreamLike, stream_handle
 

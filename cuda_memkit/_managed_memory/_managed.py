@@ -24,8 +24,8 @@ from .._core import _context, _driver
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
+from .._core._inflight import keep_alive
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
-from .._core._operands import keep_alive
 from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
 from .._core._stream import StreamLike, stream_handle
 from . import _managed_ranges as _ranges

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from .._core import _context, _device
 from .._core._checks import span
+from .._core._inflight import keep_alive
 from .._core._location import Location, LocationType, as_location
-from .._core._operands import keep_alive
 from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from .._core import _context, _device
 from .._core._checks import as_index, span, u64
 from .._core._errors import ClosedError, CudaError
+from .._core._inflight import keep_alive
 from .._core._location import Location, as_location
-from .._core._operands import keep_alive
 from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (

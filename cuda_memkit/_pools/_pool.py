@@ -64,8 +64,8 @@ from .._core._access import Access
 from .._core._context import ensure_context
 from .._core._device import Device, check_ordinal, device_count, peer_ordinals
 from .._core._errors import CudaNotSupportedError, MemkitWarning
+from .._core._inflight import releases_waiting, wait_pending
 from .._core._location import Location, LocationLike, LocationType, as_location
-from .._core._operands import releases_waiting, wait_pending
 from .._core._resource import (
     CLOSED,
     LEDGER,

@@ -19,9 +19,9 @@ from .._core._checks import nonneg, positive
 from .._core._context import primary_context
 from .._core._device import Device, check_ordinal, existing_ordinal, peer_ordinals
 from .._core._errors import CudaError
+from .._core._inflight import wait_for_copies
 from .._core._interop import OneDeviceMixin
 from .._core._location import Location, LocationType
-from .._core._operands import wait_for_copies
 from .._core._resource import (
     Account,
     Resource,

@@ -48,9 +48,9 @@ from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import ensure_context
 from .._core._errors import ClosedError
+from .._core._inflight import pending_operands, release_after_copies
 from .._core._interop import OneDeviceMixin
 from .._core._location import Location, LocationType, as_location, check_exists
-from .._core._operands import pending_operands, release_after_copies
 from .._core._resource import (
     CLOSED,
     Account,
