@@ -36,6 +36,9 @@ def forget_contexts() -> None:
         _primary.clear()
 
 
+_driver.reset_hooks.append(forget_contexts)
+
+
 def retained_context(ordinal: int) -> int | None:
     """The primary context retained for device ``ordinal``, ``None`` if none was yet."""
     return _primary.get(ordinal)

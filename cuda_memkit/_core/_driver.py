@@ -273,6 +273,21 @@ def error_name(code: int) -> str:
         return f"CUresult({code})"
 
 
+#: Called, in registration order, when the machine behind the backend is replaced: the
+#: backend forgotten (:func:`reset_backend`) or the simulated machine made anew
+#: (``sim.reset()``). Library modules that keep something of one machine (retained
+#: contexts, peer access, loaded kernel modules, default pools and their caches)
+#: register the function that forgets it, so that neither this layer nor the simulator
+#: imports them (a plug-in point, like ``_stream.stream_close_hooks``).
+reset_hooks: list[Callable[[], None]] = []
+
+
+def machine_replaced() -> None:
+    """Run the :data:`reset_hooks`: what the library kept of the old machine is forgotten."""
+    for hook in list(reset_hooks):
+        hook()
+
+
 def reset_backend() -> None:
     """Forget the loaded backend (tests; the CLI's fallback). Objects made before are invalid."""
     global _active, _mod, _chosen
@@ -281,4 +296,5 @@ def reset_backend() -> None:
         _mod = None
         _chosen = None
         _fns.clear()
+    machine_replaced()
 

@@ -139,6 +139,9 @@ def forget() -> None:
         generation[0] += 1
 
 
+_driver.reset_hooks.append(forget)
+
+
 def can_reach(device: int, peer: int) -> bool:
     """``cuDeviceCanAccessPeer(device, peer)``, asked once per pair."""
     hit = reachable.get((device, peer))

@@ -50,7 +50,6 @@ synchronize and free on the legacy default stream, ``free()`` refuses.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import warnings
 import weakref
@@ -238,7 +237,6 @@ class MemoryPool(PoolAttributes, Resource):
                    "export() with MemoryPool.import_(), and its buffers from "
                    "PoolBuffer.export() with import_pointer()")
 
-    _gen: object = None  # default_pinned(): the simulated machine it was made on
     _cache: BlockCache | None  # the cache allocate() lends from (cache=True)
     _acct: Account  # the ledger account of its buffers
     _bin: Bin  # the bin of allocations without a cache (every stream)
@@ -684,18 +682,18 @@ class MemoryPool(PoolAttributes, Resource):
 # -- the caches in front of the devices' default pools (the adaptors') -----------------------
 
 _default_lock = threading.Lock()
-#: device -> (the caches list of the default pool, the pool handle, the simulated machine)
-_defaults: dict[int, tuple[list[Any], int, object]] = {}
+#: device -> (the caches list of the default pool, the pool handle)
+_defaults: dict[int, tuple[list[Any], int]] = {}
 
 
 def _default_caches(ordinal: int, cupool: Any) -> list[Any]:
     """The caches list shared by every :meth:`MemoryPool.default` object of a device."""
     entry = _defaults.get(ordinal)
-    if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
+    if entry is None or entry[1] != int(cupool):
         with _default_lock:
             entry = _defaults.get(ordinal)
-            if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
-                entry = _defaults[ordinal] = ([], int(cupool), _generation())
+            if entry is None or entry[1] != int(cupool):
+                entry = _defaults[ordinal] = ([], int(cupool))
     return entry[0]
 
 
@@ -769,21 +767,27 @@ _pinned_lock = threading.Lock()
 _pinned_default: MemoryPool | None = None
 
 
-def _generation() -> object:
-    """The simulated machine (replaced by ``sim.reset()``), or None on a GPU."""
-    state = sys.modules.get("cuda_memkit.sim._state")
-    return getattr(state, "MACHINE", None) if state is not None else None
+def _forget_defaults() -> None:
+    """Forget the default pools' caches and the pinned pool: their machine was replaced."""
+    global _pinned_default
+    with _default_lock:
+        _defaults.clear()
+    with _pinned_lock:
+        _pinned_default = None
+
+
+_driver.reset_hooks.append(_forget_defaults)
 
 
 def default_pinned() -> MemoryPool:
     """:meth:`MemoryPool.default_pinned`: made on first use (again after a simulator reset)."""
     global _pinned_default
     pool = _pinned_default
-    if pool is not None and (pool._gen is None or pool._gen is _generation()):
+    if pool is not None:
         return pool
     with _pinned_lock:
         pool = _pinned_default
-        if pool is not None and (pool._gen is None or pool._gen is _generation()):
+        if pool is not None:
             return pool
         pool = MemoryPool(location=Location.host(),
                           release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
@@ -792,6 +796,5 @@ def default_pinned() -> MemoryPool:
         except BaseException:
             pool.close()
             raise
-        pool._gen = _generation()  # after the first driver call loaded the backend
         _pinned_default = pool
         return pool

@@ -107,6 +107,9 @@ def forget() -> None:
         _loaded.clear()
 
 
+_driver.reset_hooks.append(forget)
+
+
 def copy_function(ctx: int | None = None) -> tuple[Any, int]:
     """``(CUfunction, SM count)`` of the block-copy kernel in the current context.
 
