@@ -323,6 +323,15 @@ case("GrowableBuffer.resize(max_size + 1)", lambda o: o.grow.resize(4 * o.g + 1)
      "max_size")
 case("GrowableBuffer.resize('1')", lambda o: o.grow.resize("1"), TypeError, "nbytes")
 case("GrowableBuffer.resize(1.5)", lambda o: o.grow.resize(1.5), TypeError, "nbytes")
+case("GrowableBuffer.set_access(99)",
+     lambda o: o.grow.set_access(99), ValueError, "does not exist")
+case("GrowableBuffer.set_access(host)",
+     lambda o: o.grow.set_access(cm.Location.host()), ValueError, "takes devices")
+case("GrowableBuffer.set_access([])", lambda o: o.grow.set_access([]), ValueError, "no target")
+case("GrowableBuffer.set_access('0')", lambda o: o.grow.set_access("0"), TypeError, "devices")
+case("GrowableBuffer.set_access(0, NONE)", lambda o: o.grow.set_access(0, cm.Access.NONE),
+     ValueError, "owning device")
+case("GrowableBuffer.set_access(0, 7)", lambda o: o.grow.set_access(0, 7), ValueError, "access")
 case("GrowableBuffer.grant_access(99)",
      lambda o: o.grow.grant_access(99), ValueError, "does not exist")
 case("GrowableBuffer.grant_access(host)",
@@ -526,6 +535,7 @@ CLOSED: dict[str, list[tuple[str, Callable[[Any, SimpleNamespace], Any]]]] = {
     "GrowableBuffer": [
         ("ptr", lambda b, o: b.ptr),
         ("resize", lambda b, o: b.resize(o.g)), ("grant_access", lambda b, o: b.grant_access(0)),
+        ("set_access", lambda b, o: b.set_access(0)),
         ("as_array", lambda b, o: b.as_array()),
         ("__cuda_array_interface__", lambda b, o: b.__cuda_array_interface__),
         ("with", lambda b, o: b.__enter__()), ("copy(dst)", lambda b, o: cm.copy(b, o.host)),

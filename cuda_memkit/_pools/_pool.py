@@ -59,9 +59,9 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access
+from .._core._access import Access, check_peers
 from .._core._context import ensure_context
-from .._core._device import Device, check_ordinal, device_count, peer_ordinals
+from .._core._device import Device, check_ordinal, device_count
 from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._inflight import releases_waiting, wait_pending
 from .._core._location import Location, LocationLike, LocationType, as_location
@@ -278,7 +278,7 @@ class MemoryPool(PoolAttributes, Resource):
             raise ValueError("Location.host() pools cannot be shared (ipc); use host_numa(n)")
         device_pool = loc is not None and loc.type is LocationType.DEVICE and not managed
         pool_device = loc.id if device_pool and loc is not None else None
-        grant = peer_ordinals(peers, pool_device)
+        grant = check_peers(peers, pool_device)
         if grant and pool_device is None:
             raise ValueError("peers= is for device pools; give devices access to a host "
                              "pool's memory with set_access()")
@@ -312,8 +312,8 @@ class MemoryPool(PoolAttributes, Resource):
             try:
                 if threshold is not None:
                     self.release_threshold = threshold
-                if grant:
-                    self.set_access(grant, Access.READWRITE)
+                if grant:  # checked above, once
+                    self._grant([Location.device(d) for d in grant], Access.READWRITE)
             except BaseException:
                 self.close()
                 raise

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, access_descs
-from .._core._location import LocationLike, as_location, check_exists
+from .._core._access import Access, access_descs, check_access, check_targets
+from .._core._location import Location, LocationLike, as_location, check_exists
 
 __all__ = ["PoolAttributes", "PoolStats"]
 
@@ -55,26 +55,13 @@ def threshold_arg(value: object) -> int:
     return v
 
 
-def access_arg(access: object) -> Access:
-    """An :class:`Access` value (or ``CUmemAccess_flags``, or its int), checked."""
-    if isinstance(access, _cu.CUmemAccess_flags):
-        access = int(access)
-    if isinstance(access, bool) or not isinstance(access, int):
-        raise TypeError(f"access must be an Access value, not {type(access).__name__}")
-    try:
-        return Access(int(access))
-    except ValueError:
-        raise ValueError(f"{access!r} is not an Access value (NONE, READ, READWRITE)") from None
-
-
-
-
 class PoolAttributes:
     """Attribute, statistics and access methods of :class:`~cuda_memkit.MemoryPool`."""
 
     _cu: Any  # the CUmemoryPool
     _caches: list[Any]  # caches in front of the pool: cleared by trim()
     _max_size: int  # as requested, rounded up to whole chunks
+    _device: int | None  # the device holding the memory (None: host, managed, imported)
 
     if TYPE_CHECKING:
         def _check_open(self) -> None: ...  # Resource's
@@ -210,13 +197,17 @@ class PoolAttributes:
         TypeError, ValueError
             For a bad location or access, or a device that does not exist
             (before the driver call).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access a device pool's memory
+            (``cuDeviceCanAccessPeer``), before the driver call.
         """
-        flags = access_arg(access)
-        items = list(device) if isinstance(device, Iterable) else [device]
-        if not items:
-            raise ValueError("no device given")
-        locs = [check_exists(as_location(d)) for d in items]
+        flags = check_access(access)
+        locs = check_targets(device, flags, self._device, "device")
         self._check_open()
+        self._grant(locs, flags)
+
+    def _grant(self, locs: list[Location], flags: Access) -> None:
+        """``cuMemPoolSetAccess`` for ``locs``, checked by the caller."""
         descs = access_descs(locs, flags)
         _driver.call("cuMemPoolSetAccess", self._cu, descs, len(descs))
 
@@ -241,5 +232,5 @@ class PoolAttributes:
         loc = check_exists(as_location(device))
         self._check_open()
         flags = int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu()))
-        return access_arg(flags)
+        return Access(flags)
 

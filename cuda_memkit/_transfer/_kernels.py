@@ -177,7 +177,7 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
     if flags & need != need:
         return None, (f"the {role} is pool or mapped memory that the current context's "
                       f"device {device} was given no {'write' if need == 3 else 'read'} "
-                      "access to (MemoryPool.set_access, GrowableBuffer.grant_access or "
+                      "access to (MemoryPool.set_access, GrowableBuffer.set_access or "
                       "Mapping.set_access grants it)"), False
     return ptr, "", False
 

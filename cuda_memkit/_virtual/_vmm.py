@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, TargetLike, access_descs, as_access, as_targets
+from .._core._access import Access, TargetLike, access_descs, check_access, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import ensure_context
@@ -676,12 +676,15 @@ class Mapping(BufferMixin, OneDeviceMixin, Resource):
         TypeError, ValueError
             For bad targets (including a device that does not exist) or
             access (before the driver call).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access the device memory mapped
+            (``cuDeviceCanAccessPeer``), before the driver call.
         CudaError
-            From the driver (e.g. a device without peer access).
+            From the driver.
         """
         self._check_open()
-        acc = as_access(access)
-        descs = access_descs(as_targets(targets), acc)
+        acc = check_access(access)
+        descs = access_descs(check_targets(targets, acc, self._physical.device), acc)
         _driver.call("cuMemSetAccess", self._ms.ptr, self._ms.size, descs, len(descs))
 
     def access(self, device: TargetLike | None = None) -> Access:
