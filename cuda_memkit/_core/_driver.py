@@ -249,30 +249,6 @@ def function(api: str) -> Callable[..., Any]:
     return fn
 
 
-def has_function(api: str) -> bool:
-    """Return whether the backend has function ``api``.
-
-    For the real driver this says the bindings know the function; a driver
-    older than the bindings still raises :class:`CudaDriverNotFoundError` on
-    the first call, which callers with a fallback catch.
-    """
-    try:
-        function(api)
-    except CudaDriverNotFoundError:
-        return False
-    return True
-
-
-def error_name(code: int) -> str:
-    """Return the ``CUresult`` name of ``code`` without a driver call."""
-    from cuda.bindings.driver import CUresult
-
-    try:
-        return str(CUresult(code).name)
-    except ValueError:
-        return f"CUresult({code})"
-
-
 #: Called, in registration order, when the machine behind the backend is replaced: the
 #: backend forgotten (:func:`reset_backend`) or the simulated machine made anew
 #: (``sim.reset()``). Library modules that keep something of one machine (retained

@@ -201,11 +201,6 @@ def _refresh_default() -> HostCache:
     return cache
 
 
-def default_exists() -> bool:
-    """Whether the default pinned pool's cache (and so its stream) has been made."""
-    return _default_cache is not None and _default_cache.stream is not None
-
-
 def forget_default() -> None:
     """Drop the default pool's cache (the simulated machine it lives on was replaced)."""
     global _default_cache

@@ -91,7 +91,6 @@ from ._pool_buffer import PoolBufferBase, new_buffer
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
-_new_object = object.__new__
 #: Granularity in which the H100 maps memory into a pool.
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.

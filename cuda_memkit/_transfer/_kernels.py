@@ -96,11 +96,6 @@ def ptx_image() -> bytes:
     return _ptx[0]
 
 
-def loaded_modules() -> int:
-    """Number of contexts with the module loaded (the leak check allows these)."""
-    return len(_loaded)
-
-
 def forget() -> None:
     """Drop the caches without unloading (the simulated machine was replaced)."""
     with _lock:
