@@ -1,14 +1,14 @@
-"""One owner, one free; no export reads freed memory (issue 21: the eleven holes).
+"""One owner, one free; no export reads freed memory.
 
-Each test guards one hole of issue 21 (the table in ``docs/reliability.md``
-names them): copies and pickles refused, exports keeping memory alive past
-``close()`` and freeing it when the last one goes, stale views refused by
-every copy path, a racing ``free()`` claimed once, atomic file writes, typed
-DLPack of managed memory, plans refusing freed buffers, numpy 2's
-``__array__`` contract, integers past 64 bits, and a failed ``free()``
-leaving the buffer allocated. The random sequences are in
-``tests/test_ownership_stateful.py``; what only a GPU can tell (CuPy and
-torch as DLPack consumers) in ``tests/test_ownership_gpu.py``.
+Each test guards one way memory could be freed twice or read after its free
+(the table in ``docs/reliability.md`` names them): copies and pickles refused,
+exports keeping memory alive past ``close()`` and freeing it when the last one
+goes, stale views refused by every copy path, a racing ``free()`` claimed
+once, atomic file writes, typed DLPack of managed memory, plans refusing freed
+buffers, numpy 2's ``__array__`` contract, integers past 64 bits, and a failed
+``free()`` leaving the buffer allocated. The random sequences are in
+``tests/test_ownership_stateful.py``; what only a GPU can tell (CuPy and torch
+as DLPack consumers) in ``tests/test_ownership_gpu.py``.
 """
 
 from __future__ import annotations
