@@ -14,6 +14,7 @@ from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
+from ._checks import check_int
 from ._constants import PEER_ACCESS_UNSUPPORTED
 from ._device import Device, check_ordinal, existing_ordinal
 from ._errors import CudaPeerAccessUnsupportedError
@@ -40,10 +41,10 @@ def check_access(value: object) -> Access:
     """An :class:`Access` (or ``CUmemAccess_flags``, or its int value), checked."""
     if isinstance(value, Access):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, _cu.CUmemAccess_flags)):
-        raise TypeError(f"access must be an Access, not {type(value).__name__}")
+    raw = value if isinstance(value, _cu.CUmemAccess_flags) else check_int(
+        value, "access", "an Access")
     try:
-        return Access(int(value))
+        return Access(int(raw))
     except ValueError:
         raise ValueError(f"invalid access {value!r}; use Access.NONE/READ/READWRITE") from None
 

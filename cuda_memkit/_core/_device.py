@@ -8,6 +8,7 @@ from collections.abc import Callable
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._checks import check_int
 from ._context import ensure_context
 from ._errors import CudaError
 from ._peer import can_reach, disable_peer, enable_peer, peer_enabled
@@ -37,10 +38,9 @@ MAX_ORDINAL = (1 << 31) - 1
 
 
 def check_ordinal(ordinal: object, what: str = "device") -> int:
-    if isinstance(ordinal, bool) or not isinstance(ordinal, int):
-        if isinstance(ordinal, Device):
-            return ordinal.ordinal
-        raise TypeError(f"{what} must be an int ordinal or a Device, not {type(ordinal).__name__}")
+    if isinstance(ordinal, Device):
+        return ordinal.ordinal
+    ordinal = check_int(ordinal, what, "an int ordinal or a Device")
     if ordinal < 0:
         raise ValueError(f"{what} ordinal must be >= 0, got {ordinal}")
     if ordinal > MAX_ORDINAL:  # never an OverflowError from the bindings
@@ -165,10 +165,8 @@ class Device:
         TypeError
             If ``attr`` is not a ``CUdevice_attribute`` or an int.
         """
-        if isinstance(attr, bool) or not isinstance(attr, (int, _A)):
-            raise TypeError(f"attr must be a CUdevice_attribute or an int, not "
-                            f"{type(attr).__name__}")
-        key = int(attr)
+        key = int(attr) if isinstance(attr, _A) else check_int(
+            attr, "attr", "a CUdevice_attribute or an int")
         value = self._attrs.get(key)
         if value is None:
             value = int(_driver.call("cuDeviceGetAttribute", _A(key), self._handle))

@@ -60,6 +60,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._access import Access, check_peers
+from .._core._checks import as_index, check_bool
 from .._core._context import ensure_context
 from .._core._device import Device, check_ordinal, device_count
 from .._core._errors import CudaNotSupportedError, MemkitWarning
@@ -85,7 +86,7 @@ from ._cache import (
     destroy_when_unused,
     pending_pools,
 )
-from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
+from ._pool_attrs import PoolAttributes, PoolStats, check_threshold, size_arg
 from ._pool_buffer import PoolBufferBase, new_buffer
 
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
@@ -255,17 +256,16 @@ class MemoryPool(PoolAttributes, Resource):
     ) -> None:
         ordinal = check_ordinal(device)
         loc = None if location is None else as_location(location)
-        if not isinstance(managed, bool) or not isinstance(ipc, bool):
-            raise TypeError("managed and ipc must be bools")
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+        check_bool(managed, "managed")
+        check_bool(ipc, "ipc")
+        check_bool(cache, "cache")
         limit = DEFAULT_CACHE_LIMIT if cache_limit is None else check_cache_limit(cache_limit)
         if cache_limit is not None and not cache:
             raise ValueError("cache_limit needs cache=True")
-        max_size = size_arg(max_size, "max_size")
+        max_size = as_index(max_size, "max_size")
         if not 0 <= max_size < 1 << 64:
             raise ValueError(f"max_size must be in [0, 2**64), got {max_size}")
-        threshold = None if release_threshold is None else threshold_arg(release_threshold)
+        threshold = None if release_threshold is None else check_threshold(release_threshold)
         if loc is not None and loc.type is LocationType.HOST_NUMA_CURRENT:
             raise ValueError("a pool needs a fixed location; use Location.host_numa(n)")
         if managed:
@@ -597,7 +597,7 @@ class MemoryPool(PoolAttributes, Resource):
             The mapping; free it before the exporter frees the original.
         """
         raw = _pool_ipc.check_pointer_data(data)
-        size = None if nbytes is None else size_arg(nbytes, "nbytes")
+        size = None if nbytes is None else as_index(nbytes, "nbytes")
         if size is not None and size <= 0:
             raise ValueError(f"nbytes must be > 0, got {size}")
         sref = buffer_stream(stream)

@@ -16,6 +16,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._access import Access, access_descs, check_access, check_targets
+from .._core._checks import as_index
 from .._core._location import Location, LocationLike, as_location, check_exists
 
 __all__ = ["PoolAttributes", "PoolStats"]
@@ -24,11 +25,8 @@ _A = _cu.CUmemPool_attribute
 _U64_MAX = (1 << 64) - 1
 
 
-def size_arg(value: object, what: str) -> int:
-    """Validate a byte count (an int or ``__index__``, not a bool) and return it."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    return int(value.__index__())
+#: The byte-count check of ``MemoryPool.allocate``'s slow path: :func:`as_index`.
+size_arg = as_index
 
 
 class PoolStats(NamedTuple):
@@ -47,9 +45,9 @@ class PoolStats(NamedTuple):
 
 
 
-def threshold_arg(value: object) -> int:
+def check_threshold(value: object) -> int:
     """A release threshold: an int in ``[0, 2**64)``."""
-    v = size_arg(value, "release_threshold")
+    v = as_index(value, "release_threshold")
     if not 0 <= v <= _U64_MAX:
         raise ValueError(f"release_threshold must be in [0, 2**64), got {v}")
     return v
@@ -86,7 +84,7 @@ class PoolAttributes:
 
     @release_threshold.setter
     def release_threshold(self, value: int) -> None:
-        self._set(_A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _cu.cuuint64_t(threshold_arg(value)))
+        self._set(_A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _cu.cuuint64_t(check_threshold(value)))
 
     def _set_flag(self, attr: _cu.CUmemPool_attribute, value: object) -> None:
         if not isinstance(value, (bool, int)) or value not in (0, 1):
@@ -170,7 +168,7 @@ class PoolAttributes:
         ClosedError
             If the pool is closed.
         """
-        keep = size_arg(keep_bytes, "keep_bytes")
+        keep = as_index(keep_bytes, "keep_bytes")
         if not 0 <= keep < 1 << 64:
             raise ValueError(f"keep_bytes must be in [0, 2**64), got {keep}")
         self._check_open()

@@ -34,7 +34,7 @@ from ._vmm_base import (
     LOCK,
     HandleType,
     alloc_prop,
-    as_handle_type,
+    check_handle_type,
     check_multiple,
     free_range,
     granularity,
@@ -143,7 +143,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
         max_size = positive("max_size", max_size)
         ordinal = check_ordinal(device)
-        ht = as_handle_type(handle_type)
+        ht = check_handle_type(handle_type)
         peer_list = check_peers(peers, ordinal)
         gran = granularity(ordinal, handle_type=ht)
         # the reservation is aligned to the recommended granularity (NCCL registers
