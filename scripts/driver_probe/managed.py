@@ -694,9 +694,14 @@ def c_residency_meminfo(c: Case):
     call(d.cuCtxSynchronize)
     out["after_copy_device_to_managed_64M"] = f0 - free_now()
     host_memset(P(m), 2, n)
-    # zero-copy: preferred host + accessed-by the device, then a device memset
+    # preferred location host alone, then with accessed-by the device: a device memset
     c("advise PREFERRED HOST whole", d.cuMemAdvise, m, n,
       ADV.CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host_loc())
+    c("cuMemsetD8(64 MiB) preferred host", d.cuMemsetD8, m, 6, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["preferred_host_after_device_memset_64M"] = f0 - free_now()
+    host_memset(P(m), 2, n)
+    out["preferred_host_after_host_write"] = f0 - free_now()
     c("advise ACCESSED_BY DEVICE0 whole", d.cuMemAdvise, m, n, ADV.CU_MEM_ADVISE_SET_ACCESSED_BY,
       dev_loc(0))
     c("cuMemsetD8(64 MiB) zero-copy", d.cuMemsetD8, m, 6, 64 * MiB)
@@ -730,7 +735,12 @@ def c_residency_evict(c: Case):
     m = managed(c, n)
     host_memset(P(m), 0x5A, n)
     f_base = free_now()
-    c("prefetch -> DEVICE0", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    half = n // 2
+    # first half A, then half B: which one does a device allocation evict first?
+    c("prefetch A (first half) -> DEVICE0", d.cuMemPrefetchAsync, m, half, dev_loc(0), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c("prefetch B (second half) -> DEVICE0", d.cuMemPrefetchAsync, P(m) + half, half, dev_loc(0),
+      0, s)
     f1 = sync_free(s)
     out["free_base"] = f_base
     out["managed_taken"] = f_base - f1
@@ -741,6 +751,13 @@ def c_residency_evict(c: Case):
     if r.ok:
         out["free_after_big_alloc"] = free_now()
         c.val("attrs_while_evicted", attr_grid(m, [("whole", 0, n)]))
+        # pages still on the device come back to the host and free their memory
+        c("prefetch A -> HOST while full", d.cuMemPrefetchAsync, m, half, host_loc(), 0, s)
+        out["freed_by_A_to_host"] = sync_free(s) - out["free_after_big_alloc"]
+        fa = free_now()
+        c("prefetch B -> HOST while full", d.cuMemPrefetchAsync, P(m) + half, half, host_loc(),
+          0, s)
+        out["freed_by_B_to_host"] = sync_free(s) - fa
         c("prefetch -> DEVICE0 while full", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
         out["free_after_prefetch_while_full"] = sync_free(s)
         c.val("attrs_after_prefetch_while_full", attr_grid(m, [("whole", 0, n)]))
