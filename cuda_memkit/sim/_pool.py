@@ -207,10 +207,7 @@ def _charge(pool: SimPool, nchunks: int) -> None:
     m = M()
     nbytes = nchunks * CHUNK
     if pool.on_device:
-        dev = m.devices[pool.loc_id]
-        if dev.used + nbytes > dev.total_mem:
-            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
-        dev.used += nbytes
+        m.charge(pool.loc_id, nbytes)
     else:
         if m.host_used + nbytes > m.host_memory:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
