@@ -197,6 +197,9 @@ def evict(m: S.Machine, ordinal: int, need: int, keep: tuple[int, int] | None = 
     return freed
 
 
+S.evict_managed = evict
+
+
 def _read_mostly(pg: Pages, b: int) -> bool:
     return bool(pg.read_mostly[b * BLOCK_PAGES:(b + 1) * BLOCK_PAGES].all())
 

@@ -315,10 +315,8 @@ class Machine:
         dev = self.devices[ordinal]
         if size > dev.total_mem - dev.used:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
-        if size > dev.room:
-            from ._managed import evict
-
-            evict(self, ordinal, size - dev.room)
+        if size > dev.room and evict_managed is not None:
+            evict_managed(self, ordinal, size - dev.room)
         dev.used += size
 
     def device_block(self, ordinal: int, size: int) -> tuple[Any, int]:
@@ -386,6 +384,10 @@ def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
 
+
+#: Evicts managed blocks from a device: ``(machine, ordinal, bytes needed) -> bytes freed``.
+#: Set by ``_managed`` when it loads (before it, no managed memory exists).
+evict_managed: Callable[[Machine, int, int], int] | None = None
 
 MACHINE = Machine(
     devices=_env_int("CUDA_MEMKIT_SIM_DEVICES", 2),
