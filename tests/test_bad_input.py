@@ -28,6 +28,7 @@ import pytest
 import cuda_memkit as cm
 
 from . import _bad_cases_a, _bad_cases_b, _bad_cases_c, _bad_cases_ring  # noqa: F401
+from . import _bad_cases_residency  # noqa: F401
 from ._bad_cases_b import CLOSED
 from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_input_table import CASES, Case, N, closed_fd
@@ -138,7 +139,7 @@ def test_the_matrix_is_large_and_covers_every_public_callable() -> None:
                "backend_name", "device_count", "MEMORY_KINDS", "MemoryKind", "Buffer",
                # results made by the library, not from user input
                "Allocation", "Frame", "MemoryEvent", "KindStats", "MemoryStats", "Usage",
-               "KindSummary", "SiteSummary", "Timeline", "TrackSummary"}
+               "KindSummary", "SiteSummary", "Timeline", "TrackSummary", "ResidencyRun"}
     for name in cm.__all__:
         obj = getattr(cm, name)
         if (name in not_callables or name in records or not callable(obj)
