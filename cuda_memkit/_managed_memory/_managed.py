@@ -428,7 +428,8 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         offset : int, default 0
             Start of the range, in bytes from the buffer's start.
         nbytes : int, optional
-            Length of the range (default: to the end of the buffer).
+            Length of the range (default: to the end of the buffer; at least
+            one byte, except for an empty buffer, which has no parts).
         granularity : int, default 2 MiB
             Bytes per attribute read (a multiple of 4096; one driver call each).
 
@@ -454,8 +455,9 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         >>> buf.close()
         """
         g = check_granularity(granularity)
+        self._check_open()
+        if self._nbytes == 0 and offset == 0 and nbytes in (None, 0):
+            return Residency(self._ptr, 0, g, ())  # an empty buffer: nothing to read
         ptr, n = self._range(offset, nbytes)
-        if n == 0:
-            return Residency(ptr, 0, g, ())
         _device.ensure_context()
         return read_residency(ptr, n, g)
