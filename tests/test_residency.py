@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
+from cuda_memkit._core._resource import LEDGER
 from cuda_memkit._managed_memory import _managed_ranges as _ranges
 from cuda_memkit._managed_memory._residency import managed_capacity
 
@@ -428,3 +429,32 @@ def test_the_simulators_data_survives_migration(small_gpu: int) -> None:
         out = np.empty_like(data)
         cm.copy(out, d)
         assert (out == data).all()
+
+
+def test_a_buffer_freed_in_the_middle_of_a_fold_leaves_no_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a = cm.ManagedBuffer.empty(4 * MiB)
+    c = cm.ManagedBuffer.empty(4 * MiB)
+    c.prefetch(D0)
+    _ranges.fold()
+    c_ptr = c.ptr
+    real_apply = _ranges._apply
+    calls = []
+
+    def apply_and_free(ptr: int, n: int, loc: cm.Location | None) -> None:
+        if not calls:
+            sync()
+            c.close()  # as a finalizer would, while the fold runs
+        calls.append(ptr)
+        real_apply(ptr, n, loc)
+
+    monkeypatch.setattr(_ranges, "_apply", apply_and_free)
+    a.prefetch(D0)
+    _ranges.fold()
+    assert calls == [a.ptr]
+    accts = [acct for (kind, _d, _p), acct in LEDGER.items() if kind == "managed_resident"]
+    assert all(c_ptr not in acct.live for acct in accts)
+    assert any(acct.live.get(a.ptr) == 4 * MiB for acct in accts)
+    sync()
+    a.close()
+    assert all(not acct.live for acct in accts)

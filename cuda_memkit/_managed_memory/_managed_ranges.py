@@ -450,8 +450,20 @@ def query_range(ptr: int, nbytes: int) -> RangeInfo:
 #: Ranges are kept in whole pages, as the driver rounds them.
 RECORD_PAGE = 4096
 _LOG_FOLD_AT = 4096
-#: Issued steps not yet folded: tuples of ``(ptr, nbytes, destination or None)``.
-_LOG: list[tuple[Range, ...]] = []
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """A logged allocation (``"track"``) or free (``"forget"``) of a recorded allocation."""
+
+    kind: str
+    ptr: int
+    size: int = 0
+
+
+#: What happened, in order, not yet folded into the record: issued steps (tuples of
+#: ``(ptr, nbytes, destination or None)``) and allocations and frees.
+_LOG: list[tuple[Range, ...] | _Mark] = []
 _record_lock = threading.RLock()
 
 
@@ -518,10 +530,7 @@ _STARTS: list[int] = []
 
 def track(ptr: int, nbytes: int) -> None:
     """Start recording where cuda_memkit prefetches the managed allocation at ``ptr``."""
-    with _record_lock:
-        fold()  # entries for an earlier allocation at this address are not this one's
-        _RECORDS[ptr] = _Record(nbytes)
-        bisect.insort(_STARTS, ptr)
+    _LOG.append(_Mark("track", ptr, nbytes))
 
 
 def forget(ptr: int) -> None:
@@ -529,15 +538,23 @@ def forget(ptr: int) -> None:
 
     Called from finalizers: plain dict and list operations, never a driver call.
     """
-    with _record_lock:
-        fold()
-        rec = _RECORDS.pop(ptr, None)
-        if rec is None:
-            return
-        del _STARTS[bisect.bisect_left(_STARTS, ptr)]
-        for dev, n in rec.bytes_on.items():
-            if n:
-                account("managed_resident", dev).remove(ptr)
+    _LOG.append(_Mark("forget", ptr))
+    fold()
+
+
+def _mark(m: _Mark) -> None:
+    if m.kind == "track":
+        if m.ptr not in _RECORDS:
+            bisect.insort(_STARTS, m.ptr)
+        _RECORDS[m.ptr] = _Record(m.size)
+        return
+    rec = _RECORDS.pop(m.ptr, None)
+    if rec is None:
+        return
+    del _STARTS[bisect.bisect_left(_STARTS, m.ptr)]
+    for dev, n in rec.bytes_on.items():
+        if n:
+            account("managed_resident", dev).remove(m.ptr)
 
 
 def _find(ptr: int) -> tuple[int, _Record] | None:
@@ -572,16 +589,34 @@ def _apply(ptr: int, nbytes: int, loc: Location | None) -> None:
             acct.resize(start, new)
 
 
+_folding = [False]
+
+
 def fold() -> None:
-    """Apply the logged prefetches and discards to the record (and the ledger)."""
+    """Apply the log to the record (and the ledger), in order.
+
+    A call made while a fold runs on this thread (a finalizer freeing a
+    buffer in the middle of one) returns at once: the running fold takes
+    what it logged.
+    """
     if not _LOG:
         return
     with _record_lock:
-        steps = _LOG[:]
-        del _LOG[:len(steps)]
-        for ranges in steps:
-            for ptr, n, loc in ranges:
-                _apply(ptr, n, loc)
+        if _folding[0]:
+            return
+        _folding[0] = True
+        try:
+            while _LOG:
+                steps = _LOG[:]
+                del _LOG[:len(steps)]
+                for step in steps:
+                    if isinstance(step, _Mark):
+                        _mark(step)
+                    else:
+                        for ptr, n, loc in step:
+                            _apply(ptr, n, loc)
+        finally:
+            _folding[0] = False
 
 
 settlers.append(fold)
