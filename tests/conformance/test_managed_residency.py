@@ -10,16 +10,15 @@ backend is active and the simulator must agree.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
 
 import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_context
 
 from ._helpers import Undo
+from .test_managed import managed
 
 pytestmark = pytest.mark.uses_managed_memory
 
@@ -68,21 +67,6 @@ ALLOC_EVICTS_MANAGED = True
 POOL_ALLOC_EVICTS_MANAGED = True
 #: More than free + every resident managed byte is refused: out of memory.
 ALLOC_BEYOND_EVERYTHING = (cm.CudaOutOfMemoryError, cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
-
-
-@pytest.fixture
-def undo() -> Iterator[Undo]:
-    ensure_context(0)
-    u = Undo()
-    yield u
-    _driver.call("cuCtxSynchronize")
-    u.run()
-
-
-def managed(undo: Undo, n: int) -> int:
-    p = int(_driver.call("cuMemAllocManaged", n, 1))
-    undo("cuMemFree", p)
-    return p
 
 
 def host_write(ptr: int, n: int, value: int) -> None:
