@@ -458,3 +458,14 @@ def test_a_buffer_freed_in_the_middle_of_a_fold_leaves_no_record(
     sync()
     a.close()
     assert all(not acct.live for acct in accts)
+
+
+@pytest.mark.sim_only
+def test_the_simulators_residency_tools_refuse_other_memory() -> None:
+    from cuda_memkit import sim
+
+    with cm.DeviceBuffer.empty(MiB) as d, cm.ManagedBuffer.empty(MiB) as m:
+        with pytest.raises(ValueError, match="managed"):
+            sim.host_access(d.ptr, MiB)
+        with pytest.raises(ValueError, match="managed"):
+            sim.resident_bytes(m.ptr, 2 * MiB + 4096)

@@ -272,6 +272,14 @@ def device_access(a: Allocation, addr: int, n: int, d: int, write: bool) -> None
         _to_device(a.start, pg, b, d, _read_mostly(pg, b) and not write)
 
 
+def _checked(ptr: int, nbytes: int) -> tuple[Pages, int, int]:
+    try:
+        return _range(ptr, nbytes)
+    except Fail:
+        raise ValueError(f"[0x{int(ptr):x}, +{int(nbytes)}) is not a range of one managed "
+                         "allocation") from None
+
+
 def host_access(ptr: int, nbytes: int, write: bool = True) -> None:
     """The host read (or wrote) a managed range: its blocks fault back to the host.
 
@@ -280,8 +288,8 @@ def host_access(ptr: int, nbytes: int, write: bool = True) -> None:
     read-mostly block makes a host copy and keeps the device copies.
     """
     with M().lock:
-        pg, p0, p1 = _range(ptr, nbytes)
-        start = M().find(int(ptr)).start  # type: ignore[union-attr]
+        pg, p0, p1 = _checked(ptr, nbytes)
+        start = _start(ptr)
         for b in _blocks(p0, p1):
             _to_host(start, pg, b, _read_mostly(pg, b) and not write)
 
@@ -293,7 +301,7 @@ def resident_bytes(ptr: int, nbytes: int) -> dict[int, int]:
     at each. The simulator's truth, which the driver does not report.
     """
     with M().lock:
-        pg, p0, p1 = _range(ptr, nbytes)
+        pg, p0, p1 = _checked(ptr, nbytes)
         out: dict[int, int] = {}
         for b in _blocks(p0, p1):
             if pg.on_host[b]:
