@@ -397,6 +397,10 @@ class RangeInfo:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+#: Whether the installed cuda.bindings can read the typed attributes (13.3 cannot).
+_typed_readable = [True]
+
+
 def query_range(ptr: int, nbytes: int) -> RangeInfo:
     """Read every range attribute of a checked managed range.
 
@@ -413,14 +417,15 @@ def query_range(ptr: int, nbytes: int) -> RangeInfo:
     raw: dict[str, Any] = {}
     for (name, _a), value in zip(_LEGACY_QUERY, values, strict=True):
         raw[name] = [int(v) for v in value] if name == "accessed_by" else int(value)
-    try:
-        typed = _driver.call("cuMemRangeGetAttributes", [4] * len(_TYPED_QUERY),
-                             [a for _n, a in _TYPED_QUERY], len(_TYPED_QUERY), ptr, nbytes)
-    except TypeError:
-        pass
-    else:
-        for (name, _a), value in zip(_TYPED_QUERY, typed, strict=True):
-            raw[name] = int(value)
+    if _typed_readable[0]:
+        try:
+            typed = _driver.call("cuMemRangeGetAttributes", [4] * len(_TYPED_QUERY),
+                                 [a for _n, a in _TYPED_QUERY], len(_TYPED_QUERY), ptr, nbytes)
+        except TypeError:
+            _typed_readable[0] = False  # the bindings refuse before the driver: ask once
+        else:
+            for (name, _a), value in zip(_TYPED_QUERY, typed, strict=True):
+                raw[name] = int(value)
     accessed = {loc for loc in map(_legacy_location, raw["accessed_by"]) if loc is not None}
     return RangeInfo(
         read_mostly=bool(raw["read_mostly"]),
