@@ -535,7 +535,7 @@ _STARTS: list[int] = []
 
 def track(ptr: int, nbytes: int) -> None:
     """Start recording where cuda_memkit prefetches the managed allocation at ``ptr``."""
-    _LOG.append(_Mark("track", ptr, nbytes))
+    _LOG.append(_Mark("track", int(ptr), int(nbytes)))  # plain ints: numpy ones compare slowly
 
 
 def forget(ptr: int) -> None:
@@ -571,27 +571,37 @@ def _find(ptr: int) -> tuple[int, _Record] | None:
     return (start, rec) if ptr < start + rec.size else None
 
 
-def _apply(ptr: int, nbytes: int, loc: Location | None) -> None:
-    found = _find(ptr)
-    if found is None:
-        return  # memory cuda_memkit does not own: no record
-    start, rec = found
-    begin = (ptr - start) // RECORD_PAGE * RECORD_PAGE
-    end = min(rec.size, -(-(ptr - start + nbytes) // RECORD_PAGE) * RECORD_PAGE)
-    before = dict(rec.bytes_on)
-    dev = loc.id if loc is not None and loc.type is LocationType.DEVICE else None
-    rec.put(begin, end, dev)
-    for d in set(before) | set(rec.bytes_on):
-        old, new = before.get(d, 0), rec.bytes_on.get(d, 0)
-        if old == new:
+def _apply(steps: Sequence[Range]) -> None:
+    """Put the ranges of one issued step in the record, then bring the ledger up to date."""
+    touched: dict[int, _Record] = {}
+    start, end, rec = 0, 0, None
+    for ptr, nbytes, loc in steps:
+        if not start <= ptr < end:  # the ranges of a step are mostly in one allocation
+            found = _find(ptr)
+            if found is None:
+                start, end, rec = 0, 0, None
+                continue  # memory cuda_memkit does not own: no record
+            start, rec = found
+            end = start + rec.size
+        if rec is None:
             continue
-        acct = account("managed_resident", d)
-        if not old:
-            acct.add(start, new)
-        elif not new:
-            acct.remove(start)
-        else:
-            acct.resize(start, new)
+        begin = (ptr - start) // RECORD_PAGE * RECORD_PAGE
+        stop = min(rec.size, -(-(ptr - start + nbytes) // RECORD_PAGE) * RECORD_PAGE)
+        dev = loc.id if loc is not None and loc.type is LocationType.DEVICE else None
+        rec.put(begin, stop, dev)
+        touched[start] = rec
+    for key, r in touched.items():
+        for d, n in r.bytes_on.items():
+            acct = account("managed_resident", d)
+            old = acct.live.get(key, 0)
+            if n == old:
+                continue
+            if not old:
+                acct.add(key, n)
+            elif not n:
+                acct.remove(key)
+            else:
+                acct.resize(key, n)
 
 
 _folding = [False]
@@ -618,8 +628,7 @@ def fold() -> None:
                     if isinstance(step, _Mark):
                         _mark(step)
                     else:
-                        for ptr, n, loc in step:
-                            _apply(ptr, n, loc)
+                        _apply(step)
         finally:
             _folding[0] = False
 
