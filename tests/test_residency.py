@@ -441,12 +441,12 @@ def test_a_buffer_freed_in_the_middle_of_a_fold_leaves_no_record(
     real_apply = _ranges._apply
     calls = []
 
-    def apply_and_free(ptr: int, n: int, loc: cm.Location | None) -> None:
+    def apply_and_free(steps: list[tuple[int, int, cm.Location | None]]) -> None:
         if not calls:
             sync()
             c.close()  # as a finalizer would, while the fold runs
-        calls.append(ptr)
-        real_apply(ptr, n, loc)
+        calls.extend(ptr for ptr, _n, _loc in steps)
+        real_apply(steps)
 
     monkeypatch.setattr(_ranges, "_apply", apply_and_free)
     a.prefetch(D0)
