@@ -179,11 +179,13 @@ def evict(m: S.Machine, ordinal: int, need: int, keep: tuple[int, int] | None = 
     table = _table()
     c = m.managed_evictions
     freed = 0
-    for key in list(lru):
-        if freed >= need:
-            break
-        if key == keep:
-            continue
+    while freed < need:
+        it = iter(lru)
+        key = next(it, None)
+        if key is not None and key == keep:
+            key = next(it, None)
+        if key is None:
+            break  # nothing left to evict
         start, b = key
         pg = table[start]
         _drop(m, start, pg, b, ordinal)
