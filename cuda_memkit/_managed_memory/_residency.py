@@ -24,14 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._core import _device
+from .._core import _context
 from .._core._checks import as_index
-from .._core._device import Device, Location, LocationType, check_ordinal
+from .._core._device import Device, check_ordinal
+from .._core._location import Location, LocationType
 from .._observability._observe import format_bytes
 from . import _managed_ranges as _ranges
 
 if TYPE_CHECKING:
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["Residency", "ResidencyRun", "managed_residency"]
 
@@ -232,7 +233,7 @@ def managed_residency(ptr: int, nbytes: int, *, granularity: int = DEVICE_BLOCK)
     p, n = _ranges.raw_range(ptr, nbytes)
     if n == 0:
         return Residency(p, 0, g, ())
-    _device.ensure_context()
+    _context.ensure_context()
     return read_residency(p, n, g)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 
 from ._helpers import Undo
 
