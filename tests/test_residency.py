@@ -469,3 +469,18 @@ def test_the_simulators_residency_tools_refuse_other_memory() -> None:
             sim.host_access(d.ptr, MiB)
         with pytest.raises(ValueError, match="managed"):
             sim.resident_bytes(m.ptr, 2 * MiB + 4096)
+
+
+@pytest.mark.sim_only
+def test_a_managed_pool_buffer_gives_its_device_blocks_back(small_gpu: int,
+                                                             stream: cm.Stream) -> None:
+    with cm.MemoryPool(managed=True) as p:
+        buf = p.allocate(4 * MiB, stream=stream)
+        cm.managed_residency(buf.ptr, buf.nbytes)  # any managed memory
+        _ranges.issue_prefetch(buf.ptr, buf.nbytes, D0, stream.handle)
+        assert free0() == small_gpu - 4 * MiB
+        buf.free()
+        stream.synchronize()
+    assert free0() == small_gpu
+    with cm.DeviceBuffer.empty(small_gpu):  # nothing stale is left to evict
+        pass

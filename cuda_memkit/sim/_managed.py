@@ -144,6 +144,11 @@ def _table() -> dict[int, Pages]:
 def release_managed(m: S.Machine, a: Allocation) -> None:
     """Forget a managed allocation's state (called by ``cuMemFree``)."""
     m.host_used -= a.size
+    forget_pages(m, a)
+
+
+def forget_pages(m: S.Machine, a: Allocation) -> None:
+    """Drop a managed allocation's pages: hint state and the device memory its blocks held."""
     t = m.ext.get(TABLE)
     if t is None:
         return

@@ -322,9 +322,9 @@ def _free(a: Allocation) -> None:
     m = M()
     m.remove(a)
     if a.kind == "managed" and "alias_of" not in a.extra:
-        from ._managed import TABLE
+        from ._managed import forget_pages
 
-        m.ext.get(TABLE, {}).pop(a.start, None)
+        forget_pages(m, a)
     pool = _lookup(a.extra["pool"])
     assert pool is not None
     if "alias_of" in a.extra:  # an imported pointer: only this mapping goes
