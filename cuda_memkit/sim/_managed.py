@@ -34,12 +34,17 @@ any number of devices at once (duplicates).
 * Host accesses the simulator cannot see (numpy views); :func:`host_access`
   tells it of one (tests), which faults the blocks back as the host does.
 * Device-resident blocks take the device's memory: ``cuMemGetInfo``'s free
-  memory drops by them. When a prefetch, a fault or a device allocation
-  (``cuMemAlloc``, pools, ``cuMemCreate``) needs memory the device lacks,
-  the least recently used blocks on it are evicted: a read-mostly duplicate
-  (another valid copy exists) is dropped without a write-back, any other
-  block is written back to the host. Device allocations fail only if
-  evicting every managed block is not enough.
+  memory drops by them. As on the H200, it does not rise when they leave
+  (a prefetch back, a host fault, a discard, eviction, freeing the
+  allocation): the driver keeps that memory (``SimDevice.managed_cached``)
+  for the next managed pages and gives it to device allocations that need
+  it. When a prefetch or a fault needs memory the device lacks, the least
+  recently used blocks on it are evicted; a device allocation (``cuMemAlloc``,
+  pools, ``cuMemCreate``) that does not fit takes the kept memory, then
+  evicts. A read-mostly duplicate (another valid copy exists) is dropped
+  without a write-back, any other block is written back to the host. Device
+  allocations fail only if the kept memory and every managed block are not
+  enough.
 * A discard drops every copy of the blocks without writing them back.
 
 ``Machine.managed_evictions`` counts the bytes evicted, written back and
@@ -155,10 +160,8 @@ def forget_pages(m: S.Machine, a: Allocation) -> None:
     pg = t.pop(a.start, None)
     if pg is None:
         return
-    lru = _lru(m)
     for b, d in zip(*np.nonzero(pg.on_dev), strict=True):
-        lru[d].pop((a.start, int(b)), None)
-        m.devices[d].managed_used -= BLOCK
+        _drop(m, a.start, pg, int(b), int(d))  # the driver keeps the memory
 
 
 # -- residency ------------------------------------------------------------------------
@@ -170,8 +173,11 @@ def _lru(m: S.Machine) -> list[dict[tuple[int, int], None]]:
 
 
 def _drop(m: S.Machine, start: int, pg: Pages, b: int, d: int) -> None:
+    """Block ``b`` leaves device ``d``; the driver keeps its memory (free does not rise)."""
     pg.on_dev[b, d] = False
-    m.devices[d].managed_used -= BLOCK
+    dev = m.devices[d]
+    dev.managed_used -= BLOCK
+    dev.managed_cached += BLOCK
     _lru(m)[d].pop((start, b), None)
 
 
@@ -204,7 +210,15 @@ def evict(m: S.Machine, ordinal: int, need: int, keep: tuple[int, int] | None = 
     return freed
 
 
-S.evict_managed = evict
+def give_back(m: S.Machine, ordinal: int, need: int) -> None:
+    """Free ``need`` bytes for a device allocation: kept memory first, then by eviction."""
+    dev = m.devices[ordinal]
+    if need > dev.managed_cached:
+        evict(m, ordinal, need - dev.managed_cached)
+    dev.managed_cached -= min(dev.managed_cached, -(-need // BLOCK) * BLOCK)
+
+
+S.evict_managed = give_back
 
 
 def _read_mostly(pg: Pages, b: int) -> bool:
@@ -218,9 +232,11 @@ def _to_device(start: int, pg: Pages, b: int, d: int, duplicate: bool) -> None:
     key = (start, b)
     if not pg.on_dev[b, d]:
         dev = m.devices[d]
-        if dev.room < BLOCK:
-            evict(m, d, BLOCK - dev.room, keep=key)
-        if dev.room < BLOCK:
+        if dev.managed_cached < BLOCK and dev.room < BLOCK:
+            evict(m, d, BLOCK, keep=key)
+        if dev.managed_cached >= BLOCK:
+            dev.managed_cached -= BLOCK  # memory the driver kept for managed pages
+        elif dev.room < BLOCK:
             return  # device allocations hold the memory: the block stays where it is
         pg.on_dev[b, d] = True
         dev.managed_used += BLOCK

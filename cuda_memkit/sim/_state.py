@@ -80,13 +80,16 @@ class SimDevice:
     attrs: dict[int, int] = field(default_factory=dict)
     #: Bytes of managed pages resident on the device (whole 2 MiB blocks, ``_managed``).
     managed_used: int = 0
+    #: Bytes the driver took for managed pages that have left since: kept (free memory
+    #: does not rise) for the next managed pages, given back to device allocations.
+    managed_cached: int = 0
     #: Its resident managed blocks ``(allocation start, block)``, least recently used first.
     lru: dict[tuple[int, int], None] = field(default_factory=dict)
 
     @property
     def room(self) -> int:
         """Bytes neither allocated nor holding managed pages."""
-        return self.total_mem - self.used - self.managed_used
+        return self.total_mem - self.used - self.managed_used - self.managed_cached
 
 
 @dataclass
@@ -309,8 +312,9 @@ class Machine:
         """Charge ``size`` bytes of a device allocation, evicting managed pages if needed.
 
         Like the driver, an allocation that does not fit in what is free
-        moves resident managed pages back to the host (least recently used
-        first) rather than fail; it fails only if they are not enough.
+        takes the memory kept for managed pages, then moves resident managed
+        pages back to the host (least recently used first), rather than fail;
+        it fails only if they are not enough.
         """
         dev = self.devices[ordinal]
         if size > dev.total_mem - dev.used:
@@ -385,9 +389,9 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
-#: Evicts managed blocks from a device: ``(machine, ordinal, bytes needed) -> bytes freed``.
+#: Gives device memory held for managed pages back: ``(machine, ordinal, bytes needed)``.
 #: Set by ``_managed`` when it loads (before it, no managed memory exists).
-evict_managed: Callable[[Machine, int, int], int] | None = None
+evict_managed: Callable[[Machine, int, int], None] | None = None
 
 MACHINE = Machine(
     devices=_env_int("CUDA_MEMKIT_SIM_DEVICES", 2),
