@@ -10,7 +10,9 @@ The driver answers two questions about managed memory, and no more:
   touches them and when the driver evicts them from a full device, and
   neither changes it;
 * per device, the free memory (``cuMemGetInfo``), which drops as managed
-  pages become resident on the device.
+  pages arrive on the device and does not rise when they leave: the driver
+  keeps that memory for managed pages and gives it to device allocations
+  that need more than is free (evicting resident pages if it must).
 
 :func:`managed_residency` reads the attributes block by block and merges
 equal neighbours into :class:`ResidencyRun` parts. cuda_memkit's own record
@@ -123,8 +125,9 @@ class Residency:
     moved since if a processor touched them (a kernel on a device faults them
     in, a host access back) or if the driver evicted them to make room on a
     full device. The driver does not report where pages are; a device's free
-    memory (:meth:`Device.mem_info <cuda_memkit.Device.mem_info>`) counts the
-    managed pages resident on it, all allocations together.
+    memory (:meth:`Device.mem_info <cuda_memkit.Device.mem_info>`) drops as
+    managed pages arrive and stays down after they leave (the driver keeps
+    the memory for managed pages and gives it to device allocations).
     """
 
     ptr: int
@@ -240,11 +243,11 @@ def managed_residency(ptr: int, nbytes: int, *, granularity: int = DEVICE_BLOCK)
 def managed_capacity(device: int | Device) -> int:
     """Bytes of device memory managed pages can take on ``device`` without evicting each other.
 
-    The device's free memory (``cuMemGetInfo``, which drops as managed pages
-    become resident) plus the managed bytes cuda_memkit last prefetched there
-    (its own record). An estimate: pages faulted in by kernels are not in the
-    record (the capacity reads low by them), pages the driver evicted since
-    their prefetch still are (it reads high by them).
+    The device's free memory (``cuMemGetInfo``) plus the managed bytes
+    cuda_memkit last prefetched there (its own record), at most the device's
+    total. An estimate, low where the driver kept memory from managed pages
+    that left (free memory does not rise when they do) or holds pages faulted
+    in by kernels, high where it evicted pages since their prefetch.
     """
     ordinal = check_ordinal(device)
     free, total = Device(ordinal).mem_info()
