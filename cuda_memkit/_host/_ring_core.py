@@ -113,6 +113,10 @@ def _worker_error(message: str, worker: int | None, pid: int | None, slot: int |
     return WorkerError(message, worker=worker, pid=pid, slot=slot, batch=batch, gone=gone)
 
 
+def _no() -> bool:
+    return False
+
+
 # -- the memory ----------------------------------------------------------------------------
 
 
@@ -268,6 +272,10 @@ class RingCore:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_lock = threading.Lock()  # the wake pipe's write end: written, or closed
         self.has_context = False
+        #: Whether the copies from lent slots are watched elsewhere now (a Loader's thread
+        #: waits on its copies' events): the service thread polls them only when not.
+        self.copies_watched: Callable[[], bool] = _no
+
         _cores.add(self)
 
     # -- the service thread -----------------------------------------------------------
@@ -288,10 +296,10 @@ class RingCore:
         assert sel is not None
         try:
             while not self.closed:
-                polling = self.lent and pending_operands
+                polling = self.lent and pending_operands and not self.copies_watched()
                 for key, _mask in sel.select(POLL if polling else None):
                     key.data(key.fileobj)
-                if self.lent and pending_operands:
+                if polling:
                     self._reap()
                 with self.lock:
                     self._take_returns()
@@ -649,7 +657,7 @@ class RingCore:
                     self.state[s] = LENT
                     self.lent += 1
                     return s
-                if self.lent and pending_operands:
+                if self.lent and pending_operands and not self.copies_watched():
                     self.wake()  # slots wait for copies: the thread polls their events
                 if deadline is None:
                     self.cond.wait()

@@ -296,7 +296,7 @@ def _ticket(ticket: object, slots: int) -> tuple[int, int]:
 
 def unstarted_ring(slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike, *,
                    grants: int, timeout: float | None) -> SharedHostRing:
-    """A :class:`SharedHostRing` whose service thread is not started yet (see :func:`start_ring`).
+    """A :class:`SharedHostRing` whose service thread is not started yet.
 
     A Loader forks its workers before any thread of the ring runs, then
     starts it (``ring_core(ring).start()``).

@@ -45,6 +45,7 @@ from .._host._shared_ring import (
     unstarted_ring,
 )
 from .._pools._pool import MemoryPool
+from ._copies import CopyWatcher
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,9 +106,12 @@ def _exit_of(proc: Any) -> str:
     return f"exit code {code}"
 
 
-def _stop(ring: SharedHostRing, procs: list[Any]) -> None:
+def _stop(ring: SharedHostRing, procs: list[Any], copies: list[CopyWatcher]) -> None:
     """Release function of a Loader: close the ring, then let the workers go."""
     ring.close()  # each worker's connection closes: it stops at its next call
+    for watcher in copies:
+        watcher.close()  # the copies in flight finish; their slots go back to the closed ring
+    copies.clear()
     deadline = time.monotonic() + JOIN
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -284,17 +288,20 @@ class Loader(Resource):
         self._timeout = wait
         ctx: Any = multiprocessing.get_context(start_method)
         procs: list[Any] = []
+        copies: list[CopyWatcher] = []
         with Transaction() as tx:
             ring = unstarted_ring(n * depth + 2, shape, dtype, grants=depth, timeout=wait)
             tx.push(ring.close)
-            tx.push(_stop, ring, procs)
+            tx.push(_stop, ring, procs, copies)
             handle = ring.handle
             for k in range(n):
                 p = ctx.Process(target=worker_main, args=(handle, k, make_batch, init),
                                 name=f"cuda_memkit-loader-{k}", daemon=True)
                 p.start()
                 procs.append(p)
+            copies.append(CopyWatcher())
             core = ring_core(ring)
+            core.copies_watched = copies[0].busy
             core.loading = True  # every grant carries a batch: none before the first pass
             for k, p in enumerate(procs):
                 core.watch(p.sentinel, p.pid, k, functools.partial(_exit_of, p))
@@ -304,7 +311,8 @@ class Loader(Resource):
                           else MemoryPool.default(self._device, cache=True))
         self._ring = ring
         self._procs = procs
-        self._open(make_finalizer(self, "Loader", _stop, ring, procs))
+        self._copies = copies[0]
+        self._open(make_finalizer(self, "Loader", _stop, ring, procs, copies))
 
     # -- what it is -----------------------------------------------------------------------
     @property
@@ -397,7 +405,9 @@ class Loader(Resource):
             return slot  # output "slot": the slot itself, on the host
         try:
             ensure_context(self._device)
-            buf = slot.to_device(stream=self._stream_now(), pool=pool)
+            stream = stream_handle(self._stream_now())
+            buf = slot.to_device(stream=stream, pool=pool)
+            self._copies.after(stream, self._device)  # the slot goes back once the copy is done
         finally:
             slot.close()  # the batch is lost if its copy failed: the slot goes back
         if self._framework is None:
