@@ -137,6 +137,7 @@ class Segment:
         self.device_ptr = device_ptr
         self.nbytes = nbytes
         self.lock = threading.Lock()
+        self.pid = os.getpid()
         _ACCOUNT.add(self.ptr, nbytes)
 
     def close_fd(self) -> None:
@@ -151,7 +152,13 @@ class Segment:
             os.close(fd)
 
     def release(self) -> None:
-        """Unregister and unmap (once); the ledger forgets the ring."""
+        """Unregister and unmap (once); the ledger forgets the ring.
+
+        Never in a forked child: the registration and the mapping are the
+        parent's, which keeps serving (the child keeps its copy of them).
+        """
+        if self.pid != os.getpid():
+            return
         with self.lock:
             reg, self.reg = self.reg, None
             self.mem = None  # the last numpy view over it unmaps it
@@ -638,6 +645,8 @@ class RingCore:
         finalizer may run on the thread while it holds the lock); once the
         ring is closed, the slot is done with here.
         """
+        if self.pid != os.getpid():
+            return  # a forked child's copy of a lent slot: the slot is the parent's to take back
         self.returns.append((s, g))
         if not self.closed:
             self.wake()
@@ -837,6 +846,7 @@ class RingCore:
         parent's threads held at the fork stays held here for ever.
         """
         self.closed = True
+        self.keep_memory = True  # the registration and the mapping stay the parent's
         self._close_all(list(self.conns.values()))
 
 
@@ -872,7 +882,13 @@ atexit.register(_stop_at_exit)
 
 
 def close_ring(core: RingCore) -> None:
-    """Release function of a SharedHostRing: stop serving; the memory goes once no slot is lent."""
+    """Release function of a SharedHostRing: stop serving; the memory goes once no slot is lent.
+
+    In a forked child it does nothing: the ring is the parent's (its locks may
+    be held there by threads the child does not have).
+    """
+    if core.pid != os.getpid():
+        return
     core.shutdown()
     close_writers(core.address)  # writers of this process (a test's, a thread's) stop too
     core.release_if_idle()

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["RingSlot", "SharedHostRing", "device_pool", "lend", "ring_core", "unstarted_ring"]
+__all__ = ["MAX_SLOTS", "RingSlot", "SharedHostRing", "device_pool", "lend", "ring_core",
+           "unstarted_ring"]
 
 #: Most slots a ring may have (the wire protocol carries 32-bit slot numbers; more than
 #: this is a mistake, not a ring).
@@ -322,6 +323,7 @@ def device_pool(pool: object) -> MemoryPool | None:
         return None
     if not isinstance(pool, MemoryPool):
         raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
+    pool._check_open()  # a closed pool is refused now, not at the first copy
     if pool.device is None or pool.is_host:
         raise ValueError("pool must be a device pool: the copies go to device memory")
     return pool
@@ -507,7 +509,7 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
             anything is allocated; the slot stays lent then, as it does when
             the allocation or the copy fails.
         ClosedError
-            If the slot is closed.
+            If the slot, the pool or the stream is closed.
         """
         self._check_open()
         pool = device_pool(pool)

@@ -25,6 +25,7 @@ import functools
 import gc
 import importlib
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,8 +36,9 @@ from .._core._device import StreamLike, ensure_context, existing_ordinal, stream
 from .._core._errors import ClosedError
 from .._core._resource import Resource, Transaction, make_finalizer
 from .._host._ring_core import JOIN, WorkerError
-from .._host._ring_worker import RingHandle, check_timeout
+from .._host._ring_worker import MAX_LABEL, RingHandle, check_label, check_timeout
 from .._host._shared_ring import (
+    MAX_SLOTS,
     RingSlot,
     SharedHostRing,
     device_pool,
@@ -106,8 +108,13 @@ def _exit_of(proc: Any) -> str:
     return f"exit code {code}"
 
 
-def _stop(ring: SharedHostRing, procs: list[Any], copies: list[CopyWatcher]) -> None:
-    """Release function of a Loader: close the ring, then let the workers go."""
+def _stop(ring: SharedHostRing, procs: list[Any], copies: list[CopyWatcher], pid: int) -> None:
+    """Release function of a Loader: close the ring, then let the workers go.
+
+    In a forked child it does nothing: the workers and the ring are the parent's.
+    """
+    if pid != os.getpid():
+        return
     ring.close()  # each worker's connection closes: it stops at its next call
     for watcher in copies:
         watcher.close()  # the copies in flight finish; their slots go back to the closed ring
@@ -128,28 +135,41 @@ def _stop(ring: SharedHostRing, procs: list[Any], copies: list[CopyWatcher]) -> 
 
 
 def _batches(batches: object) -> Sequence[int]:
+    """The batches of one pass, checked without walking a range (one may be huge)."""
     if isinstance(batches, bool):
         raise TypeError("batches must be an int (a count) or a sequence of ints, not bool")
     if isinstance(batches, int) or (hasattr(batches, "__index__") and not hasattr(
             batches, "__len__")):
         n = as_index(batches, "batches")
-        if n < 0:
-            raise ValueError(f"batches must be >= 0, got {n}")
+        if not 0 <= n <= MAX_LABEL:
+            raise ValueError(f"batches (a count) must be >= 0 and < 2**63, got {n}")
         return range(n)
     if isinstance(batches, range):
-        seq: Sequence[int] = batches
-    else:
-        try:
-            seq = [as_index(b, "each batch") for b in batches]  # type: ignore[attr-defined]
-        except TypeError as exc:
-            if "each batch" in str(exc):
-                raise
-            raise TypeError(f"batches must be an int (a count) or a sequence of ints, not "
-                            f"{type(batches).__name__}") from None
-    for b in seq:
-        if b < 0:
-            raise ValueError(f"batches must be >= 0, got {b}")
+        _check_range(batches)
+        return batches
+    try:
+        seq = [check_label(b, "each batch") for b in batches]  # type: ignore[attr-defined]
+    except TypeError as exc:
+        if "each batch" in str(exc):
+            raise
+        raise TypeError(f"batches must be an int (a count) or a sequence of ints, not "
+                        f"{type(batches).__name__}") from None
+    except ValueError as exc:
+        raise ValueError(f"batches: {exc}") from None
     return seq
+
+
+def _check_range(r: range) -> None:
+    """A range of batches: its length and its ends, in constant time."""
+    try:
+        count = len(r)
+    except OverflowError:
+        raise ValueError("batches: a range of 2**63 batches or more is more than one pass "
+                         "can hold") from None
+    if count:
+        for end in (r[0], r[-1]):  # a range's smallest and largest are its ends
+            if not 0 <= end <= MAX_LABEL:
+                raise ValueError(f"batches: each batch must be >= 0 and < 2**63, got {end}")
 
 
 class Loader(Resource):
@@ -261,6 +281,9 @@ class Loader(Resource):
         if n > MAX_WORKERS:
             raise ValueError(f"workers must be <= {MAX_WORKERS}, got {n}")
         depth = positive("prefetch", prefetch)
+        if n * depth + 2 > MAX_SLOTS:  # the ring has a slot per batch worked ahead, plus two
+            raise ValueError(f"workers * prefetch must be <= {MAX_SLOTS - 2} (the ring's slots, "
+                             f"two more, are at most {MAX_SLOTS}), got {n} * {depth}")
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, not {type(ordered).__name__}")
         if output not in OUTPUTS:
@@ -292,7 +315,7 @@ class Loader(Resource):
         with Transaction() as tx:
             ring = unstarted_ring(n * depth + 2, shape, dtype, grants=depth, timeout=wait)
             tx.push(ring.close)
-            tx.push(_stop, ring, procs, copies)
+            tx.push(_stop, ring, procs, copies, os.getpid())
             handle = ring.handle
             for k in range(n):
                 p = ctx.Process(target=worker_main, args=(handle, k, make_batch, init),
@@ -312,7 +335,7 @@ class Loader(Resource):
         self._ring = ring
         self._procs = procs
         self._copies = copies[0]
-        self._open(make_finalizer(self, "Loader", _stop, ring, procs, copies))
+        self._open(make_finalizer(self, "Loader", _stop, ring, procs, copies, os.getpid()))
 
     # -- what it is -----------------------------------------------------------------------
     @property
@@ -376,8 +399,17 @@ class Loader(Resource):
         ``RuntimeError``); batches under way for it are dropped.
         """
         self._check_open()
-        epoch = ring_core(self._ring).schedule(enumerate(self._batch_list))
+        try:
+            epoch = ring_core(self._ring).schedule(enumerate(self._batch_list))
+        except WorkerError as exc:
+            self._lost(exc)
+            raise
         return self._pass(epoch)
+
+    def _lost(self, exc: WorkerError) -> None:
+        """A worker is gone (its batches with it): the loader is done, as its docs say."""
+        if exc.gone:
+            self.close()
 
     def _pass(self, epoch: int) -> Iterator[Any]:
         ring = self._ring
@@ -391,8 +423,7 @@ class Loader(Resource):
                 try:
                     s = core.wait(pick, self._timeout, f"batch {self._batch_list[pos]}")
                 except WorkerError as exc:
-                    if exc.gone:
-                        self.close()  # a lost worker's batches are lost: the loader is done
+                    self._lost(exc)
                     raise
                 yield self._deliver(lend(ring, s))
         finally:

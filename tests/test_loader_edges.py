@@ -1,0 +1,125 @@
+"""Loader at its edges: huge and extreme batch numbers, timeouts, closed objects, dying workers.
+
+Workers start with ``forkserver`` (``fork`` in a process with threads draws Python 3.12's
+DeprecationWarning, an error in this suite). Runs on the simulator and on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import cuda_memkit as cm
+
+from . import _ring_workers as rw
+
+SHAPE = (4, 4)
+LAST = (1 << 63) - 1  # the largest batch number the ring's protocol carries
+
+
+def _loader(batches: object = 4, **kw: object) -> cm.Loader:
+    args: dict[str, object] = {"workers": 1, "start_method": "forkserver", "timeout": 60}
+    args.update(kw)
+    return cm.Loader(rw.batch_value, batches, SHAPE, np.float32, **args)  # type: ignore[arg-type]
+
+
+def _eventually(cond: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_huge_range_of_batches_is_taken_at_once() -> None:
+    """The constructor checks a range by its ends: it does not walk 10**12 numbers."""
+    made: list[cm.Loader] = []
+    t = threading.Thread(target=lambda: made.append(_loader(range(10**12), output="slot")),
+                         daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "Loader(batches=range(10**12)) did not return"
+    with made[0] as loader:
+        assert len(loader) == 10**12 and loader.batches == range(10**12)
+        for k, slot in enumerate(loader):
+            assert slot.batch == k
+            slot.close()
+            if k == 2:
+                break
+
+
+def test_the_largest_batch_numbers_go_through_the_ring() -> None:
+    """Batch numbers up to 2**63 - 1 reach the workers and come back; a count of that many
+    is a loader whose length is that count."""
+    with _loader([LAST, 0, LAST - 1], output="slot") as loader:
+        got = []
+        for slot in loader:
+            got.append(slot.batch)
+            slot.close()
+        assert got == [LAST, 0, LAST - 1]
+        assert [s.batch for s in _closing(loader)] == [LAST, 0, LAST - 1]  # a second pass
+    with _loader(range(LAST - 2, LAST + 1), output="slot") as loader:
+        assert [s.batch for s in _closing(loader)] == [LAST - 2, LAST - 1, LAST]
+    with _loader(LAST, output="slot") as loader:
+        assert len(loader) == LAST
+        first = next(iter(loader))
+        assert first.batch == 0
+        first.close()
+
+
+def _closing(loader: cm.Loader) -> list[cm.RingSlot]:
+    out = []
+    for slot in loader:
+        out.append(slot)
+        slot.close()
+    return out
+
+
+@pytest.mark.parametrize("t", [1e10, threading.TIMEOUT_MAX, math.inf])
+def test_a_timeout_past_any_wait_means_no_limit(t: float) -> None:
+    with _loader(timeout=t) as loader:
+        assert loader.timeout is None
+        assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [0.0, 1.0, 2.0, 3.0]
+        loader.timeout = t
+        assert loader.timeout is None
+        loader.timeout = 5
+        assert loader.timeout == 5.0
+
+
+def test_too_many_slots_names_the_loaders_arguments() -> None:
+    with pytest.raises(ValueError, match=r"workers \* prefetch") as info:
+        _loader(workers=2, prefetch=40000)
+    assert "slots must" not in str(info.value)
+
+
+def test_a_closed_pool_is_refused_before_any_worker_starts() -> None:
+    pool = cm.MemoryPool(0)
+    pool.close()
+    with pytest.raises(cm.ClosedError, match="closed"):
+        _loader(pool=pool)
+
+
+def test_a_worker_that_dies_between_passes_closes_the_loader() -> None:
+    loader = _loader(workers=2)
+    try:
+        assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [0.0, 1.0, 2.0, 3.0]
+        assert _eventually(lambda: loader.ring.workers == 2)
+        pid = loader.pids[0]
+        os.kill(pid, signal.SIGKILL)
+        assert _eventually(lambda: loader.ring.workers == 1)
+        with pytest.raises(cm.WorkerError, match=rf"pid {pid}") as info:
+            iter(loader)
+        assert info.value.gone and info.value.pid == pid
+        assert loader.closed  # not a next pass with fewer workers
+        with pytest.raises(cm.ClosedError):
+            iter(loader)
+    finally:
+        loader.close()
