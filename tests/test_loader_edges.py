@@ -123,3 +123,29 @@ def test_a_worker_that_dies_between_passes_closes_the_loader() -> None:
             iter(loader)
     finally:
         loader.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_closing_an_inherited_loader_leaves_it_to_the_parent() -> None:
+    with _loader(workers=1) as loader:
+        assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [0.0, 1.0, 2.0, 3.0]
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the loader closes without touching the parent's
+            code = 1
+            try:
+                loader.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _pid, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert all(_alive(p) for p in loader.pids)  # the workers are still the parent's
+        assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [0.0, 1.0, 2.0, 3.0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

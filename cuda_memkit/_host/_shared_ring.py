@@ -308,7 +308,7 @@ def unstarted_ring(slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLik
 
 
 def ring_core(ring: SharedHostRing) -> RingCore:
-    """The state a Loader drives: epochs of batches, watched processes (see :class:`RingCore`)."""
+    """The state a Loader drives: its schedule of batches, watched processes (:class:`RingCore`)."""
     return ring._core
 
 
@@ -383,12 +383,13 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
     def make(cls, ring: SharedHostRing, core: RingCore, s: int) -> RingSlot:
         """The lent slot ``s`` of ``ring`` (used by the ring)."""
         self = object.__new__(cls)
-        g = core.gen[s]
+        slot = core.table[s]
+        g = slot.gen
         self.ring = ring
         self._core = core
         self.index = s
         self.generation = g
-        tag = core.tag[s]
+        tag = slot.tag
         self.tag = None if tag < 0 else tag
         owner_worker, owner_pid = core.filled_by(s)
         self.worker = owner_worker

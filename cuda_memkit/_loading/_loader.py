@@ -48,6 +48,7 @@ from .._host._shared_ring import (
 )
 from .._pools._pool import MemoryPool
 from ._copies import CopyWatcher
+from ._schedule import Epochs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -325,7 +326,8 @@ class Loader(Resource):
             copies.append(CopyWatcher())
             core = ring_core(ring)
             core.copies_watched = copies[0].busy
-            core.loading = True  # every grant carries a batch: none before the first pass
+            epochs = Epochs(core)
+            core.schedule = epochs  # every grant carries a batch: none before the first pass
             for k, p in enumerate(procs):
                 core.watch(p.sentinel, p.pid, k, functools.partial(_exit_of, p))
             core.start()  # the ring's thread only now: no thread runs while the workers fork
@@ -333,6 +335,7 @@ class Loader(Resource):
             self._pool = (pool if pool is not None or output == "slot"
                           else MemoryPool.default(self._device, cache=True))
         self._ring = ring
+        self._epochs = epochs
         self._procs = procs
         self._copies = copies[0]
         self._open(make_finalizer(self, "Loader", _stop, ring, procs, copies, os.getpid()))
@@ -400,7 +403,7 @@ class Loader(Resource):
         """
         self._check_open()
         try:
-            epoch = ring_core(self._ring).schedule(enumerate(self._batch_list))
+            epoch = self._epochs.start(enumerate(self._batch_list))
         except WorkerError as exc:
             self._lost(exc)
             raise
@@ -417,9 +420,9 @@ class Loader(Resource):
         try:
             for pos in range(len(self._batch_list)):
                 if self._ordered:
-                    pick = functools.partial(core.by_key, (epoch, pos))
+                    pick = functools.partial(self._epochs.by_key, (epoch, pos))
                 else:
-                    pick = functools.partial(core.first_of, epoch)
+                    pick = functools.partial(self._epochs.first_of, epoch)
                 try:
                     s = core.wait(pick, self._timeout, f"batch {self._batch_list[pos]}")
                 except WorkerError as exc:
@@ -428,7 +431,7 @@ class Loader(Resource):
                 yield self._deliver(lend(ring, s))
         finally:
             if not ring.closed:
-                core.end_epoch(epoch)
+                self._epochs.end(epoch)
 
     def _deliver(self, slot: RingSlot) -> Any:
         pool = self._pool
