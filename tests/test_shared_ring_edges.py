@@ -195,7 +195,7 @@ def test_a_writer_closed_by_the_consumer_unmaps_too() -> None:
 @pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_forked_child_closing_an_inherited_ring_leaves_it_to_the_parent(
         ring: cm.SharedHostRing) -> None:
-    from cuda_memkit._core import _operands
+    from cuda_memkit._core import _host_registry
 
     w = ring.handle.writer()
     first = w.acquire(timeout=10)
@@ -213,7 +213,7 @@ def test_a_forked_child_closing_an_inherited_ring_leaves_it_to_the_parent(
             import gc
 
             gc.collect()
-            kept = _operands.registered_flags(ring._core.segment.ptr, seg) is not None
+            kept = _host_registry.registered_flags(ring._core.segment.ptr, seg) is not None
             mapped = _mappings() >= 1
             shown = cm.memory_stats().by_kind["shared_ring"].current >= seg
             os.write(wfd, f"{kept} {mapped} {shown}".encode())

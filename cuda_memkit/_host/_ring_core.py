@@ -7,7 +7,7 @@ thread that accepts workers, sends grants, reads their messages (the wire
 protocol of :mod:`cuda_memkit._host._ring_worker`), notices a worker's end
 the moment its socket closes and, while copies from lent slots are in flight
 and nobody else watches them (:attr:`RingCore.copies_watched`), polls their
-events (``_core._operands``) so that their slots come back. The consumer's
+events (``_core._inflight``) so that their slots come back. The consumer's
 waits sleep on a condition the thread signals. It makes no driver call but
 those event queries (and the registration's release).
 
@@ -39,9 +39,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._core._device import ensure_any_context
+from .._core._context import ensure_any_context
 from .._core._errors import ClosedError
-from .._core._operands import pending_operands, reap_pending
+from .._core._inflight import pending_operands, reap_pending
 from .._core._resource import Transaction, account
 from ._registered import HostRegisterFlags, RegisteredHost, register_host
 from ._ring_worker import (

@@ -2,7 +2,7 @@
 
 A slot copied to the device is given back to the workers only once the copy
 has read it (the copy's operands are held until its event completes, see
-``_core._operands``). Instead of the ring's thread polling those events,
+``_core._inflight``). Instead of the ring's thread polling those events,
 :class:`CopyWatcher` records an event of its own behind each copy and a
 thread of its own sleeps in ``cuEventSynchronize`` on it (a blocking-sync
 event: the thread sleeps in the driver, without the interpreter's lock), then
@@ -18,9 +18,9 @@ from typing import Any
 
 from .._core import _driver
 from .._core._constants import EVENT_DISABLE_TIMING
-from .._core._device import ensure_context
+from .._core._context import ensure_context
 from .._core._errors import CudaError
-from .._core._operands import pending_operands, reap_pending
+from .._core._inflight import pending_operands, reap_pending
 
 __all__ = ["EVENT_BLOCKING_SYNC", "CopyWatcher"]
 
