@@ -182,6 +182,12 @@ case("Loader(batches=range(-1, 4))", lambda o: _loader(batches=range(-1, 4)), Va
      "batch")
 case("Loader(batches=range(2**63))", lambda o: _loader(batches=range(1 << 63)), ValueError,
      "batches")
+case("Loader(batches=array([1, -2]))", lambda o: _loader(batches=np.array([1, -2])),
+     ValueError, "batch")
+case("Loader(batches=array([2**63], uint64))",
+     lambda o: _loader(batches=np.array([1 << 63], np.uint64)), ValueError, "batch")
+case("Loader(batches=2-d array)", lambda o: _loader(batches=np.zeros((2, 2), np.int64)),
+     ValueError, "one-dimensional")
 case("Loader(prefetch=10**6)", lambda o: _loader(prefetch=10**6), ValueError,
      r"workers \* prefetch")
 case("Loader(timeout=nan)", lambda o: _loader(timeout=float("nan")), ValueError, "timeout")

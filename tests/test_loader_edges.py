@@ -149,3 +149,28 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_slot_goes_back_only_once_its_copy_has_finished(
+        copies_in_flight: Callable[[], None]) -> None:
+    """The copies stay "running" here after the Loader's own wait on them returned (the
+    simulator answers every wait at once): the slots stay lent until the copies finish,
+    then come back without another call."""
+    with _loader(batches=6, workers=1, prefetch=1, timeout=20) as loader:
+        it = iter(loader)
+        first = [next(it) for _ in range(3)]  # the ring's three slots, each under a copy
+        time.sleep(0.2)
+        stats = loader.ring.stats()
+        assert stats["lent"] == 3 and stats["free"] == 0 and stats["ready"] == 0
+        threading.Timer(0.2, copies_in_flight).start()  # the copies finish a moment later
+        rest = list(it)
+        assert [float(b.to_numpy(np.float32)[0]) for b in first + rest] == [
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint32])
+def test_numpy_batches_are_checked_at_once(dtype: type) -> None:
+    order = np.array([3, 1, 2], dtype)
+    with _loader(order) as loader:
+        assert loader.batches == [3, 1, 2]
+        assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [3.0, 1.0, 2.0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._core import _driver
@@ -37,8 +38,10 @@ class CopyWatcher:
     of the copies left (:meth:`busy` tells it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake  # wakes the ring's thread: it polls what is left when this stops
         self._device = 0
+        self._broken = False  # the thread failed: the ring's thread polls every copy
         self._cond = threading.Condition()
         self._queue: collections.deque[Any] = collections.deque()  # events waited on, in order
         self._closing = False
@@ -53,8 +56,8 @@ class CopyWatcher:
 
         ``device`` is the device whose context the stream belongs to.
         """
-        if not pending_operands:
-            return  # the copy finished already: its slot went back with it
+        if not pending_operands or self._broken:
+            return  # finished already (its slot went back with it), or left to the ring's poll
         ev = _driver.call("cuEventCreate", EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING)
         try:
             _driver.call("cuEventRecord", ev, stream)
@@ -74,6 +77,20 @@ class CopyWatcher:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except BaseException:
+            # Never silent, never stuck: the ring's thread polls the copies from now on.
+            with self._cond:
+                self._broken = True
+                events = list(self._queue)
+                self._queue.clear()
+            for ev in events:
+                _destroy(ev)
+            self._wake()
+            raise
+
+    def _watch(self) -> None:
         ensure_context(self._device)  # the reap's event queries need the device's context here
         cond, queue = self._cond, self._queue
         while True:
@@ -88,7 +105,10 @@ class CopyWatcher:
             reap_pending()  # the slots whose copies are done go back to the ring now
             with cond:
                 queue.popleft()
+                idle = not queue
             _destroy(ev)
+            if idle and pending_operands:
+                self._wake()  # copies this event did not cover: the ring's thread polls them
 
     def close(self) -> None:
         """Wait for the copies in flight (their slots go back) and stop the thread."""

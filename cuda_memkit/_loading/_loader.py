@@ -150,6 +150,8 @@ def _batches(batches: object) -> Sequence[int]:
     if isinstance(batches, range):
         _check_range(batches)
         return batches
+    if _is_int_array(batches):
+        return _array_batches(batches)
     try:
         seq = [check_label(b, "each batch") for b in batches]  # type: ignore[attr-defined]
     except TypeError as exc:
@@ -160,6 +162,22 @@ def _batches(batches: object) -> Sequence[int]:
     except ValueError as exc:
         raise ValueError(f"batches: {exc}") from None
     return seq
+
+
+def _is_int_array(value: object) -> bool:
+    return type(value).__module__ == "numpy" and getattr(
+        getattr(value, "dtype", None), "kind", "") in ("i", "u")
+
+
+def _array_batches(arr: Any) -> list[int]:
+    """A numpy array of batch numbers, checked at once (a shuffled ``permutation(n)``)."""
+    if arr.ndim != 1:
+        raise ValueError(f"batches must be one-dimensional, got an array of shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or int(arr.max()) > MAX_LABEL):
+        raise ValueError(f"batches: each batch must be >= 0 and < 2**63, got "
+                         f"{int(arr.min()) if arr.min() < 0 else int(arr.max())}")
+    out: list[int] = arr.tolist()
+    return out
 
 
 def _check_range(r: range) -> None:
@@ -325,8 +343,8 @@ class Loader(Resource):
                                 name=f"cuda_memkit-loader-{k}", daemon=True)
                 p.start()
                 procs.append(p)
-            copies.append(CopyWatcher())
             core = ring_core(ring)
+            copies.append(CopyWatcher(core.wake))
             core.copies_watched = copies[0].busy
             epochs = Epochs(core)
             core.schedule = epochs  # every grant carries a batch: none before the first pass
