@@ -7,6 +7,7 @@ DeprecationWarning, an error in this suite). Runs on the simulator and on a GPU.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import signal
 import threading
@@ -15,6 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cuda_memkit as cm
 
@@ -174,3 +177,44 @@ def test_numpy_batches_are_checked_at_once(dtype: type) -> None:
     with _loader(order) as loader:
         assert loader.batches == [3, 1, 2]
         assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [3.0, 1.0, 2.0]
+
+
+BAD_NUMBERS = {
+    "workers": st.one_of(st.integers(max_value=0), st.integers(min_value=1025)),
+    "prefetch": st.one_of(st.integers(max_value=0), st.integers(min_value=1 << 15)),
+    "batches": st.one_of(st.integers(max_value=-1), st.integers(min_value=1 << 63)),
+    "timeout": st.one_of(st.floats(max_value=0.0), st.just(math.nan), st.integers(max_value=0)),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), arg=st.sampled_from(sorted(BAD_NUMBERS)))
+def test_every_number_out_of_range_is_refused_before_a_worker_starts(
+        data: st.DataObject, arg: str) -> None:
+    value = data.draw(BAD_NUMBERS[arg])
+    kw: dict[str, object] = {arg: value} if arg != "batches" else {}
+    if arg == "prefetch":
+        kw["workers"] = 2  # 2 * prefetch + 2 slots: past the ring's most
+    before = multiprocessing.active_children()
+    with pytest.raises(ValueError, match=arg):
+        _loader(value, **kw) if arg == "batches" else _loader(**kw)
+    assert multiprocessing.active_children() == before
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers())
+def test_each_batch_number_is_refused_or_kept_exactly(batch: int) -> None:
+    """Checked without a process: the numbers the constructor keeps are the ones given."""
+    from cuda_memkit._loading._loader import _batches
+
+    if 0 <= batch <= LAST:
+        assert list(_batches([batch, 0])) == [batch, 0]
+        assert list(_batches(np.array([batch], np.uint64))) == [batch]
+        r = range(batch, max(batch - 3, -1), -1)
+        assert _batches(r) == r
+    else:
+        for given_ in ([0, batch], range(batch, batch + 1), range(0, batch + 1)):
+            if isinstance(given_, range) and batch < 0 and given_.start >= 0 and not given_:
+                continue  # an empty range holds no batch to refuse
+            with pytest.raises(ValueError, match="batch"):
+                _batches(given_)
