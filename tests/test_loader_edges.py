@@ -33,14 +33,6 @@ def _loader(batches: object = 4, **kw: object) -> cm.Loader:
     return cm.Loader(rw.batch_value, batches, SHAPE, np.float32, **args)  # type: ignore[arg-type]
 
 
-def _eventually(cond: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
 
 def test_a_huge_range_of_batches_is_taken_at_once() -> None:
     """The constructor checks a range by its ends: it does not walk 10**12 numbers."""
@@ -114,10 +106,10 @@ def test_a_worker_that_dies_between_passes_closes_the_loader() -> None:
     loader = _loader(workers=2)
     try:
         assert [float(b.to_numpy(np.float32)[0]) for b in loader] == [0.0, 1.0, 2.0, 3.0]
-        assert _eventually(lambda: loader.ring.workers == 2)
+        assert rw.eventually(lambda: loader.ring.workers == 2)
         pid = loader.pids[0]
         os.kill(pid, signal.SIGKILL)
-        assert _eventually(lambda: loader.ring.workers == 1)
+        assert rw.eventually(lambda: loader.ring.workers == 1)
         with pytest.raises(cm.WorkerError, match=rf"pid {pid}") as info:
             iter(loader)
         assert info.value.gone and info.value.pid == pid

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 import cuda_memkit as cm
 
+from . import _ring_workers as rw
+
 SHAPE = (8, 4)
 FORK_WARNING = "ignore:This process .* is multi-threaded:DeprecationWarning"
 #: The edges of a signed 64-bit field, and of the interpreter's waits.
@@ -36,14 +38,6 @@ def ring() -> Iterator[cm.SharedHostRing]:
     yield r
     r.close()
 
-
-def _eventually(cond: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 # -- tags and labels: the wire carries signed 64-bit numbers ------------------------------
@@ -129,7 +123,7 @@ def test_every_timeout_of_the_ring_takes_the_same_values(ring: cm.SharedHostRing
         with ring.take(other.ticket) as got:
             assert got.tag == 2
     else:
-        assert _eventually(lambda: ring.stats()["ready"] == 1)
+        assert rw.eventually(lambda: ring.stats()["ready"] == 1)
         ring.get().close()
     w.close()
 
