@@ -386,6 +386,11 @@ class RingWriter:
         return ClosedError("the SharedHostRing's consumer closed the ring (or its process "
                            "exited): stop filling")
 
+    def _gone_unlocked(self) -> ClosedError:
+        """:meth:`_gone` for a caller without the state lock (a waiting :meth:`acquire`)."""
+        with self._lock:
+            return self._gone()
+
     def _send(self, data: bytes) -> None:
         try:
             self._sock.send(data)
@@ -426,9 +431,9 @@ class RingWriter:
             except OSError as exc:
                 if exc.errno not in _GONE and not self._closed:
                     raise
-                raise self._gone() from None
+                raise self._gone_unlocked() from None
         if not msg:
-            raise self._gone()
+            raise self._gone_unlocked()
         if msg[:1] != b"G" or len(msg) != GRANT.size:
             raise RuntimeError(f"unexpected message from the SharedHostRing: {msg[:1]!r}")
         _t, index, gen, batch = GRANT.unpack(msg)
