@@ -366,9 +366,11 @@ def test_closing_the_ring_stops_its_writers() -> None:
 
 def test_close_wakes_a_waiting_consumer() -> None:
     ring = cm.SharedHostRing(2, 16, timeout=None)
-    threading.Timer(0.2, ring.close).start()
+    closer = threading.Timer(0.2, ring.close)
+    closer.start()
     with pytest.raises(cm.ClosedError):
-        ring.get()
+        ring.get()  # woken as the close begins: the close goes on on the other thread
+    closer.join()
 
 
 def test_a_lent_slot_outlives_the_closed_ring() -> None:
