@@ -234,10 +234,11 @@ class RingHandle:
         ----------
         worker : int, optional
             A label for this worker in the consumer's errors and statistics
-            (e.g. ``torch.utils.data.get_worker_info().id``); default: none,
-            the process id names it.
+            (e.g. ``torch.utils.data.get_worker_info().id``), ``>= 0`` and
+            ``< 2**63``; default: none, the process id names it.
         timeout : float or None, default 60
-            Seconds to wait for the consumer to answer the connection.
+            Seconds to wait for the consumer to answer the connection
+            (``None`` or ``inf``: no limit).
 
         Raises
         ------
@@ -406,7 +407,7 @@ class RingWriter:
         Parameters
         ----------
         timeout : float or None, default None
-            Seconds to wait for a grant; ``None``: as long as it takes.
+            Seconds to wait for a grant; ``None`` (or ``inf``): as long as it takes.
 
         Returns
         -------
@@ -622,8 +623,9 @@ class WriterSlot:
         Parameters
         ----------
         tag : int, optional
-            A number >= 0 the consumer sees as ``RingSlot.tag`` (a batch
-            index, say); a :class:`Loader` worker's slots carry their batch.
+            A number ``>= 0`` and ``< 2**63`` the consumer sees as
+            ``RingSlot.tag`` (a batch index, say); a :class:`Loader` worker's
+            slots carry their batch.
 
         Returns
         -------
@@ -636,7 +638,8 @@ class WriterSlot:
         ClosedError
             If the consumer closed the ring or exited (the batch is dropped).
         ValueError
-            If the slot was published or failed already.
+            If the slot was published or failed already, or for a ``tag``
+            out of range (the slot stays this worker's then).
         """
         return self._writer.publish(self, tag)
 

@@ -86,7 +86,8 @@ class SharedHostRing(Resource):
         ahead each worker runs.
     timeout : float or None, default 120
         Seconds :meth:`get` and :meth:`take` wait for a slot before raising
-        ``TimeoutError`` naming what they wait for (``None``: no limit). A
+        ``TimeoutError`` naming what they wait for (``None`` or ``inf``: no
+        limit). A
         worker that dies is reported at once, whatever the timeout.
 
     Raises

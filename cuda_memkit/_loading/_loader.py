@@ -215,7 +215,8 @@ class Loader(Resource):
         batch would have been yielded.
     batches : int or sequence of int
         The batches of one pass: ``n`` (``0 .. n-1``) or the numbers to give
-        ``make_batch`` in order (a shuffled permutation, say).
+        ``make_batch`` in order (a shuffled permutation, say; a ``range`` is
+        kept as it is, however long). Each is ``>= 0`` and ``< 2**63``.
     shape : int or tuple of int
         Shape of one batch.
     dtype : dtype-like, default uint8
@@ -249,7 +250,8 @@ class Loader(Resource):
         generators, open files); ``worker`` is ``0 .. workers-1``.
     timeout : float or None, default 120
         Seconds to wait for a batch before ``TimeoutError`` naming the slots
-        being filled and their workers. A worker that dies is reported at once.
+        being filled and their workers (``None`` or ``inf``: no limit). A
+        worker that dies is reported at once.
     start_method : {"fork", "spawn", "forkserver"}, optional
         How the workers start; default: :mod:`multiprocessing`'s. ``"fork"``
         starts fastest and shares what this process holds (a preloaded
