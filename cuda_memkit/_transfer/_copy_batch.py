@@ -55,6 +55,7 @@ from .._core._device import (
     check_exists,
     ensure_any_context,
     forked_stream,
+    primary_pushed,
     stream_handle,
 )
 from .._core._errors import CudaDriverNotFoundError, CudaError
@@ -70,8 +71,8 @@ from .._core._operands import (
     reap_pending,
 )
 from .._core._resource import Resource, State
+from .._core._runner import place
 from . import _kernels
-from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -790,13 +791,24 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     if pending_operands:
         reap_pending()
     ctx = ensure_any_context()
+    # The stream's device runs the batch, whatever is current; a synchronous batch runs
+    # where a synchronous copy of its pairs would (see _core._runner).
+    runner = place([(x, w) for g in groups if g.nbytes for x, w in ((g.dst, True), (g.src, False))],
+                   None if sync else h, "cuMemcpyBatchAsync", stream, ctx)
+    if runner is None:
+        _issue_all(groups, h, sync, method, memo, where, ctx)
+        return
+    with primary_pushed(runner):
+        _issue_all(groups, h, sync, method, memo, where, ensure_any_context())
+
+
+def _issue_all(groups: list[_Group], h: int, sync: bool, method: str, memo: _Memo | None,
+               where: tuple[int, ...], ctx: int) -> None:
+    """Issue the kernel and the batch (or the loop) in the current context, which runs them."""
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
-    # two devices' memory: peer access, grants (see _cross_device)
-    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op[3] == DRIVER == g.src_op[3]],
-                  issue_on)
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
               else memo.pick(groups, method, issue_on, where, ctx))
     rest = groups

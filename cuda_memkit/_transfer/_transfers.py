@@ -35,7 +35,7 @@ from .._core._operands import (
     reap_pending,
     refuse_pageable,
 )
-from ._cross_device import prepare_copy
+from .._core._runner import place
 from ._staging import staged_copy, staging_wanted
 
 __all__ = ["copy", "copy_async"]
@@ -121,15 +121,15 @@ def copy(
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
     check_bool(allow_pageable, "allow_pageable")
     if stream is not None:
-        _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable, staged)
+        _copy_async(dst, src, nbytes, stream, stream_handle(stream), allow_pageable, staged)
         return dst
     d = operand(dst, True)
     s = operand(src, False)
     n = copy_size(d, s, nbytes)
     if staged is not False and _staged(d, s, n, None):
         return dst
-    if d[3] == DRIVER == s[3] and n:
-        runner = prepare_copy(dst, src, None)  # two devices' memory: see _cross_device
+    if n and (d[3] == DRIVER or s[3] == DRIVER):
+        runner = place(((dst, True), (src, False)), None, "cuMemcpy")  # see _core._runner
         if runner is not None:
             with primary_pushed(runner):
                 copy_sync(d, s, n)
@@ -195,12 +195,12 @@ def copy_async(
         the other device's pool or mapped memory (see :func:`copy`), before
         anything is issued.
     """
-    _copy_async(dst, src, nbytes, stream_handle(stream),
+    _copy_async(dst, src, nbytes, stream, stream_handle(stream),
                 check_bool(allow_pageable, "allow_pageable"))
     return dst
 
 
-def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
+def _copy_async(dst: Any, src: Any, nbytes: int | None, stream_obj: StreamLike, stream: int,
                 allow_pageable: bool, staged: bool | None = None) -> None:
     d = operand(dst, True)
     s = operand(src, False)
@@ -212,18 +212,22 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
             refuse_pageable(d, "destination")
         if s[3] == HOST:
             refuse_pageable(s, "source")
-    elif staged is not False and _staged(d, s, n, stream):
-        return  # complete already (pageable memory: the driver's path blocks the host too)
     if pending_operands:
         reap_pending()
-    ensure_any_context()
-    if d[3] == DRIVER == s[3]:
-        runner = prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
-        if runner is not None:
-            # issued in the stream's context, where keep_alive's event may go on the stream
-            with primary_pushed(runner):
-                _issue(dst, src, d, s, n, stream)
-            return
+    # The stream's context issues the copy (and keep_alive's event), whatever is current.
+    runner = place(((dst, True), (src, False)), stream, "cuMemcpyAsync", stream_obj,
+                   ensure_any_context())
+    if runner is None:
+        _issue_or_stage(dst, src, d, s, n, stream, allow_pageable and staged is not False)
+        return
+    with primary_pushed(runner):
+        _issue_or_stage(dst, src, d, s, n, stream, allow_pageable and staged is not False)
+
+
+def _issue_or_stage(dst: Any, src: Any, d: Operand, s: Operand, n: int, stream: int,
+                    stage: bool) -> None:
+    if stage and _staged(d, s, n, stream):
+        return  # complete already (pageable memory: the driver's path blocks the host too)
     _issue(dst, src, d, s, n, stream)
 
 

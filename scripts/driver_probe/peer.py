@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from ._framework import RUN, Case, Ctx, GiB, KiB, MiB, call, d, jv, ok, probe
-from ._helpers import POSIX_FD, access_desc, dev_loc, vmm_prop
-from .pool import new_pool
+from ._helpers import POSIX_FD, P, access_desc, dev_loc, vmm_prop
+from .pool import new_pool, pool_props
 from .vmm import reserve, vcreate, vmap
 
 F = d.CUmemAccess_flags
@@ -441,6 +441,80 @@ def f_vmm_nccl(c: Case):
         r = c(f"export(dev{dev}, POSIX_FD)", d.cuMemExportToShareableHandle, h, POSIX_FD, 0)
         if r.ok and not RUN.dry:
             os.close(int(r.v))
+
+
+# ---------------------------------------------------------------------------
+# what a pool's handle carries: access after the handle is reused, an imported pool
+# ---------------------------------------------------------------------------
+
+
+def _access_of(pool, device: int):
+    r = call(d.cuMemPoolGetAccess, pool, dev_loc(device))
+    return int(r.v) if r.ok and r.v is not None else r.name
+
+
+@probe("F_pool_handle_reuse", isolated=True)
+def f_pool_handle_reuse(c: Case):
+    """A pool of device 0 granting device 1 access is destroyed (granted, and again with
+    the grant revoked first); do the next pools that get the same handle start with
+    device 1's access?  Up to eight pools are made until one reuses the handle."""
+    if not two(c):
+        return
+    for revoke in (False, True):
+        tag = "revoked first" if revoke else "granted"
+        first = ok(d.cuMemPoolCreate, pool_props(loc_=dev_loc(0))).v
+        c(f"{tag}: setAccess(pool, dev1 RW)", d.cuMemPoolSetAccess, first,
+          [access_desc(dev_loc(1))], 1)
+        c.val(f"{tag}: access_dev1 before destroy", _access_of(first, 1))
+        if revoke:
+            c(f"{tag}: setAccess(pool, dev1 NONE)", d.cuMemPoolSetAccess, first,
+              [access_desc(dev_loc(1), NONE)], 1)
+        c(f"{tag}: cuMemPoolDestroy", d.cuMemPoolDestroy, first)
+        made = []
+        reused = None
+        for _ in range(8):
+            nxt = ok(d.cuMemPoolCreate, pool_props(loc_=dev_loc(0))).v
+            made.append(nxt)
+            if P(nxt) == P(first):
+                reused = nxt
+                break
+        c.val(f"{tag}: handle reused", reused is not None)
+        c.val(f"{tag}: pools made until reuse", len(made))
+        if reused is not None:
+            c(f"{tag}: getAccess(new pool, dev1)", d.cuMemPoolGetAccess, reused, dev_loc(1))
+            c.val(f"{tag}: new pool access_dev1", _access_of(reused, 1))
+        fresh = made[0] if reused is None or len(made) > 1 else None
+        if fresh is not None:
+            c.val(f"{tag}: fresh-handle pool access_dev1", _access_of(fresh, 1))
+        for pool in made:
+            call(d.cuMemPoolDestroy, pool)
+
+
+@probe("F_imported_pool_access")
+def f_imported_pool_access(c: Case):
+    """Each device's access to an ipc pool of device j imported in the same process
+    (``cuMemPoolGetAccess`` on the imported handle): whether it tells where the memory is.
+    Runs with one device too."""
+    c.val("device_count", Ctx.count)
+    for j in range(min(Ctx.count, 2)):
+        pool = new_pool(c, loc_=dev_loc(j), handle_types=POSIX_FD)
+        r = c(f"pool{j}: export", d.cuMemPoolExportToShareableHandle, pool, POSIX_FD, 0)
+        if not r.ok:
+            continue
+        fd = int(r.v or 0)
+        try:
+            ri = c(f"pool{j}: import", d.cuMemPoolImportFromShareableHandle, fd, POSIX_FD, 0)
+            if not ri.ok:
+                continue
+            for k in range(min(Ctx.count, 2)):
+                c(f"pool{j}: getAccess(imported, dev{k})", d.cuMemPoolGetAccess, ri.v,
+                  dev_loc(k))
+                c.val(f"pool{j}: imported access_dev{k}", _access_of(ri.v, k))
+            if P(ri.v) != P(pool):
+                c(f"pool{j}: destroy imported", d.cuMemPoolDestroy, ri.v)
+        finally:
+            if not RUN.dry:
+                os.close(fd)
 
 
 # ---------------------------------------------------------------------------
