@@ -295,6 +295,7 @@ def _stream_paths(buf: Any, host: Any, s: Any) -> dict[str, Callable[[], None]]:
     return {"copy_async": lambda: cm.copy_async(buf, host, stream=s),
             "copy(stream=)": lambda: cm.copy(buf, host, stream=s),
             "copy_from(stream=)": lambda: buf.copy_from(host, stream=s),
+            "copy_async into a view": lambda: cm.copy_async(buf.as_array(), host, stream=s),
             "copy_batch": batch, "CopyBatch.execute": prebuilt}
 
 

@@ -14,7 +14,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._checks import nonneg, positive
+from .._core._checks import MAX_U64, nonneg, positive
 from .._core._device import (
     Device,
     Location,
@@ -111,6 +111,14 @@ def _fin_growable(gs: _GrowState) -> None:
             raise first
 
 
+def _u64_size(what: str, value: object) -> int:
+    """A size > 0 that the driver's 64-bit sizes can hold (``ValueError`` naming ``what``)."""
+    v = positive(what, value)
+    if v > MAX_U64:
+        raise ValueError(f"{what} must be < 2**64, got {v}")
+    return v
+
+
 class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     """A device buffer that grows and shrinks in place: its pointer never moves.
 
@@ -150,7 +158,9 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
-        max_size = positive("max_size", max_size)
+        max_size = _u64_size("max_size", max_size)
+        if chunk is not None:
+            chunk = _u64_size("chunk", chunk)
         ordinal = check_ordinal(device)
         ht = as_handle_type(handle_type)
         peer_list = peer_ordinals(peers, ordinal)
@@ -161,9 +171,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         if chunk is None:
             chunk = align
         else:
-            chunk = positive("chunk", chunk)
             check_multiple("chunk", chunk, gran)
         reserved = _round_up(max_size, chunk)
+        if reserved > MAX_U64:
+            raise ValueError(f"max_size={max_size} rounded up to whole chunks of {chunk} bytes "
+                             "does not fit a 64-bit address range")
         primary_context(ordinal)
         need_ctx()
         self._device = ordinal
@@ -224,10 +236,13 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         (3145728, 0, 0)
         >>> buf.close()
         """
-        n = positive("nbytes", nbytes)
+        n = _u64_size("nbytes", nbytes)
         ordinal = check_ordinal(device)
         size = _round_up(n, granularity(ordinal, recommended=True,
                                         handle_type=HandleType.POSIX_FD))
+        if size > MAX_U64:
+            raise ValueError(f"nbytes={n} rounded up to the granularity does not fit a 64-bit "
+                             "address range")
         self = cls(size, device=ordinal, chunk=size, peers=peers,
                    handle_type=HandleType.POSIX_FD)
         try:
