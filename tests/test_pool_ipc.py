@@ -171,3 +171,29 @@ def test_two_processes_share_memory(backend: str, ipc_pool: cm.MemoryPool,
     assert (out == 7).all()  # the child wrote into our memory
     buf.free()
     stream.synchronize()
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_imported_memory_reports_the_exporters_device(backend: str, ndevices: int,
+                                                      device: int) -> None:
+    if backend != "sim":
+        pytest.skip("in-process pointer import is the simulator's stand-in for two processes")
+    if device >= ndevices:
+        pytest.skip("needs two devices")
+    with cm.MemoryPool(device, ipc=True) as pool, cm.Stream(device) as s:
+        src = pool.allocate(MiB, stream=s)
+        s.synchronize()
+        fd = pool.export()
+        try:
+            imported = cm.MemoryPool.import_(fd)
+        finally:
+            os.close(fd)
+        with imported:
+            assert imported.device == device
+            mapped = imported.import_pointer(src.export(), stream=s)
+            assert mapped.device == device
+            assert mapped.__dlpack_device__() == (2, device)
+            assert mapped.as_array(np.float32).__dlpack_device__() == (2, device)
+            mapped.free()
+        src.free()
+        s.synchronize()

@@ -359,6 +359,7 @@ class MemoryPool(PoolAttributes, Resource):
         self._ipc = ipc
         self._owned = owned
         self._imported = imported
+        self._import_device: int | None = None  # an imported pool's device (device)
         self._max_size = 0
         self._imports: weakref.WeakSet[PoolBuffer] = weakref.WeakSet()
         self._caches: list[Any] = []  # block caches in front of the pool (attach_cache)
@@ -437,6 +438,11 @@ class MemoryPool(PoolAttributes, Resource):
                              cupool, None)
         self._setup(cupool, None, False, True, owned=True, imported=True)
         self._open(fin)
+        try:
+            self._import_device = _pool_ipc.imported_device(cupool, device_count())
+        except BaseException:
+            self.close()
+            raise
         return self
 
     # -- identity ------------------------------------------------------------------
@@ -453,8 +459,13 @@ class MemoryPool(PoolAttributes, Resource):
 
     @property
     def device(self) -> int | None:
-        """Ordinal of the device holding the memory; ``None`` for host, managed, imported."""
-        return self._device
+        """Ordinal of the device holding the memory; ``None`` for host and managed pools.
+
+        An imported pool's device is the one that may access its memory when
+        it was imported (its own device, as this process numbers devices);
+        ``None`` if the driver named no single one.
+        """
+        return self._device if not self._imported else self._import_device
 
     @property
     def managed(self) -> bool:

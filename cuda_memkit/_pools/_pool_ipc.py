@@ -29,6 +29,7 @@ __all__ = [
     "forget",
     "import_pointer",
     "import_pool",
+    "imported_device",
     "pointer_size",
     "was_exported",
 ]
@@ -36,6 +37,7 @@ __all__ = [
 #: Size of an exported pointer (``CUmemPoolPtrExportData``).
 EXPORT_DATA_SIZE = 64
 _POSIX_FD = _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+_READWRITE = int(_cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 
 
 #: Handles of the pools exported so far: the H100 refuses to export pointers of
@@ -83,6 +85,24 @@ def check_pointer_data(data: object) -> bytes:
     if len(raw) != EXPORT_DATA_SIZE:
         raise ValueError(f"exported pointer data is {EXPORT_DATA_SIZE} bytes, got {len(raw)}")
     return raw
+
+
+def imported_device(cupool: Any, devices: int) -> int | None:
+    """The device (as this process numbers them) whose memory an imported pool holds.
+
+    Asked right after the import, before this process grants anyone access:
+    the device that may read and write the pool's memory then is the one it
+    lives on (``cuMemPoolGetAccess`` of each of the ``devices``). ``None`` when
+    that is not exactly one device.
+    """
+    found = []
+    for device in range(devices):
+        loc = _cu.CUmemLocation()
+        loc.type = _cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        loc.id = device
+        if int(_driver.call("cuMemPoolGetAccess", cupool, loc)) == _READWRITE:
+            found.append(device)
+    return found[0] if len(found) == 1 else None
 
 
 def import_pointer(cupool: Any, raw: bytes) -> Any:
