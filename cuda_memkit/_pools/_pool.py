@@ -180,11 +180,34 @@ def _busy(cupool: Any, device: int | None, cached: bool) -> bool:
 
 
 def _destroy_now(cupool: Any, device: int | None) -> None:
-    _driver.call("cuMemPoolDestroy", cupool)
+    try:
+        if device is not None:
+            _revoke_peers(cupool, device)
+    finally:
+        _driver.call("cuMemPoolDestroy", cupool)
     # The driver may give a later pool the same handle: its account and its
     # export record must start afresh.
     forget_account("pool", device, int(cupool))
     _pool_ipc.forget(int(cupool))
+
+
+def _revoke_peers(cupool: Any, device: int) -> None:
+    """Take back other devices' access to a device pool that is about to be destroyed.
+
+    The driver may give a later pool the same handle, and a pool with a
+    recycled handle was seen to start with the old one's peers (cuda.core
+    revokes for the same reason; see docs/decisions.md). One query per other
+    device, nothing on a machine of one device.
+    """
+    for peer in range(device_count()):
+        if peer == device:
+            continue
+        loc = Location.device(peer).to_cu()
+        if int(_driver.call("cuMemPoolGetAccess", cupool, loc)):
+            desc = _cu.CUmemAccessDesc()
+            desc.location = loc
+            desc.flags = _cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+            _driver.call("cuMemPoolSetAccess", cupool, [desc], 1)
 
 
 class MemoryPool(PoolAttributes, Resource):
