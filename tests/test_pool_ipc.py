@@ -133,6 +133,8 @@ fd, data = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 pool = cm.MemoryPool.import_(fd)
 os.close(fd)
 buf = pool.import_pointer(data)
+assert pool.device == 0, pool.device  # the exporter's pool is on device 0
+assert buf.__dlpack_device__() == (2, 0), buf.__dlpack_device__()
 out = np.zeros(buf.nbytes, np.uint8)
 cm.copy(out, buf)
 assert (out == 42).all(), out[:8]
