@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from ._framework import RUN, Case, Ctx, GiB, KiB, MiB, call, d, jv, ok, probe
-from ._helpers import POSIX_FD, P, access_desc, dev_loc, vmm_prop
+from ._helpers import POSIX_FD, P, access_desc, dev_loc, pinned, vmm_prop
 from .pool import new_pool, pool_props
 from .vmm import reserve, vcreate, vmap
 
@@ -441,6 +441,44 @@ def f_vmm_nccl(c: Case):
         r = c(f"export(dev{dev}, POSIX_FD)", d.cuMemExportToShareableHandle, h, POSIX_FD, 0)
         if r.ok and not RUN.dry:
             os.close(int(r.v))
+
+
+@probe("F_stream_of_other_context", isolated=True)
+def f_stream_of_other_context(c: Case):
+    """Device 0's context current, work on a stream of device 1, on host memory and device
+    1's pool memory that granted device 0 nothing (and a cuMemAlloc of device 1, no peer
+    access): which context's access the driver checks, and whether an event of device 0
+    may be recorded on device 1's stream."""
+    if not two(c):
+        return
+    n = MiB
+    ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
+    s1 = stream_in(c, ctx1)
+    _pool, remote = pool_on_1(c, ctx1, s1, n)
+    dev1 = alloc_in(c, ctx1, n)
+    host = P(pinned(c, n))
+    want = pattern(n, 9)
+    call(d.cuMemcpy, host, want.ctypes.data, n)
+    for tag, ptr in (("pool of 1", remote), ("cuMemAlloc of 1", dev1)):
+        clear(ctx1, ptr, n)
+        on(ctx0)
+        r = c(f"{tag}: host -> it, cuMemcpyAsync on s1", d.cuMemcpyAsync, ptr, host, n, s1)
+        c(f"{tag}: cuStreamSynchronize(s1)", d.cuStreamSynchronize, s1)
+        on(Ctx.ctx)
+        c.val(f"{tag}: cuMemcpyAsync data", matches(ctx1, ptr, want) if r.ok else None)
+        on(ctx0)
+        c(f"{tag}: cuMemsetD8Async on s1", d.cuMemsetD8Async, ptr, 3, n, s1)
+        c(f"{tag}: cuMemcpyBatchAsync on s1", d.cuMemcpyBatchAsync,
+          *batch_args(ptr, host, n, s1))
+        c(f"{tag}: cuStreamSynchronize(s1) again", d.cuStreamSynchronize, s1)
+        on(Ctx.ctx)
+    on(ctx0)
+    ev = c("cuEventCreate in ctx 0", d.cuEventCreate, 2)
+    if ev.ok:
+        c("cuEventRecord(event of ctx 0, s1)", d.cuEventRecord, ev.v, s1)
+        c("cuEventDestroy", d.cuEventDestroy, ev.v)
+    on(Ctx.ctx)
+    c("cuCtxSynchronize#after", d.cuCtxSynchronize)
 
 
 # ---------------------------------------------------------------------------
