@@ -357,9 +357,13 @@ def test_another_devices_memory_on_this_devices_stream_names_the_grant(kind: str
         b = make(kind, 1, stack, granted=False)
         s0 = stack.enter_context(cm.Stream(0))
         offs = np.arange(4) * 4096
+        prebuilt = stack.enter_context(cm.CopyBatch())
+        prebuilt.add(a, b, dst_offsets=offs, src_offsets=offs, sizes=4096)
         for attempt in (lambda: cm.copy_async(a, b, stream=s0),
+                        lambda: cm.copy_async(a.as_array(), b.as_array(), stream=s0),
                         lambda: cm.copy_batch(a, b, dst_offsets=offs, src_offsets=offs,
                                               sizes=4096, stream=s0),
+                        lambda: prebuilt.execute(s0),
                         lambda: a.fill(3, stream=s0)):
             with pytest.raises(cm.PeerAccessError) as info:
                 attempt()
@@ -386,12 +390,14 @@ def test_a_buffer_outlives_its_closed_pool_object_across_devices(closing: str) -
         assert pool.closed and not remote.closed
         want = pattern(11)
         reset(local, want)
+        offs = np.arange(N // 4096) * 4096
         with cm.Device(0), cm.Stream(0) as s0:
             cm.copy(remote, local)
             assert (remote.to_numpy() == want).all()
-            cm.copy_async(local, remote, stream=s0)
+            cm.copy_async(local, remote.as_array(), stream=s0)
             remote.fill(2, stream=s0)
-            cm.copy_async(local, remote, stream=s0)
+            cm.copy_batch(local, remote, dst_offsets=offs, src_offsets=offs, sizes=4096,
+                          stream=s0)
             s0.synchronize()
         assert (local.to_numpy() == 2).all()
 
