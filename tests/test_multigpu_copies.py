@@ -335,14 +335,16 @@ def test_a_ring_slot_reaches_a_pool_of_the_streams_device() -> None:
         s1 = stack.enter_context(cm.Stream(1))
         w = ring.handle.writer()
         stack.callback(w.close)
-        slot = w.acquire(timeout=10)
-        slot.array[...] = 4.5
-        got = ring.take(slot.publish())
-        with cm.Device(0):
-            buf = got.to_device(stream=s1, pool=pool)
-            s1.synchronize()
-        with buf:
-            assert buf.pool is pool and (buf.to_numpy(np.float32) == 4.5).all()
+        for given in (pool, None):  # None: the default pool of the stream's device
+            slot = w.acquire(timeout=10)
+            slot.array[...] = 4.5
+            got = ring.take(slot.publish())
+            with cm.Device(0):
+                buf = got.to_device(stream=s1, pool=given)
+                s1.synchronize()
+            with buf:
+                assert buf.device == 1 and (buf.to_numpy(np.float32) == 4.5).all()
+                assert buf.pool is pool if given is not None else buf.pool.device == 1
 
 
 @pytest.mark.parametrize("kind", GRANTED_KINDS)

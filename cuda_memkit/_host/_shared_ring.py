@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
-from .._core._device import StreamLike, ensure_context
+from .._core._device import StreamLike, ensure_context, stream_handle
 from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
 from .._core._operands import mark_pinned_class
 from .._core._resource import (
@@ -34,6 +34,7 @@ from .._core._resource import (
     host_array,
     make_finalizer,
 )
+from .._core._runner import stream_device
 from .._pools._pool import MemoryPool, PoolBuffer
 from ._ring_core import RingCore, close_ring, make_segment
 from ._ring_worker import RingHandle, check_timeout
@@ -491,9 +492,9 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
         stream : stream-like, optional
             Default: the legacy default stream.
         pool : MemoryPool, optional
-            A device pool; default: the current device's default pool, with
-            the process's block cache in front (``MemoryPool.default(device,
-            cache=True)``).
+            A device pool; default: the default pool of the stream's device
+            (of the current device for a default stream), with the process's
+            block cache in front (``MemoryPool.default(device, cache=True)``).
 
         Returns
         -------
@@ -511,8 +512,10 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
         """
         self._check_open()
         pool = device_pool(pool)
-        if pool is None:
-            pool = MemoryPool.default(ensure_context(), cache=True)
+        if pool is None:  # the default pool of the stream's device, which runs the copy
+            device = stream_device(stream, stream_handle(stream))
+            pool = MemoryPool.default(ensure_context() if device is None else device,
+                                      cache=True)
         buf = pool.allocate(self._nbytes, stream=stream)
         try:
             self.copy_to(buf, stream=stream)
