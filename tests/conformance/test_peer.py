@@ -355,3 +355,30 @@ def test_a_new_pool_starts_without_a_destroyed_pools_peers(pair: tuple[Any, Any]
 
     answers = on(c0, body)
     assert answers and answers == [0] * len(answers)
+
+
+def test_a_copy_on_a_stream_of_the_other_context(pair: tuple[Any, Any]) -> None:
+    # F_copy_device_memory ("ctx 0 current, stream of ctx 1"): with peer access both ways,
+    # cuMemcpyAsync on device 1's stream from device 0's context copies. Pool memory on such
+    # a stream is F_stream_of_other_context (two GPUs); cuda_memkit issues stream-ordered
+    # work in the stream's context, so it does not depend on that answer.
+    c0, c1 = pair
+    n = MiB
+    a0, a1 = _alloc(c0, n), _alloc(c1, n)
+    s1 = on(c1, lambda: _driver.call("cuStreamCreate", 1))
+    try:
+        want = (np.arange(n) % 247).astype(np.uint8)
+        _fill(c0, a0, want)
+        on(c0, lambda: _driver.call("cuCtxEnablePeerAccess", c1, 0))
+        on(c1, lambda: _driver.call("cuCtxEnablePeerAccess", c0, 0))
+
+        def copy() -> None:
+            _driver.call("cuMemcpyAsync", a1, a0, n, s1)
+            _driver.call("cuStreamSynchronize", s1)
+
+        on(c0, copy)
+        assert (_read(c1, a1, n) == want).all()
+    finally:
+        on(c1, lambda: _driver.call("cuStreamDestroy", s1))
+        on(c0, lambda: _driver.call("cuMemFree", a0))
+        on(c1, lambda: _driver.call("cuMemFree", a1))
