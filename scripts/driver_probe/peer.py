@@ -447,14 +447,14 @@ def f_vmm_nccl(c: Case):
 def f_stream_of_other_context(c: Case):
     """Device 0's context current, work on a stream of device 1, on host memory and device
     1's pool memory that granted device 0 nothing (and a cuMemAlloc of device 1, no peer
-    access): which context's access the driver checks, and whether an event of device 0
-    may be recorded on device 1's stream."""
+    access): which context's access the driver checks, whether device 1's pool allocates on
+    that stream, and whether an event of device 0 may be recorded on it."""
     if not two(c):
         return
     n = MiB
     ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
     s1 = stream_in(c, ctx1)
-    _pool, remote = pool_on_1(c, ctx1, s1, n)
+    pool, remote = pool_on_1(c, ctx1, s1, n)
     dev1 = alloc_in(c, ctx1, n)
     host = P(pinned(c, n))
     want = pattern(n, 9)
@@ -473,6 +473,10 @@ def f_stream_of_other_context(c: Case):
         c(f"{tag}: cuStreamSynchronize(s1) again", d.cuStreamSynchronize, s1)
         on(Ctx.ctx)
     on(ctx0)
+    r = c("cuMemAllocFromPoolAsync(pool of 1, s1)", d.cuMemAllocFromPoolAsync, n, pool, s1)
+    if r.ok:
+        c("cuMemFreeAsync(it, s1)", d.cuMemFreeAsync, r.v, s1)
+        c("cuStreamSynchronize(s1) after the pool", d.cuStreamSynchronize, s1)
     ev = c("cuEventCreate in ctx 0", d.cuEventCreate, 2)
     if ev.ok:
         c("cuEventRecord(event of ctx 0, s1)", d.cuEventRecord, ev.v, s1)
