@@ -182,7 +182,8 @@ def test_imported_memory_reports_the_exporters_device(backend: str, ndevices: in
         pytest.skip("in-process pointer import is the simulator's stand-in for two processes")
     if device >= ndevices:
         pytest.skip("needs two devices")
-    with cm.MemoryPool(device, ipc=True) as pool, cm.Stream(device) as s:
+    # (cm.Device: the caller's context is current again after, for the tests that follow)
+    with cm.Device(device), cm.MemoryPool(device, ipc=True) as pool, cm.Stream(device) as s:
         src = pool.allocate(MiB, stream=s)
         s.synchronize()
         fd = pool.export()

@@ -11,7 +11,7 @@ For each operand on another device than the one that runs the work:
 
 * context memory (:class:`~cuda_memkit.DeviceBuffer`, ``cuMemAlloc``, arrays
   of other libraries): the runner's peer access to that device is enabled on
-  first use (:func:`~cuda_memkit._core._device.ensure_peer_access`, where
+  first use (:func:`~cuda_memkit._core._peer.ensure_peer_access`, where
   :func:`~cuda_memkit.configure_peer_access` allows and the hardware can);
   without it the driver stages the copy through host memory, slower but
   correct;
@@ -38,18 +38,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cuda.bindings import driver as _cu
-
 from . import _driver
 from ._constants import INVALID_VALUE, STREAM_PER_THREAD
-from ._device import (
-    Stream,
-    StreamLike,
-    ensure_any_context,
-    ensure_peer_access,
-    primary_context,
-)
+from ._context import ensure_any_context, primary_context
 from ._errors import PeerAccessError
+from ._location import Location
+from ._peer import ensure_peer_access
+from ._stream import Stream, StreamLike
 
 __all__ = ["device_of", "place", "stream_device"]
 
@@ -114,19 +109,12 @@ def _grant_holder(obj: Any) -> tuple[str, Any] | None:
     return None
 
 
-def _location(device: int) -> Any:
-    loc = _cu.CUmemLocation()
-    loc.type = _cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    loc.id = device
-    return loc
-
-
 def _granted(holder: tuple[str, Any], device: int, write: bool) -> bool:
     kind, o = holder
     if kind == _POOL:
         # The driver's answer for the pool handle: the pool object may be closed while
         # this buffer keeps the pool alive.
-        flags = int(_driver.call("cuMemPoolGetAccess", o._cu, _location(device)))
+        flags = int(_driver.call("cuMemPoolGetAccess", o._cu, Location.device(device).to_cu()))
     else:
         flags = int(o.access(device))
     return flags == 3 if write else bool(flags & 1)

@@ -19,6 +19,8 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access
+from .._core._location import Location
 
 __all__ = [
     "EXPORT_DATA_SIZE",
@@ -37,7 +39,6 @@ __all__ = [
 #: Size of an exported pointer (``CUmemPoolPtrExportData``).
 EXPORT_DATA_SIZE = 64
 _POSIX_FD = _cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-_READWRITE = int(_cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 
 
 #: Handles of the pools exported so far: the H100 refuses to export pointers of
@@ -97,10 +98,8 @@ def imported_device(cupool: Any, devices: int) -> int | None:
     """
     found = []
     for device in range(devices):
-        loc = _cu.CUmemLocation()
-        loc.type = _cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        loc.id = device
-        if int(_driver.call("cuMemPoolGetAccess", cupool, loc)) == _READWRITE:
+        loc = Location.device(device).to_cu()
+        if int(_driver.call("cuMemPoolGetAccess", cupool, loc)) == Access.READWRITE:
             found.append(device)
     return found[0] if len(found) == 1 else None
 
