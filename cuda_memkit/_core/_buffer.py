@@ -267,6 +267,11 @@ class BufferMixin:
             registration.
         ClosedError
             If the buffer is closed.
+        PeerAccessError
+            With ``stream``, when the buffer is another device's pool or
+            mapped memory and the stream's device was given no access to it
+            (the fill is issued in the stream's context, whatever context is
+            current); nothing is issued.
         """
         pattern, width, size = fill_pattern(value, self._layout()[0])
         ptr = self.ptr

@@ -938,11 +938,14 @@ def copy_batch(
     ClosedError
         If an operand is closed.
     PeerAccessError
-        Between two devices: the stream's device was given no access to the
-        other device's pool or mapped memory (see :func:`copy`); nothing is
-        issued. Another device's context memory is reached through peer
-        access, enabled on first use (:func:`configure_peer_access`), or
-        staged by the driver where the devices cannot reach each other.
+        The stream's device was given no access to another device's pool or
+        mapped memory among the operands (without ``stream``: no device that
+        could run the batch was; see :func:`copy`); nothing is issued.
+        Another device's context memory is reached through peer access,
+        enabled on first use (:func:`configure_peer_access`), or staged by
+        the driver where the devices cannot reach each other. The batch is
+        issued in the stream's context whatever context is current; without
+        ``stream`` it runs where a synchronous :func:`copy` of its pairs would.
     CudaError
         If the driver refuses a call: only an int address can lead there, as
         those are not checked. The calls before it, and the copies before

@@ -98,14 +98,18 @@ def copy(
     ClosedError
         If an operand is closed.
     PeerAccessError
-        Between two devices: when neither may reach the other's pool or
-        mapped memory (see Notes), before anything is copied.
+        With ``stream``: when the stream's device may not reach another
+        device's pool or mapped memory among the operands; without: when no
+        device that could run the copy may (see Notes); before anything is
+        copied.
 
     Notes
     -----
-    Between the memory of two devices the copy runs on one of them (the
-    stream's device; without a stream the current device, or the other one
-    when only it was granted the pool or mapped memory involved). Context
+    A copy on a stream is issued in that stream's context, whatever context
+    is current, and runs on the stream's device. Without a stream, a copy
+    touching one device's memory runs on that device; between the memory of
+    two devices on the current device, or the other one when only it was
+    granted the pool or mapped memory involved. Context
     memory of the other device (``DeviceBuffer``, other libraries' arrays) is
     reached through peer access, enabled on first use where the two devices
     can reach each other (:func:`configure_peer_access` turns that off);
@@ -190,9 +194,10 @@ def copy_async(
     Raises
     ------
     PeerAccessError
-        Between two devices, when the stream's device was given no access to
-        the other device's pool or mapped memory (see :func:`copy`), before
-        anything is issued.
+        When the stream's device was given no access to another device's
+        pool or mapped memory among the operands (see :func:`copy`), before
+        anything is issued. The copy is issued in the stream's context,
+        whatever context is current.
     """
     _copy_async(dst, src, nbytes, stream, stream_handle(stream),
                 check_bool(allow_pageable, "allow_pageable"))
