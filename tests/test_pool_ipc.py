@@ -200,3 +200,19 @@ def test_imported_memory_reports_the_exporters_device(backend: str, ndevices: in
             mapped.free()
         src.free()
         s.synchronize()
+
+
+@pytest.mark.sim_only
+def test_an_imported_pool_whose_access_the_driver_will_not_tell(ipc_pool: cm.MemoryPool) -> None:
+    from cuda.bindings import driver as cu
+
+    from cuda_memkit.sim import machine
+
+    fd = ipc_pool.export()
+    try:
+        machine().fail_next("cuMemPoolGetAccess", cu.CUresult.CUDA_ERROR_INVALID_VALUE)
+        imported = cm.MemoryPool.import_(fd)
+    finally:
+        os.close(fd)
+    with imported:
+        assert imported.imported and imported.device is None

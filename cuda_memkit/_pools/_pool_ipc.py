@@ -20,6 +20,7 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._access import Access
+from .._core._errors import CudaError
 from .._core._location import Location
 
 __all__ = [
@@ -94,12 +95,16 @@ def imported_device(cupool: Any, devices: int) -> int | None:
     Asked right after the import, before this process grants anyone access:
     the device that may read and write the pool's memory then is the one it
     lives on (``cuMemPoolGetAccess`` of each of the ``devices``). ``None`` when
-    that is not exactly one device.
+    that is not exactly one device, or the driver answers no such query.
     """
     found = []
     for device in range(devices):
         loc = Location.device(device).to_cu()
-        if int(_driver.call("cuMemPoolGetAccess", cupool, loc)) == Access.READWRITE:
+        try:
+            flags = int(_driver.call("cuMemPoolGetAccess", cupool, loc))
+        except CudaError:  # a driver that answers no query on imported pools: unknown
+            return None
+        if flags == Access.READWRITE:
             found.append(device)
     return found[0] if len(found) == 1 else None
 
