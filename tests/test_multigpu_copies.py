@@ -422,6 +422,9 @@ def test_a_synchronous_batch_runs_where_a_synchronous_copy_does() -> None:
             with cm.CopyBatch() as b:
                 b.add(local, remote, dst_offsets=offs[::-1], src_offsets=offs, sizes=4096)
                 b.execute()
+            other = make("pool", 1, stack, granted=False)  # two of device 1's: device 1 runs
+            cm.copy_batch(other, remote, dst_offsets=offs, src_offsets=offs, sizes=4096)
             assert int(_driver.call("cuCtxGetDevice")) == 0
         got = local.to_numpy().reshape(-1, 4096)
         assert (got == pattern(22).reshape(-1, 4096)[::-1]).all()
+        assert (other.to_numpy() == pattern(22)).all()
