@@ -71,7 +71,7 @@ def device_of(obj: Any) -> int | None:
     if probe is None:
         return None
     where = probe()
-    return int(where[1]) if int(where[0]) == _DL_CUDA else None
+    return int(where[1]) if where[0] == _DL_CUDA else None
 
 
 def stream_device(stream: StreamLike, handle: int) -> int | None:
@@ -91,9 +91,9 @@ def stream_device(stream: StreamLike, handle: int) -> int | None:
     return int(_driver.call("cuStreamGetDevice", handle))
 
 
-def _current_is(device: int, ctx: int) -> bool:
-    """Whether the current context ``ctx`` is device ``device``'s (its primary: no driver call)."""
-    return primary_context(device) == ctx or int(_driver.call("cuCtxGetDevice")) == device
+def _current_is(device: int) -> bool:
+    """Whether the current context, which is not ``device``'s primary one, is of ``device``."""
+    return int(_driver.call("cuCtxGetDevice")) == device
 
 
 def _grant_holder(obj: Any) -> tuple[str, Any] | None:
@@ -182,26 +182,28 @@ def place(operands: Sequence[tuple[Any, bool]], handle: int | None, api: str,
     """
     if ctx is None:
         ctx = ensure_any_context()
-    sides = []
-    for obj, write in operands:
-        dev = device_of(obj)
-        if dev is not None:
-            sides.append((obj, dev, write))
+    devs = [device_of(obj) for obj, _ in operands]
     if handle is not None:
-        runner = stream_device(stream, handle)
+        if type(stream) is Stream and stream._device >= 0:  # (the hot path: no call)
+            runner: int | None = stream._device
+        else:
+            runner = stream_device(stream, handle)
         if runner is None:  # a default stream: the current context's
-            if not sides:
+            if devs.count(None) == len(devs):
                 return None
             runner, here = int(_driver.call("cuCtxGetDevice")), True
         else:
-            here = _current_is(runner, ctx)
-        if any(dev != runner for _, dev, _ in sides):
-            problems = _missing(sides, runner)
-            if problems:
-                raise _refuse(api, problems)
-            _enable(sides, runner)
+            here = primary_context(runner) == ctx or _current_is(runner)
+        for dev in devs:
+            if dev is not None and dev != runner:
+                sides = _sides(operands, devs)
+                problems = _missing(sides, runner)
+                if problems:
+                    raise _refuse(api, problems)
+                _enable(sides, runner)
+                break
         return None if here else runner
-    devices = list(dict.fromkeys(dev for _, dev, _ in sides))
+    devices = list(dict.fromkeys(dev for dev in devs if dev is not None))
     if not devices or (len(devices) == 1 and primary_context(devices[0]) == ctx):
         return None
     current = int(_driver.call("cuCtxGetDevice"))
@@ -209,6 +211,7 @@ def place(operands: Sequence[tuple[Any, bool]], handle: int | None, api: str,
         return None
     # One device's memory: that device; two devices': the current one first.
     candidates = devices if len(devices) == 1 else list(dict.fromkeys((current, *devices)))
+    sides = _sides(operands, devs)
     problems = []
     for runner in candidates:
         found = _missing(sides, runner)
@@ -217,3 +220,9 @@ def place(operands: Sequence[tuple[Any, bool]], handle: int | None, api: str,
             return None if runner == current else runner
         problems += found
     raise _refuse(api, problems)
+
+
+def _sides(operands: Sequence[tuple[Any, bool]], devs: list[int | None]) -> list[Side]:
+    """The operands that are one device's memory, with their device."""
+    return [(obj, dev, write) for (obj, write), dev in zip(operands, devs, strict=True)
+            if dev is not None]
