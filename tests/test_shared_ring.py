@@ -20,9 +20,8 @@ import pytest
 
 import cuda_memkit as cm
 
-from ._leaks import live_exports
-
 from . import _ring_workers as rw
+from ._leaks import live_exports
 
 SHAPE = (64, 32)
 F32 = np.dtype(np.float32)
