@@ -203,10 +203,6 @@ def test_a_forked_child_closing_an_inherited_ring_leaves_it_to_the_parent(
         try:
             lent.close()
             ring.close()
-            del lent
-            import gc
-
-            gc.collect()
             kept = _host_registry.registered_flags(ring._core.segment.ptr, seg) is not None
             mapped = _mappings() >= 1
             shown = cm.memory_stats().by_kind["shared_ring"].current >= seg
