@@ -163,12 +163,14 @@ def test_the_ledger_rounds_out_to_pages_and_clips_to_the_buffer() -> None:
 
 
 def test_prefetch_plans_are_recorded(buf: cm.ManagedBuffer, stream: cm.Stream) -> None:
-    plan = cm.PrefetchPlan()
-    for k in range(0, 8, 2):
-        plan.add(buf, D0, offset=k * MiB, nbytes=MiB)
-    plan.execute(stream)
-    stream.synchronize()
-    assert _ranges.recorded_bytes(buf.ptr, buf.nbytes, 0) == 4 * MiB
+    with cm.ManagedBuffer.empty(4 * MiB) as other:
+        plan = cm.PrefetchPlan().add(buf, D0, offset=MiB, nbytes=MiB)
+        plan.add(other, D0, offset=0, nbytes=2 * MiB).add(other, D0, offset=2 * MiB, nbytes=MiB)
+        plan.execute(stream)
+        stream.synchronize()
+        assert _ranges.recorded_bytes(buf.ptr, buf.nbytes, 0) == MiB
+        assert _ranges.recorded_bytes(buf.ptr, MiB, 0) == 0
+        assert _ranges.recorded_bytes(other.ptr, other.nbytes, 0) == 3 * MiB
 
 
 def test_the_policy_builder_prefetches_are_recorded(buf: cm.ManagedBuffer) -> None:
