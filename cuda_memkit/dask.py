@@ -222,6 +222,8 @@ class MemkitPlugin(WorkerPlugin):
         """Make the worker's pool, reserve memory, install the CuPy allocators, publish metrics."""
         import cuda_memkit as cm
 
+        from ._core._resource import account
+
         options: dict[str, Any] = {"release_threshold": self.release_threshold,
                                    "max_size": self.max_size, "cache": self.cache}
         if self.cache_limit is not None:
@@ -234,6 +236,8 @@ class MemkitPlugin(WorkerPlugin):
                 pool.allocate(self.reserve, stream=None).free()
                 pool.empty_cache()
                 cm.Device(self.device).synchronize()
+                # The reserve is free memory of the pool: its allocation is no peak of the worker.
+                account("pool", self.device, pool.handle).reset_peak()
             self._restore = self._install_cupy(pool)
         except BaseException:
             pool.close(force=True)
