@@ -156,3 +156,15 @@ def test_options_are_checked_before_any_worker_sees_them() -> None:
     with pytest.raises(ValueError, match="cache_limit"):
         MemkitPlugin(cache=False, cache_limit=MIB)
     assert MemkitPlugin(reserve="1 MiB").reserve == MIB
+
+
+def test_importing_cuda_memkit_loads_neither_dask_nor_the_plugin() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, cuda_memkit; "
+            "print(sorted(m for m in ('dask', 'distributed', 'cuda_memkit.dask') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
