@@ -160,10 +160,16 @@ class MemkitPlugin(WorkerPlugin):
     --------
     >>> from distributed import Client, LocalCluster
     >>> from cuda_memkit.dask import MemkitPlugin, memory_stats, unregister
-    >>> with LocalCluster(n_workers=2) as cluster, Client(cluster) as client:
-    ...     client.register_plugin(MemkitPlugin(reserve="1GiB"))
-    ...     stats = memory_stats(client)       # {address: MemoryStats}
-    ...     leaks = unregister(client)         # {address: WorkerLeaks}
+    >>> cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=None)
+    >>> client = Client(cluster)
+    >>> _ = client.register_plugin(MemkitPlugin(reserve="64MiB"))
+    >>> stats = memory_stats(client)       # {address: MemoryStats}
+    >>> leaks = unregister(client)         # {address: WorkerLeaks}
+    >>> client.close(); cluster.close()
+    >>> [s.by_kind["pool"].current for s in stats.values()]
+    [0]
+    >>> [bool(report) for report in leaks.values()]
+    [False]
     """
 
     name = PLUGIN_NAME
