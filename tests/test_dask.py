@@ -27,7 +27,16 @@ def client() -> Iterator[Any]:
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None, worker_dashboard_address=None
                                   ) as cluster, distributed.Client(cluster) as c:
+        # Each worker's CUDA context is made now, before any test's leak check looks: on a
+        # GPU that check reads the device's free memory, which the contexts take a part of.
+        c.run(_context)
         yield c
+
+
+def _context() -> None:
+    import cuda_memkit as cm
+
+    cm.Device(0).set_current()
 
 
 @pytest.fixture
