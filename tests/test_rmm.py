@@ -83,12 +83,19 @@ def rmm_stream(rmm: Any) -> Iterator[Any]:
     DEFAULT_STREAM.synchronize()
 
 
-@pytest.mark.gpu
-def test_copy_takes_rmm_device_buffers_in_place(rmm: Any, rmm_stream: Any) -> None:
+@pytest.fixture
+def rmm_pair(rmm: Any, rmm_stream: Any) -> tuple[Any, Any, Any]:
+    """Host data, an ``rmm.DeviceBuffer`` holding it and an empty one of its size."""
     data = np.arange(MIB, dtype=np.uint8)
     src = rmm.DeviceBuffer.to_device(data.tobytes(), stream=rmm_stream)
     dst = rmm.DeviceBuffer(size=MIB, stream=rmm_stream)
     rmm_stream.synchronize()
+    return data, src, dst
+
+
+@pytest.mark.gpu
+def test_copy_takes_rmm_device_buffers_in_place(rmm_pair: tuple[Any, Any, Any]) -> None:
+    data, src, dst = rmm_pair
     with cm.DeviceBuffer.empty(MIB) as mine:
         cm.copy(mine, src)  # RMM's memory read where it is
         cm.copy(dst, mine)  # and written where it is
@@ -97,11 +104,8 @@ def test_copy_takes_rmm_device_buffers_in_place(rmm: Any, rmm_stream: Any) -> No
 
 
 @pytest.mark.gpu
-def test_copy_batch_takes_rmm_device_buffers(rmm: Any, rmm_stream: Any) -> None:
-    data = np.arange(MIB, dtype=np.uint8)
-    src = rmm.DeviceBuffer.to_device(data.tobytes(), stream=rmm_stream)
-    dst = rmm.DeviceBuffer(size=MIB, stream=rmm_stream)
-    rmm_stream.synchronize()
+def test_copy_batch_takes_rmm_device_buffers(rmm_pair: tuple[Any, Any, Any]) -> None:
+    data, src, dst = rmm_pair
     offsets = np.arange(0, MIB, 4096)
     cm.copy_batch(dst, src, dst_offsets=offsets[::-1].copy(), src_offsets=offsets,
                   sizes=np.full(len(offsets), 4096))
