@@ -149,8 +149,9 @@ class MemkitPlugin(WorkerPlugin):
 
     Notes
     -----
-    Teardown (``client.unregister_worker_plugin("cuda_memkit")``, :func:`unregister`,
-    or the worker closing) restores CuPy's previous allocators, writes what
+    Registering a plugin again replaces the workers' plugin: the old one is
+    torn down first. Teardown (``client.unregister_worker_plugin("cuda_memkit")``,
+    :func:`unregister`, or the worker closing) restores CuPy's previous allocators, writes what
     the worker still holds to its log (a warning, with allocation stacks
     where ``CUDA_MEMKIT_LEAK_REPORT=1`` recorded them) and closes the pool as
     ``close(force=True)`` does: memory still in use stays valid until it is
@@ -173,7 +174,6 @@ class MemkitPlugin(WorkerPlugin):
     """
 
     name = PLUGIN_NAME
-    idempotent = True
 
     def __init__(self, *, device: int = 0, reserve: int | str = 0,
                  release_threshold: int | str | None = None, max_size: int | str = 0,

@@ -8,6 +8,7 @@ machine of its own. One cluster serves the module (starting one costs seconds).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +178,33 @@ def test_importing_cuda_memkit_loads_neither_dask_nor_the_plugin() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def _prometheus_text() -> str:
+    import prometheus_client
+
+    return prometheus_client.generate_latest().decode()
+
+
+def test_the_ledger_is_a_prometheus_gauge_by_kind_and_device(client: Any,
+                                                             plugin: MemkitPlugin) -> None:
+    pytest.importorskip("prometheus_client")
+    first, second = sorted(client.scheduler_info()["workers"])
+    client.run(_hold, 3 * MIB, workers=[first])
+    text = client.run(_prometheus_text)
+
+    def gauge(worker: str, name: str) -> float:
+        found = re.findall(rf'^{name}{{device="0",kind="pool"}} (\S+)$', text[worker], re.M)
+        assert len(found) == 1, text[worker][-2000:]
+        return float(found[0])
+
+    assert gauge(first, "cuda_memkit_bytes") == 3 * MIB
+    assert gauge(first, "cuda_memkit_live_allocations") == 1
+    assert gauge(second, "cuda_memkit_bytes") == 0
+
+
+def test_registering_again_replaces_the_plugin(client: Any, plugin: MemkitPlugin) -> None:
+    client.register_plugin(MemkitPlugin(reserve=16 * MIB, cupy=False))
+    for reserved, threshold, _used in client.run(_pool_settings).values():
+        assert threshold == 16 * MIB  # the new plugin's pool; the old one was torn down
+        assert reserved >= 16 * MIB
