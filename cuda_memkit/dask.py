@@ -45,6 +45,9 @@ logger = logging.getLogger("distributed.worker.cuda_memkit")
 #: The name the plugin registers under (``client.unregister_worker_plugin(PLUGIN_NAME)``).
 PLUGIN_NAME = "cuda_memkit"
 
+#: The default release threshold: the pool keeps every byte it grew to.
+KEEP_ALL = (1 << 64) - 1
+
 #: Worker metrics the plugin publishes (scalars: the dashboard's worker table shows them).
 METRICS = ("cuda_memkit_bytes", "cuda_memkit_cached_bytes", "cuda_memkit_live")
 
@@ -115,12 +118,14 @@ class MemkitPlugin(WorkerPlugin):
         each worker one GPU as device 0 (``CUDA_VISIBLE_DEVICES``).
     reserve : int or str, default 0
         Bytes to reserve in the pool up front (dask-cuda's ``rmm_pool_size``):
-        allocated and freed once at setup, and kept by a release threshold of
-        at least this size. A string such as ``"4GiB"`` is read by
-        ``dask.utils.parse_bytes``.
+        allocated and freed once at setup, and kept by the release threshold.
+        A string such as ``"4GiB"`` is read by ``dask.utils.parse_bytes``.
     release_threshold : int or str, optional
-        Unused bytes the pool keeps at synchronization points (default:
-        ``reserve``).
+        Unused bytes the pool keeps at synchronization points. Default: all
+        of them (``2**64 - 1``), as RMM's and CuPy's pools keep what they
+        grew to. At least ``reserve``, rounded up by the driver's chunks
+        (32 MiB): a pool holding more than its threshold gives whole unused
+        chunks back.
     max_size : int or str, default 0
         Most bytes the pool may reserve (0: no limit).
     cache : bool, default True
@@ -185,7 +190,7 @@ class MemkitPlugin(WorkerPlugin):
             raise ValueError(f"device must be >= 0, not {device}")
         self.device = device
         self.reserve = _size_option(reserve, "reserve")
-        self.release_threshold = (self.reserve if release_threshold is None
+        self.release_threshold = (KEEP_ALL if release_threshold is None
                                   else _size_option(release_threshold, "release_threshold"))
         if self.release_threshold < self.reserve:
             raise ValueError(f"release_threshold ({self.release_threshold}) must be at least "
