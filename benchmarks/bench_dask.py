@@ -123,18 +123,24 @@ def gpu_run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
 
     from cuda_memkit.dask import MemkitPlugin, memory_stats, unregister
 
-    rounds = 3 if args.quick else 7
+    rounds = args.rounds or (2 if args.quick else 7)
     n, chunk = args.size, args.chunk
     t0 = time.perf_counter()
+
+    def progress(what: str) -> None:  # a run cut short still shows where its time went
+        print(f"[{time.perf_counter() - t0:7.2f} s] {what}", flush=True)
+
     with LocalCUDACluster(rmm_pool_size=POOL, dashboard_address=None,
                           silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        progress("LocalCUDACluster (rmm_pool_size) started")
         client.register_plugin(MemkitPlugin(reserve=POOL, cupy=True))
         workers = sorted(client.scheduler_info()["workers"])
         client.run(_keep_allocators)
         start_s = time.perf_counter() - t0
+        progress(f"MemkitPlugin registered on {len(workers)} worker(s)")
         y, z = job(cupy, da, n, chunk)
-        tasks = len(dask.optimize(y, z)[0].__dask_graph__()) + len(
-            dask.optimize(y, z)[1].__dask_graph__())
+        opt_y, opt_z = dask.optimize(y, z)
+        tasks = len(opt_y.__dask_graph__()) + len(opt_z.__dask_graph__())
         times: dict[str, list[float]] = {k: [] for k in ALLOCATORS}
         rng = random.Random(41)
         order = list(ALLOCATORS)
@@ -144,8 +150,10 @@ def gpu_run(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, A
                 client.run(_use, name)
                 t = time.perf_counter()
                 dask.compute(y, z)
+                elapsed = time.perf_counter() - t
                 if r:
-                    times[name].append(time.perf_counter() - t)
+                    times[name].append(elapsed)
+                progress(f"round {r} {name}: {elapsed * 1e3:.1f} ms")
         peaks = client.run(_pool_peak)
         stats = memory_stats(client)
         client.run(_forget_allocators)
@@ -231,6 +239,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--size", type=int, default=16384, help="matrix side (default 16384)")
     ap.add_argument("--chunk", type=int, default=2048, help="chunk side (default 2048)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="timed rounds (default 7, 2 with --quick)")
     args = ap.parse_args()
 
     from cuda_memkit._core import _driver

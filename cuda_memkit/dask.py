@@ -51,8 +51,9 @@ KEEP_ALL = (1 << 64) - 1
 #: Worker metrics the plugin publishes (scalars: the dashboard's worker table shows them).
 METRICS = ("cuda_memkit_bytes", "cuda_memkit_cached_bytes", "cuda_memkit_live")
 
-#: The leak report of the last teardown in this worker process (what :func:`unregister` reads).
-_last_report: list[WorkerLeaks] = []
+#: The leak report of each worker's last teardown in this process (what :func:`unregister`
+#: reads), by worker address: a process of threads runs several workers.
+_last_report: dict[str, WorkerLeaks] = {}
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,7 @@ class MemkitPlugin(WorkerPlugin):
         if pool is not None:
             pool.empty_cache()  # cached blocks are free memory, not the worker's
         report = worker_leaks(f"cuda_memkit leak report of worker {worker.address}")
-        _last_report[:] = [report]
+        _last_report[worker.address] = report
         if report:
             logger.warning("%s", report.text)
         else:
@@ -375,7 +376,10 @@ def _register_prometheus() -> Any:
             yield live
 
     collector = LedgerCollector()
-    prometheus_client.REGISTRY.register(collector)
+    try:
+        prometheus_client.REGISTRY.register(collector)
+    except ValueError:  # another worker of this process (threads) publishes the same ledger
+        return None
     return collector
 
 
@@ -430,12 +434,12 @@ def memory_stats(client: Client) -> dict[str, MemoryStats]:
     return result
 
 
-def _clear_report() -> None:
-    _last_report.clear()
+def _clear_report(dask_worker: Worker) -> None:
+    _last_report.pop(dask_worker.address, None)
 
 
-def _teardown_report() -> WorkerLeaks | None:
-    return _last_report[0] if _last_report else None
+def _teardown_report(dask_worker: Worker) -> WorkerLeaks | None:
+    return _last_report.get(dask_worker.address)
 
 
 def unregister(client: Client, name: str = PLUGIN_NAME) -> dict[str, WorkerLeaks | None]:

@@ -69,10 +69,14 @@ def _hold(nbytes: int, dask_worker: Any) -> int:
 
 
 def _drop(dask_worker: Any) -> None:
+    import cuda_memkit as cm
+
     buf = getattr(dask_worker, "_memkit_test_held", None)
     if buf is not None:
         buf.close()
         del dask_worker._memkit_test_held
+        # A pool torn down with this buffer alive goes once its free is known done.
+        cm.Device(0).synchronize()
 
 
 def _metrics(dask_worker: Any) -> dict[str, int]:
