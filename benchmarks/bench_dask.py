@@ -7,7 +7,8 @@ dask-cuda's ``rmm_pool_size`` (RMM's pool resource in every worker) and with
 ``MemkitPlugin(reserve=...)`` registered (a memkit pool of the same size in
 every worker; its ledger on, as always). The job: a random ``N x N`` float32
 matrix in ``C x C`` CuPy chunks, ``(x @ x.T + x).sum(axis=1)`` and
-``(x * 2 - 1).std(axis=0)`` (chunked matrix products, elementwise temporaries
+``((x * 2 - 1) * x + x / 3 - x * x).std(axis=0)`` (chunked matrix products, elementwise
+temporaries
 and reductions: every task allocates its outputs and temporaries through
 CuPy's current allocator), computed to two scalars. Each round computes it
 once under each allocator, in a shuffled order, switching CuPy's allocator in
@@ -110,7 +111,8 @@ def job(cupy: Any, da: Any, n: int, chunk: int) -> tuple[Any, Any]:
     rs = da.random.RandomState(RandomState=cupy.random.RandomState)
     x = rs.random_sample((n, n), chunks=(chunk, chunk)).astype(cupy.float32)
     y = (x @ x.T + x).sum(axis=1)
-    z = (x * 2 - 1).std(axis=0)
+    # Elementwise chains: one fused task per chunk, a CuPy temporary per operation.
+    z = ((x * 2 - 1) * x + x / 3 - x * x).std(axis=0)
     return y.sum(), z.sum()
 
 
