@@ -7,10 +7,9 @@ dask-cuda's ``rmm_pool_size`` (RMM's pool resource in every worker) and with
 ``MemkitPlugin(reserve=...)`` registered (a memkit pool of the same size in
 every worker; its ledger on, as always). The job: a random ``N x N`` float32
 matrix in ``C x C`` CuPy chunks, ``(x @ x.T + x).sum(axis=1)`` and
-``((x * 2 - 1) * x + x / 3 - x * x).std(axis=0)`` (chunked matrix products, elementwise
-temporaries
-and reductions: every task allocates its outputs and temporaries through
-CuPy's current allocator), computed to two scalars. Each round computes it
+``((x * 2 - 1) * x + x / 3 - x * x).std(axis=0)`` (chunked matrix products,
+elementwise temporaries and reductions: every task allocates its outputs and
+temporaries through CuPy's current allocator), computed to two scalars. Each round computes it
 once under each allocator, in a shuffled order, switching CuPy's allocator in
 every worker between rounds (``client.run``):
 
