@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, access_descs, as_access, as_targets
+from .._core._access import Access, access_descs, check_access, check_peers, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._checks import nonneg, positive
+from .._core._checks import MAX_U64, nonneg, positive, u64
 from .._core._context import primary_context
-from .._core._device import Device, check_ordinal, existing_ordinal, peer_ordinals
+from .._core._device import Device, check_ordinal
 from .._core._errors import CudaError
 from .._core._inflight import wait_for_copies
 from .._core._interop import OneDeviceMixin
@@ -34,7 +34,7 @@ from ._vmm_base import (
     LOCK,
     HandleType,
     alloc_prop,
-    as_handle_type,
+    check_handle_type,
     check_multiple,
     free_range,
     granularity,
@@ -109,7 +109,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     chunks of physical memory at the end (contents are preserved) or unmaps
     chunks past the new size. Every chunk, including chunks added later, is
     accessible to ``device`` and to every device given in ``peers`` or
-    :meth:`grant_access`.
+    :meth:`set_access`.
 
     Parameters
     ----------
@@ -141,10 +141,12 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
-        max_size = positive("max_size", max_size)
+        max_size = u64(positive("max_size", max_size), "max_size")
+        if chunk is not None:
+            chunk = u64(positive("chunk", chunk), "chunk")
         ordinal = check_ordinal(device)
-        ht = as_handle_type(handle_type)
-        peer_list = peer_ordinals(peers, ordinal)
+        ht = check_handle_type(handle_type)
+        peer_list = check_peers(peers, ordinal)
         gran = granularity(ordinal, handle_type=ht)
         # the reservation is aligned to the recommended granularity (NCCL registers
         # only memory whose address is)
@@ -152,9 +154,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         if chunk is None:
             chunk = align
         else:
-            chunk = positive("chunk", chunk)
             check_multiple("chunk", chunk, gran)
         reserved = _round_up(max_size, chunk)
+        if reserved > MAX_U64:
+            raise ValueError(f"max_size={max_size} rounded up to whole chunks of {chunk} bytes "
+                             "does not fit a 64-bit address range")
         primary_context(ordinal)
         need_ctx()
         self._device = ordinal
@@ -215,10 +219,13 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         (3145728, 0, 0)
         >>> buf.close()
         """
-        n = positive("nbytes", nbytes)
+        n = u64(positive("nbytes", nbytes), "nbytes")
         ordinal = check_ordinal(device)
         size = _round_up(n, granularity(ordinal, recommended=True,
                                         handle_type=HandleType.POSIX_FD))
+        if size > MAX_U64:
+            raise ValueError(f"nbytes={n} rounded up to the granularity does not fit a 64-bit "
+                             "address range")
         self = cls(size, device=ordinal, chunk=size, peers=peers,
                    handle_type=HandleType.POSIX_FD)
         try:
@@ -357,8 +364,8 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
             gs.handles.extend(new)
             gs.mapped()
 
-    def grant_access(self, devices: Device | int | Iterable[Device | int],
-                     access: Access = Access.READWRITE) -> None:
+    def set_access(self, devices: Device | int | Iterable[Device | int],
+                   access: Access = Access.READWRITE) -> None:
         """Give ``devices`` ``access`` to every chunk, now and for chunks added later.
 
         ``Access.NONE`` revokes. The owning device always keeps READWRITE.
@@ -376,17 +383,19 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         ValueError
             For a host location, a device that does not exist, or for
             changing the owning device's access (nothing is changed).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access this buffer's device's
+            memory (``cuDeviceCanAccessPeer``), before any driver call.
         CudaError
-            From the driver (e.g. a device that cannot access this one's memory).
+            From the driver.
         """
         self._check_open()
-        acc = as_access(access)
-        locs = as_targets(devices)
+        acc = check_access(access)
+        locs = check_targets(devices, acc, self._device, "devices")
         ordinals = []
         for loc in locs:
             if loc.type is not LocationType.DEVICE:
-                raise ValueError(f"grant_access takes devices, not {loc}")
-            existing_ordinal(loc.id)
+                raise ValueError(f"set_access takes devices, not {loc}")
             if loc.id == self._device and acc is not Access.READWRITE:
                 raise ValueError("the owning device always keeps READWRITE access")
             ordinals.append(loc.id)
@@ -403,6 +412,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
             for d in ordinals:
                 self._access[d] = acc
             self._descs = self._makeaccess_descs()
+
+    def grant_access(self, devices: Device | int | Iterable[Device | int],
+                     access: Access = Access.READWRITE) -> None:
+        """:meth:`set_access` under its earlier name: the same call, the same checks."""
+        self.set_access(devices, access)
 
     def _restore_access(self, addr: int, old: dict[int, Access]) -> None:
         descs = []
