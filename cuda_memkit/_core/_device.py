@@ -11,7 +11,7 @@ from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
-from . import _driver, _peer
+from . import _capture, _driver, _peer
 from ._checks import MAX_U64, u64
 from ._constants import (
     CONTEXT_IS_DESTROYED,
@@ -794,6 +794,33 @@ class Stream(Resource):
             raise
         return True
 
+    # -- capture into a CUDA graph (cuda_memkit._core._capture) --------------------------
+    def begin_capture(self, mode: str = "global") -> None:
+        """Begin capturing the work issued on this stream into a CUDA graph.
+
+        Parameters
+        ----------
+        mode : {"global", "thread_local", "relaxed"}
+            ``cuStreamBeginCapture``'s mode: which calls other threads (or
+            this one) may make while the capture is under way.
+
+        Memory cuda_memkit allocates on this stream during the capture
+        belongs to the graph (see :class:`Graph`).
+        """
+        self._check_open()
+        _capture.begin_capture(self._custream, mode)
+
+    def end_capture(self) -> _capture.Graph:
+        """End the capture and return the instantiated :class:`Graph`."""
+        self._check_open()
+        return _capture.end_capture(self._custream)
+
+    @property
+    def is_capturing(self) -> bool:
+        """Whether the stream captures into a graph now (``cuStreamIsCapturing``)."""
+        self._check_open()
+        return _capture.is_capturing(self._custream)
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._handle:x}"
         return f"<Stream {state}{'' if self._owned else ' (borrowed)'}>"
@@ -1043,3 +1070,7 @@ def as_location(where: LocationLike) -> Location:
         f"expected a Location, Device or device ordinal, not {type(where).__name__}"
     )
 
+
+# The capture module cannot import this one (this one imports it): it gets these here.
+_capture.stream_of = lambda stream: custream(stream)
+_capture.primary = primary_pushed

@@ -418,6 +418,8 @@ KINDS: dict[str, str] = {
     "vmm_mapped": "Mapping (cuMemMap)",
     "growable": "GrowableBuffer (mapped chunks)",
     "shared_ring": "SharedHostRing segments (registered: also counted under registered)",
+    "graph": "memory allocated while a stream captures (a CUDA graph's, freed with it)",
+    "graph_exec": "Graph (an instantiated CUDA graph; no bytes: listed until closed)",
 }
 
 

@@ -2,7 +2,8 @@
 
 While a stream captures (``cuStreamBeginCapture``), the work issued on it is
 recorded into the capture's graph instead of running: memsets, copies, batch
-copies, kernels, prefetches, event records. ``cuStreamEndCapture`` returns the
+copies, kernels, prefetches (event records and waits
+run as usual: they order streams, they are not work). ``cuStreamEndCapture`` returns the
 graph, ``cuGraphInstantiate`` makes an executable graph of it and
 ``cuGraphLaunch`` replays the recorded work (at once, as every simulated
 stream completes its work at once).
@@ -74,7 +75,7 @@ STREAM_ARG = {
     "cuMemsetD8Async": 3, "cuMemsetD16Async": 3, "cuMemsetD32Async": 3,
     "cuMemcpyAsync": 3, "cuMemcpyHtoDAsync": 3, "cuMemcpyDtoHAsync": 3,
     "cuMemcpyDtoDAsync": 3, "cuMemcpyPeerAsync": 5, "_batch": 7, "cuMemPrefetchAsync": 4,
-    "cuStreamAttachMemAsync": 0, "cuEventRecord": 1, "cuStreamWaitEvent": 0,
+    "cuStreamAttachMemAsync": 0,
 }
 #: Calls that could synchronize with a capture: refused during one (unless relaxed).
 UNSAFE = frozenset({"cuMemAlloc", "cuMemAllocManaged", "cuMemHostAlloc", "cuMemAllocHost",

@@ -1,0 +1,391 @@
+"""Stream capture into CUDA graphs, and the graph memory handed out during a capture.
+
+:class:`Graph` owns an executable graph and the graph it was made from
+(``cuStreamEndCapture`` + ``cuGraphInstantiate``); :func:`begin_capture`,
+:func:`end_capture` and :func:`is_capturing` are what ``Stream.begin_capture``,
+``Stream.end_capture`` and ``Stream.is_capturing`` call.
+
+Memory allocated while a stream captures
+----------------------------------------
+A graph bakes in every address it touched, and replays its work on them at
+every launch. So an allocation on a capturing stream must not be served from
+memory anyone else can get back while the graph may still run. cuda_memkit
+serves it with the driver's graph memory nodes: ``cuMemAllocFromPoolAsync`` on
+the capturing stream, never a cached block. The address then belongs to the
+graph for the graph's life, and the driver lends it to nobody else.
+
+What happens when the holder frees such a block (:func:`release_graph_block`):
+
+* on a stream that still captures the same capture: ``cuMemFreeAsync`` there
+  (a free node: the graph frees it at every launch);
+* after the capture: a graph allocation cannot be freed before a launch
+  allocated it (the driver refuses). The block is kept (:class:`CaptureRecord`)
+  and stays in the ledger (kind ``graph``) until it can go: for a
+  :class:`Graph` of cuda_memkit's, when the graph is closed; for a graph
+  someone else captured (CuPy, torch, cuda.core, raw driver calls), whose
+  launches and destruction cuda_memkit cannot see, at the next
+  :func:`retry_deferred` (every later allocation during a capture,
+  ``MemoryPool.empty_cache()``, :func:`cuda_memkit.release_graph_memory`).
+
+Knowing that a stream captures costs a driver query, too much for every
+allocation, so the allocation paths ask only while :data:`active` is non-zero:
+while a capture begun by :func:`begin_capture` (or a capture entry point
+cuda_memkit wraps, see :func:`note_capture`) is under way, or after
+:func:`watch_captures` asked for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from cuda.bindings import driver as _cu
+
+from . import _driver
+from ._resource import Resource, account, make_finalizer
+
+__all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "active", "begin_capture",
+           "capture_id", "end_capture", "flag_hooks", "is_capturing", "note_capture",
+           "record_for", "release_graph_block", "retry_deferred", "watch_captures"]
+
+#: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
+CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
+_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+_INVALID_VALUE = 1  # CUDA_ERROR_INVALID_VALUE
+#: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: a relaunch frees what the previous
+#: launch allocated and did not free, so that the graph's outputs stay readable between
+#: launches (at the same addresses) and a relaunch never fails on them.
+AUTO_FREE_ON_LAUNCH = 1
+
+#: Captures that may be under way: begun by begin_capture() and not ended, announced by
+#: note_capture(), plus one while watch_captures() is on. While non-zero the allocation
+#: paths ask the driver whether their stream captures.
+active = 0
+_watching = False
+#: Called with the new value of :data:`active` (the block cache keeps its own copy, read
+#: on every allocation).
+flag_hooks: list[Callable[[int], None]] = []
+_lock = threading.RLock()
+
+# Set by ``_device`` when it loads (it imports this module, so this one cannot import it):
+#: the ``CUstream`` of anything a ``stream=`` argument accepts (ClosedError for a closed one)
+stream_of: Callable[[object], Any] | None = None
+#: a context manager with device ``n``'s primary context current
+primary: Callable[[int], AbstractContextManager[None]] | None = None
+
+
+def _change(delta: int) -> None:
+    global active
+    with _lock:
+        active = max(0, active + delta)
+        for hook in list(flag_hooks):
+            hook(active)
+
+
+def note_capture(begun: bool) -> None:
+    """A capture began (``True``) or ended (``False``) through an entry point we wrap."""
+    _change(1 if begun else -1)
+
+
+def watch_captures(enabled: bool = True) -> None:
+    """Ask the driver on every allocation whether its stream captures (see module doc)."""
+    global _watching
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    with _lock:
+        if enabled != _watching:
+            _watching = enabled
+            _change(1 if enabled else -1)
+
+
+def _mode_arg(mode: object) -> int:
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a str ({', '.join(CAPTURE_MODES)}), "
+                        f"not {type(mode).__name__}")
+    code = CAPTURE_MODES.get(mode)
+    if code is None:
+        raise ValueError(f"mode must be one of {', '.join(CAPTURE_MODES)}, got {mode!r}")
+    return code
+
+
+# -- what the driver says about a stream ------------------------------------------------------
+
+
+def capture_id(cus: Any) -> int:
+    """The id of the capture under way on stream ``cus``; 0 when it does not capture."""
+    res = _driver.function("cuStreamGetCaptureInfo")(cus)
+    if res[0]:
+        _driver.check("cuStreamGetCaptureInfo", res)
+    return int(res[2]) if int(res[1]) == _ACTIVE else 0
+
+
+def is_capturing(cus: Any) -> bool:
+    """Whether stream ``cus`` captures now (``cuStreamIsCapturing``)."""
+    return int(_driver.call("cuStreamIsCapturing", cus)) != 0
+
+
+# -- captures and the graph memory handed out in them -------------------------------------------
+
+
+class CaptureRecord:
+    """One capture's graph memory: the blocks freed by their holders and not freeable yet.
+
+    Attributes
+    ----------
+    id : int
+        The driver's capture id.
+    own : bool
+        Whether cuda_memkit's :func:`begin_capture` began it (its graph is a
+        :class:`Graph`, whose launches and close cuda_memkit sees).
+    launched : bool
+        Whether the graph was launched (own graphs only).
+    gone : bool
+        Whether the graph was closed (own graphs only).
+    dropped : list
+        ``(block, stream, device, account, nbytes)`` of every block freed by
+        its holder that could not be freed yet; still in the ledger.
+    """
+
+    __slots__ = ("dropped", "gone", "id", "launched", "own")
+
+    def __init__(self, ident: int, own: bool) -> None:
+        self.id = ident
+        self.own = own
+        self.launched = False
+        self.gone = False
+        self.dropped: list[tuple[Any, Any, int, Any, int]] = []
+
+
+#: Captures with graph memory handed out, by capture id (own captures: until their Graph is
+#: closed; others: while they have dropped blocks or are under way).
+_records: dict[int, CaptureRecord] = {}
+#: Records of captures begun by begin_capture() and not ended yet, by capture id.
+_own_open: dict[int, CaptureRecord] = {}
+
+
+def record_for(cus: Any) -> CaptureRecord | None:
+    """The record of the capture under way on ``cus`` (made on first use); None: none."""
+    ident = capture_id(cus)
+    if not ident:
+        return None
+    with _lock:
+        rec = _records.get(ident)
+        if rec is None:
+            rec = _own_open.get(ident) or CaptureRecord(ident, False)
+            _records[ident] = rec
+    return rec
+
+
+def _free(block: Any, cus: Any) -> Any:
+    return _driver.function("cuMemFreeAsync")(block, cus)
+
+
+def release_graph_block(rec: CaptureRecord, block: Any, cus: Any, device: int,
+                        acct: Any, nbytes: int) -> None:
+    """Free graph allocation ``block`` (its ledger entry removed by the caller), or keep it.
+
+    Kept blocks go back into the ledger and into ``rec.dropped``; see the
+    module docstring for when each case frees.
+    """
+    if capture_id(cus) == rec.id:  # the capture is still under way: a free node
+        _driver.check("cuMemFreeAsync", _free(block, cus))
+        return
+    if rec.own and not rec.gone:  # the graph may still run: freed when it is closed
+        _keep(rec, block, cus, device, acct, nbytes)
+        return
+    if rec.own and not rec.launched:  # closed unlaunched: the address went with the graph
+        return
+    res = _free(block, cus)
+    if not res[0]:
+        return
+    if int(res[0]) != _INVALID_VALUE or rec.own:
+        _driver.check("cuMemFreeAsync", res)
+    _keep(rec, block, cus, device, acct, nbytes)  # not launched yet: tried again later
+
+
+def _keep(rec: CaptureRecord, block: Any, cus: Any, device: int, acct: Any,
+          nbytes: int) -> None:
+    acct.restore(block, nbytes)
+    with _lock:
+        rec.dropped.append((block, cus, device, acct, nbytes))
+        _records[rec.id] = rec
+
+
+def retry_deferred() -> int:
+    """Free the kept blocks of foreign captures that can be freed now; the bytes freed."""
+    freed = 0
+    with _lock:
+        records = [r for r in _records.values() if r.dropped and not r.own]
+    for rec in records:
+        with _lock:
+            dropped, rec.dropped = rec.dropped, []
+        for item in dropped:
+            block, cus, _device, acct, nbytes = item
+            if acct.remove(block) is None:
+                continue
+            if not _free(block, cus)[0]:
+                freed += nbytes
+                continue
+            acct.restore(block, nbytes)
+            with _lock:
+                rec.dropped.append(item)
+        with _lock:
+            if not rec.dropped and rec.id not in _own_open:
+                _records.pop(rec.id, None)
+    return freed
+
+
+# -- our own captures -----------------------------------------------------------------------
+
+
+def begin_capture(cus: Any, mode: object) -> None:
+    """``cuStreamBeginCapture`` on ``cus`` in ``mode`` (checked first)."""
+    code = _mode_arg(mode)
+    _driver.call("cuStreamBeginCapture", cus, _cu.CUstreamCaptureMode(code))
+    ident = capture_id(cus)
+    with _lock:
+        _own_open[ident] = CaptureRecord(ident, True)
+    _change(1)
+
+
+def end_capture(cus: Any) -> Graph:
+    """``cuStreamEndCapture`` on ``cus``, instantiated: the :class:`Graph`."""
+    device = int(_driver.call("cuStreamGetDevice", cus))
+    ident = capture_id(cus)
+    with _lock:
+        rec = _own_open.pop(ident, None)
+    try:
+        graph = _driver.call("cuStreamEndCapture", cus)
+    finally:
+        if rec is not None:
+            _change(-1)
+    if rec is None:  # a capture someone else began: its graph is ours now all the same
+        rec = CaptureRecord(ident, True)
+    with _lock:
+        _records.setdefault(rec.id, rec)
+        rec = _records[rec.id]
+        rec.own = True
+    try:
+        exe = _driver.call("cuGraphInstantiate", graph, AUTO_FREE_ON_LAUNCH)
+    except BaseException:
+        _driver.call("cuGraphDestroy", graph)
+        _close_record(rec)
+        raise
+    return Graph._made(int(graph), int(exe), device, rec)
+
+
+def _close_record(rec: CaptureRecord) -> None:
+    """The graph is gone: free what its holders dropped (after a launch allocated it)."""
+    rec.gone = True
+    with _lock:
+        dropped, rec.dropped = rec.dropped, []
+        _records.pop(rec.id, None)
+    assert primary is not None
+    for block, _cus, device, acct, _nbytes in dropped:
+        if acct.remove(block) is None:
+            continue
+        if rec.launched:
+            with primary(device):
+                res = _driver.function("cuMemFree")(block)
+            if res[0] and int(res[0]) != _INVALID_VALUE:
+                _driver.check("cuMemFree", res)
+
+
+_GRAPHS = account("graph_exec")
+
+
+def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
+    """Release function of a :class:`Graph`: its dropped memory, the exec, the graph."""
+    assert primary is not None
+    try:
+        with primary(device):
+            _driver.call("cuCtxSynchronize")  # no launch of it still runs
+        _close_record(rec)
+    finally:
+        _GRAPHS.remove(exe)
+        try:
+            _driver.call("cuGraphExecDestroy", _cu.CUgraphExec(exe))
+        finally:
+            _driver.call("cuGraphDestroy", _cu.CUgraph(graph))
+
+
+#: Open graphs (tests and the leak report find them here).
+open_graphs: weakref.WeakSet[Graph] = weakref.WeakSet()
+
+
+class Graph(Resource):
+    """A CUDA graph captured from a stream, ready to launch.
+
+    Made by :meth:`Stream.end_capture`; ``close()``, a ``with`` block or
+    garbage collection destroy it. Memory cuda_memkit allocated on the
+    stream during the capture belongs to the graph: it stays at the same
+    addresses between launches (each launch frees what the previous one left
+    allocated, then allocates it again), and a buffer of it that you free is
+    kept until the graph is closed.
+    """
+
+    _share_hint = "share the Graph object itself"
+    _handle: int
+    _exec: int
+    _device: int
+    _record: CaptureRecord
+
+    def __init__(self) -> None:
+        raise TypeError("a Graph is made by Stream.end_capture()")
+
+    @classmethod
+    def _made(cls, graph: int, exe: int, device: int, rec: CaptureRecord) -> Graph:
+        self = cls.__new__(cls)
+        self._handle = graph
+        self._exec = exe
+        self._device = device
+        self._record = rec
+        _GRAPHS.add(exe, 0)
+        self._open(make_finalizer(self, ("Graph", exe), _destroy_graph, exe, graph, device,
+                                  rec))
+        open_graphs.add(self)
+        return self
+
+    @property
+    def handle(self) -> int:
+        """The ``CUgraph`` handle as an int."""
+        self._check_open()
+        return self._handle
+
+    @property
+    def exec_handle(self) -> int:
+        """The ``CUgraphExec`` handle (the instantiated graph) as an int."""
+        self._check_open()
+        return self._exec
+
+    @property
+    def launched(self) -> bool:
+        """Whether the graph was launched at least once."""
+        return self._record.launched
+
+    def launch(self, stream: object) -> None:
+        """Launch the graph on ``stream`` (``cuGraphLaunch``).
+
+        Parameters
+        ----------
+        stream : stream-like
+            A :class:`Stream`, an int handle, ``None`` (the legacy default
+            stream) or a framework's stream object.
+
+        Raises
+        ------
+        ClosedError
+            If the graph, or a :class:`Stream` given, is closed.
+        """
+        self._check_open()
+        assert stream_of is not None
+        cus = stream_of(stream)
+        _driver.call("cuGraphLaunch", _cu.CUgraphExec(self._exec), cus)
+        self._record.launched = True
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"0x{self._exec:x}"
+        return f"<Graph {state}{' launched' if self._record.launched else ''}>"
