@@ -47,9 +47,10 @@ from cuda.bindings import driver as _cu
 from . import _driver
 from ._resource import Resource, account, make_finalizer
 
-__all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "active", "begin_capture",
-           "capture_id", "end_capture", "flag_hooks", "is_capturing", "note_capture",
-           "record_for", "release_graph_block", "retry_deferred", "watch_captures"]
+__all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
+           "capture_id", "end_capture", "flag_hooks", "has_deferred", "hold_until_gone",
+           "is_capturing", "note_capture", "own_open", "record_for", "release_graph_block",
+           "retry_deferred", "watch_captures"]
 
 #: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
@@ -149,7 +150,7 @@ class CaptureRecord:
         its holder that could not be freed yet; still in the ledger.
     """
 
-    __slots__ = ("dropped", "gone", "id", "launched", "own")
+    __slots__ = ("dropped", "gone", "held", "id", "launched", "own")
 
     def __init__(self, ident: int, own: bool) -> None:
         self.id = ident
@@ -157,6 +158,20 @@ class CaptureRecord:
         self.launched = False
         self.gone = False
         self.dropped: list[tuple[Any, Any, int, Any, int]] = []
+        #: Pinned blocks given back while the graph may read them (see hold_until_gone).
+        self.held: list[Hold] = []
+
+
+class Hold:
+    """A pinned block given back while graphs that may use it exist: back once all are gone."""
+
+    __slots__ = ("block", "done", "owner", "records")
+
+    def __init__(self, owner: Any, block: Any, records: list[CaptureRecord]) -> None:
+        self.owner = owner  # the bin the block goes back to
+        self.block = block
+        self.records = records
+        self.done = False
 
 
 #: Captures with graph memory handed out, by capture id (own captures: until their Graph is
@@ -212,6 +227,25 @@ def _keep(rec: CaptureRecord, block: Any, cus: Any, device: int, acct: Any,
     with _lock:
         rec.dropped.append((block, cus, device, acct, nbytes))
         _records[rec.id] = rec
+
+
+def has_deferred() -> bool:
+    """Whether kept blocks of foreign captures wait for a retry."""
+    return any(r.dropped and not r.own for r in list(_records.values()))
+
+
+def own_open() -> list[CaptureRecord]:
+    """The records of the captures begun by :func:`begin_capture` and not ended yet."""
+    return list(_own_open.values())
+
+
+def hold_until_gone(records: list[CaptureRecord], owner: Any, block: Any) -> None:
+    """Give ``block`` back to bin ``owner`` once every graph of ``records`` is closed."""
+    hold = Hold(owner, block, records)
+    with _lock:
+        for rec in records:
+            rec.held.append(hold)
+            _records.setdefault(rec.id, rec)
 
 
 def retry_deferred() -> int:
@@ -282,7 +316,12 @@ def _close_record(rec: CaptureRecord) -> None:
     rec.gone = True
     with _lock:
         dropped, rec.dropped = rec.dropped, []
+        held, rec.held = rec.held, []
         _records.pop(rec.id, None)
+    for hold in held:
+        if not hold.done and all(r.gone for r in hold.records):
+            hold.done = True
+            hold.owner.give(hold.block)
     assert primary is not None
     for block, _cus, device, acct, _nbytes in dropped:
         if acct.remove(block) is None:

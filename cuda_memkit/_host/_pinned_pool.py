@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import threading
 
+from .._core import _capture
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import EXITING, Unshareable, account
 from .._pools import _pool
-from .._pools._cache import Bin, BlockCache, round_size
+from .._pools._cache import Bin, BlockCache, host_bin_for, round_size
 from .._pools._pool import MemoryPool
 from . import _pinned
 
@@ -133,8 +134,8 @@ class HostBlock(Unshareable):
 
     __slots__ = ("bin", "ptr")
 
-    def __init__(self, b: HostBin, ptr: int) -> None:
-        self.bin: HostBin | None = b
+    def __init__(self, b: Bin, ptr: int) -> None:
+        self.bin: Bin | None = b
         self.ptr = ptr
 
     def release(self) -> None:
@@ -196,8 +197,18 @@ def _refresh_default() -> HostCache:
     pool = _pool.default_pinned()
     cache = _cache_of(pool, 0)
     _default_cache = cache
-    _pinned.default_bins = cache.bins
+    if not _capture.active:
+        _pinned.default_bins = cache.bins
     return cache
+
+
+def _capturing_changed(n: int) -> None:
+    """While a capture may be under way, HostBuffer.pooled asks this module for its bin."""
+    _pinned.default_bins = (None if n or _default_cache is None
+                            else _default_cache.bins)
+
+
+_capture.flag_hooks.append(_capturing_changed)
 
 
 def default_exists() -> bool:
@@ -211,7 +222,7 @@ def forget_default() -> None:
     _default_cache = _pinned.default_bins = None
 
 
-def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:
+def _bin_of(pool: object, nbytes: int, flags: int = 0) -> Bin | None:
     """The bin a block of ``nbytes`` comes from in host pool ``pool`` (``None``: the default).
 
     ``flags`` are ``HostAllocFlags``: a pool gives ``DEFAULT`` / ``PORTABLE``
@@ -228,7 +239,7 @@ def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:
         return None
     if not cache.open:
         raise ClosedError("MemoryPool is closed; it cannot be used any more")
-    return cache.bin(nbytes)
+    return host_bin_for(cache.bin(nbytes))
 
 
 def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:

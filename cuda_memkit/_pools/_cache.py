@@ -86,7 +86,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
 from .._core._device import (
     CONTEXT_ERRORS,
@@ -99,11 +99,12 @@ from .._core._device import (
     stream_destroyed,
 )
 from .._core._errors import CudaOutOfMemoryError, MemkitWarning
-from .._core._resource import Account, Unshareable
+from .._core._resource import Account, Unshareable, account
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_failed",
-           "check_cache_limit", "destroy_unused", "destroy_when_unused", "driver_pair",
-           "empty_all", "free_after_stream", "free_failed", "pending_pools", "round_size"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "GraphBin",
+           "HeldBin", "alloc_failed", "bin_for", "check_cache_limit", "destroy_unused",
+           "destroy_when_unused", "driver_pair", "empty_all", "free_after_stream",
+           "free_failed", "pending_pools", "round_size"]
 
 #: Default most bytes a device or managed pool's cache holds (``cache_limit``).
 DEFAULT_CACHE_LIMIT = 1 << 30
@@ -135,7 +136,8 @@ def round_size(nbytes: int) -> int:
 
     Up to 1 MiB: the next multiple of 512 B. Above: the next multiple of 1/8
     of the largest power of two not above ``nbytes`` (so at most 12.5 % more).
-    The hot paths round the first case themselves: ``(n + 511) & -512``.
+    The one rounding of the block cache: :func:`bin_for` and the pinned
+    pool's bins use it.
     """
     if nbytes <= SMALL:
         return (nbytes + GRANULE - 1) & -GRANULE
@@ -450,6 +452,141 @@ class Bin(Unshareable):
         stream = "any stream" if self.cache is None else (
             "stream gone" if self.cus is None else f"stream 0x{int(self.cus):x}")
         return f"<Bin {self.size} B, {kept}, {stream}>"
+
+
+# -- capture: memory a CUDA graph may use is lent to nobody else --------------------------------
+
+#: A copy of ``_capture.active`` (kept by its flag hook): while zero, no allocation asks
+#: the driver whether its stream captures.
+CAPTURING = 0
+
+
+def _capturing_changed(n: int) -> None:
+    global CAPTURING
+    CAPTURING = n
+
+
+_capture.flag_hooks.append(_capturing_changed)
+
+
+class GraphBin(Bin):
+    """Where memory allocated on a capturing stream comes from: the capture's graph.
+
+    :meth:`take` is ``cuMemAllocFromPoolAsync`` on the capturing stream (an
+    allocation node of the graph: nobody else can be lent that address while
+    the graph exists); :meth:`give` never caches the block, it frees it as
+    :func:`cuda_memkit._core._capture.release_graph_block` decides (a free
+    node, after the graph, or kept until then). Made per capture and pool.
+    """
+
+    __slots__ = ("record",)
+
+    def __init__(self, account: Account, cupool: Any, device: int | None, cus: Any,
+                 record: _capture.CaptureRecord) -> None:
+        super().__init__(account, cupool, device, None, cus, 0)
+        self.record = record
+
+    def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
+             ) -> None:
+        """Give ``block`` back: a free node, a free after the graph, or kept until then."""
+        n = self.account.remove(block, self.cus)
+        if n is None:
+            return
+        try:
+            if on is not None:  # a stream the user named: freed there, refusal raised
+                res = FREE(block, on)
+                if res[0]:
+                    _driver.check("cuMemFreeAsync", res)
+                return
+            _capture.release_graph_block(self.record, block, self.cus, self.device or 0,
+                                         self.account, n)
+        except BaseException:
+            if block not in self.account.live:
+                self.account.restore(block, n, on)
+            raise
+
+    def __repr__(self) -> str:
+        return f"<GraphBin of capture {self.record.id}>"
+
+
+class HeldBin(Bin):
+    """A pinned bin seen through a capture: blocks given back wait until its graphs are closed.
+
+    A block taken while cuda_memkit's own captures are under way may be
+    baked into them (a captured copy from a pooled pinned buffer): it goes
+    back to its real bin only once every one of those graphs was closed.
+    """
+
+    __slots__ = ("real", "records")
+
+    def __init__(self, real: Bin, records: list[_capture.CaptureRecord]) -> None:
+        super().__init__(real.account, real.cupool, real.device, real.cache, real.cus, 0)
+        self.real = real
+        self.records = records
+
+    def take(self, nbytes: int, cus: Any) -> Any:
+        """A block of the real bin."""
+        return self.real.take(nbytes, cus)
+
+    def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
+             ) -> None:
+        """Back to the real bin once no graph it may be baked into exists."""
+        live = [r for r in self.records if not r.gone]
+        if live and on is None:
+            _capture.hold_until_gone(live, self.real, block)
+            return
+        self.real.give(block, sref, on)
+
+
+def bin_for(cache: BlockCache | None, fallback: Bin, h: int, cus: Any, owner: object,
+            nbytes: int) -> Bin:
+    """The bin a block of ``nbytes`` (> 0) on stream ``cus`` comes from.
+
+    The one place a bin is chosen for a device pool, cached or not
+    (``MemoryPool.allocate``, the CuPy adaptor): while the stream captures, a
+    :class:`GraphBin` of the capture; else ``fallback`` (the pool's bin) when
+    there is no cache, or the cache's bin of the stream and the size rounded
+    by :func:`round_size` (0: above ``max_block``, not kept). ``h`` is the
+    stream's handle (-1: ``int(cus)``); ``owner`` the stream object the cache
+    keeps for a foreign stream (see :meth:`BlockCache.bin`).
+    """
+    if CAPTURING:
+        rec = _capture.record_for(cus)
+        if rec is not None:
+            if _capture.has_deferred():
+                _capture.retry_deferred()
+            dev = fallback.device if cache is None else cache.device
+            return GraphBin(_graph_account(dev), fallback.cupool if cache is None
+                            else cache.cupool, dev, cus, rec)
+    if cache is None:
+        return fallback
+    if nbytes <= SMALL:
+        r = (nbytes + GRANULE - 1) & -GRANULE  # round_size() of the common case, inlined
+    elif nbytes <= cache.max_block:
+        r = round_size(nbytes)
+    else:
+        r = 0
+    if h < 0:
+        h = int(cus)
+    lane = cache.streams.get(h)
+    found = lane.get(r) if lane is not None else None
+    return found if found is not None else cache.bin(r, h, cus, owner)
+
+
+def host_bin_for(real: Bin) -> Bin:
+    """The bin a pinned block is taken from: ``real``, or a :class:`HeldBin` in front of it.
+
+    The latter while a capture begun by cuda_memkit is under way.
+    """
+    if CAPTURING:
+        records = _capture.own_open()
+        if records:
+            return HeldBin(real, records)
+    return real
+
+
+def _graph_account(device: int | None) -> Account:
+    return account("graph", device)
 
 
 # -- the cache --------------------------------------------------------------------------------

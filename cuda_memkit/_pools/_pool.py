@@ -92,6 +92,7 @@ from ._cache import (
     DEFAULT_CACHE_LIMIT,
     Bin,
     BlockCache,
+    bin_for,
     check_cache_limit,
     destroy_unused,
     destroy_when_unused,
@@ -531,19 +532,8 @@ class MemoryPool(PoolAttributes, Resource):
             sref = buffer_stream(stream)
             cus = sref._custream
         cache = self._cache
-        if cache is None:
-            b = self._bin
-        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
-            if nbytes <= 1048576:  # (every cache keeps blocks of up to 1 MiB)
-                r = (nbytes + 511) & -512  # round_size() of the common case
-            elif nbytes <= cache.max_block:
-                r = _cache.round_size(nbytes)
-            else:
-                r = 0
-            h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
-            lane = cache.streams.get(h)
-            found = lane.get(r) if lane is not None else None
-            b = found if found is not None else cache.bin(r, h, cus, sref)
+        b = bin_for(cache, self._bin, stream._handle if sref is stream else -1,  # type: ignore[union-attr]
+                    cus, sref, nbytes)
         buf: PoolBuffer = new_buffer(PoolBuffer, b.take(nbytes, cus), nbytes, sref, self, b)
         return buf
 

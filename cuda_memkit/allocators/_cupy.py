@@ -56,7 +56,7 @@ from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
 from .._host._pinned import HostBuffer
 from .._pools import _pool
-from .._pools._cache import round_size
+from .._pools._cache import bin_for, round_size
 
 if TYPE_CHECKING:
     from .._pools._cache import Bin, BlockCache
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
-_SMALL = 1 << 20  # round_size's 512-byte range: (n + 511) & -512
 
 def _import_cupy() -> Any:
     try:
@@ -290,19 +289,10 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         if sref is None:
             sref = _stream_ref(refs, h)
         cus = sref._custream
-        if caches is None:  # every allocation from the driver, on the current stream
-            b = direct[dev]
-        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
-            c = caches[dev]
-            if size <= _SMALL:  # (every cache keeps blocks of up to 1 MiB)
-                r = (size + 511) & -512
-            elif size <= c.max_block:
-                r = round_size(size)
-            else:
-                r = 0
-            lane = c.streams.get(h)
-            found = lane.get(r) if lane is not None else None
-            b = found if found is not None else c.bin(r, h, cus, st)
+        b = bin_for(None if caches is None else caches[dev], direct[dev], h, cus, st, size)
+        # CuPy's memory is the block reserved, a multiple of 512 bytes, as its own pools
+        # give (CuPy's code relies on it): the bin's size, or the request rounded.
+        size = b.size or round_size(size)
         d = b.take(size, cus)
         m = Memory(int(d), size, st, dev)
         m._bin = b
