@@ -45,6 +45,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
@@ -198,6 +199,14 @@ def _free(block: Any, cus: Any) -> Any:
     return _driver.function("cuMemFreeAsync")(block, cus)
 
 
+def _still_capturing(cus: Any, rec: CaptureRecord) -> bool:
+    """Whether ``cus`` still captures ``rec``'s capture (a stream gone does not)."""
+    try:
+        return capture_id(cus) == rec.id
+    except CudaError:
+        return False
+
+
 def release_graph_block(rec: CaptureRecord, block: Any, cus: Any, device: int,
                         acct: Any, nbytes: int) -> None:
     """Free graph allocation ``block`` (its ledger entry removed by the caller), or keep it.
@@ -205,7 +214,7 @@ def release_graph_block(rec: CaptureRecord, block: Any, cus: Any, device: int,
     Kept blocks go back into the ledger and into ``rec.dropped``; see the
     module docstring for when each case frees.
     """
-    if capture_id(cus) == rec.id:  # the capture is still under way: a free node
+    if _still_capturing(cus, rec):  # the capture is still under way: a free node
         _driver.check("cuMemFreeAsync", _free(block, cus))
         return
     if rec.own and not rec.gone:  # the graph may still run: freed when it is closed

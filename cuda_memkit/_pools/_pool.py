@@ -59,7 +59,7 @@ from typing import Any
 
 from cuda.bindings import driver as _cu
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._device import (
     Device,
     Location,
@@ -565,6 +565,7 @@ class MemoryPool(PoolAttributes, Resource):
         int
             The bytes released.
         """
+        _capture.retry_deferred()  # graph memory freed before its (foreign) graph ran
         return sum(cache.clear() for cache in self._block_caches())
 
     # -- IPC ---------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
+from .._core import _capture
 from .._core._device import StreamRef
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
@@ -189,6 +190,41 @@ def _stream_ref(refs: dict[int, StreamRef], handle: int) -> StreamRef:
     return ref
 
 
+def _watch_cupy_captures(cupy: Any) -> None:
+    """Tell cuda_memkit when CuPy's ``Stream.begin_capture`` / ``end_capture`` run.
+
+    The allocation paths ask the driver whether their stream captures only
+    while a capture may be under way (``_capture.active``); CuPy's capture
+    entry points are wrapped once per process to say so. Where a CuPy stream
+    class cannot take the wrapper, :func:`cuda_memkit.watch_captures` covers it.
+    """
+    for name in ("Stream", "ExternalStream"):
+        cls = getattr(cupy.cuda, name, None)
+        if cls is None or getattr(cls, "_memkit_watched", False):
+            continue
+        begin, end = getattr(cls, "begin_capture", None), getattr(cls, "end_capture", None)
+        if begin is None or end is None:
+            continue
+
+        def begin_capture(self: Any, *args: Any, _begin: Any = begin, **kwargs: Any) -> Any:
+            out = _begin(self, *args, **kwargs)
+            _capture.note_capture(True)
+            return out
+
+        def end_capture(self: Any, *args: Any, _end: Any = end, **kwargs: Any) -> Any:
+            try:
+                return _end(self, *args, **kwargs)
+            finally:
+                _capture.note_capture(False)
+
+        try:
+            cls.begin_capture = begin_capture
+            cls.end_capture = end_capture
+            cls._memkit_watched = True
+        except (AttributeError, TypeError):  # an extension type: watch_captures() covers it
+            continue
+
+
 def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                    ) -> Callable[[int], Any]:
     """A CuPy device allocator (for ``cupy.cuda.set_allocator``) over a memkit pool.
@@ -250,6 +286,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     get_device = cupy.cuda.runtime.getDevice
     if pool is not None:
         _check_device_pool(pool, get_device)
+    _watch_cupy_captures(cupy)
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     Memory = _memory_class(unowned)
