@@ -798,14 +798,15 @@ class Stream(Resource):
     def begin_capture(self, mode: str = "global") -> None:
         """Begin capturing the work issued on this stream into a CUDA graph.
 
+        The work is recorded, not run, until :meth:`end_capture`. Memory
+        cuda_memkit allocates on this stream during the capture belongs to
+        the graph (see :class:`Graph`).
+
         Parameters
         ----------
         mode : {"global", "thread_local", "relaxed"}
             ``cuStreamBeginCapture``'s mode: which calls other threads (or
             this one) may make while the capture is under way.
-
-        Memory cuda_memkit allocates on this stream during the capture
-        belongs to the graph (see :class:`Graph`).
         """
         self._check_open()
         _capture.begin_capture(self._custream, mode)
