@@ -36,7 +36,7 @@ from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import EXITING, Unshareable, account
 from .._pools import _pool
-from .._pools._cache import Bin, BlockCache, host_bin_for, round_size
+from .._pools._cache import MEMO_LIMIT, Bin, BlockCache, host_bin_for, round_size
 from .._pools._pool import MemoryPool
 from . import _pinned
 
@@ -104,13 +104,18 @@ class HostCache:
         return self.blocks.open and self.stream is not None
 
     def bin(self, nbytes: int) -> HostBin:
-        """The bin a block of ``nbytes`` (> 0; 0: the bin of sizes not kept) comes from."""
+        """The bin a block of ``nbytes`` (> 0; 0: the bin of sizes not kept) comes from.
+
+        Remembers ``nbytes`` as a key of its bin, as :func:`bin_for` does: the
+        default pool's ``HostBuffer.pooled`` finds a repeated size with one lookup.
+        """
         size = round_size(nbytes) if 0 < nbytes <= self.max_block else 0
         found = self.bins.get(size)
-        if found is not None:
-            return found  # type: ignore[return-value]
-        made = self.blocks.bin(size, self.handle, self.cus, None, _ACCOUNT, HostBin)
-        return made  # type: ignore[return-value]  # a HostBin: kind=HostBin
+        if found is None:
+            found = self.blocks.bin(size, self.handle, self.cus, None, _ACCOUNT, HostBin)
+        if size != nbytes and len(self.bins) < MEMO_LIMIT:
+            self.bins[nbytes] = found
+        return found  # type: ignore[return-value]  # a HostBin: kind=HostBin
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""

@@ -538,6 +538,11 @@ class HeldBin(Bin):
         self.real.give(block, sref, on)
 
 
+#: Most keys of one stream's bins (rounded sizes, and the sizes asked for that
+#: :func:`bin_for` remembers: the hot paths look a repeated size up without rounding).
+MEMO_LIMIT = 512
+
+
 def bin_for(cache: BlockCache | None, fallback: Bin, h: int, cus: Any, owner: object,
             nbytes: int) -> Bin:
     """The bin a block of ``nbytes`` (> 0) on stream ``cus`` comes from.
@@ -549,6 +554,11 @@ def bin_for(cache: BlockCache | None, fallback: Bin, h: int, cus: Any, owner: ob
     by :func:`round_size` (0: above ``max_block``, not kept). ``h`` is the
     stream's handle (-1: ``int(cus)``); ``owner`` the stream object the cache
     keeps for a foreign stream (see :meth:`BlockCache.bin`).
+
+    The stream's bins also remember the size asked for (when rounding
+    changed it), so that a caller may look up ``streams[h].get(nbytes)``
+    first, while :data:`CAPTURING` is zero, and call this function only when
+    that finds nothing.
     """
     if CAPTURING:
         rec = _capture.record_for(cus)
@@ -570,7 +580,12 @@ def bin_for(cache: BlockCache | None, fallback: Bin, h: int, cus: Any, owner: ob
         h = int(cus)
     lane = cache.streams.get(h)
     found = lane.get(r) if lane is not None else None
-    return found if found is not None else cache.bin(r, h, cus, owner)
+    if found is None:
+        found = cache.bin(r, h, cus, owner)
+        lane = cache.streams.get(h)
+    if r != nbytes and lane is not None and len(lane) < MEMO_LIMIT:
+        lane[nbytes] = found  # the size asked for finds the bin with one lookup next time
+    return found
 
 
 def host_bin_for(real: Bin) -> Bin:
@@ -622,7 +637,8 @@ class BlockCache:
     ----------
     streams : dict
         Stream handle -> {rounded size -> :class:`Bin`}; size 0 is the bin of
-        sizes above ``max_block``.
+        sizes above ``max_block``. Sizes asked for that rounding changed are
+        keys too (of their rounded size's bin; see :func:`bin_for`).
     cached, peak : int
         Bytes held now, and the most held at once (:meth:`Account.reset_peak`).
     misses : int

@@ -119,6 +119,19 @@ def resolve() -> tuple[Any, Any]:
     return _cache.driver_pair()
 
 
+#: A copy of ``_capture.active`` (see ``_cache.CAPTURING``): while zero, ``allocate``
+#: finds its bin without asking whether its stream captures.
+CAPTURING = 0
+
+
+def _capturing_changed(n: int) -> None:
+    global CAPTURING
+    CAPTURING = n
+
+
+_capture.flag_hooks.append(_capturing_changed)
+
+
 # -- buffers ---------------------------------------------------------------------------
 
 
@@ -532,8 +545,15 @@ class MemoryPool(PoolAttributes, Resource):
             sref = buffer_stream(stream)
             cus = sref._custream
         cache = self._cache
-        b = bin_for(cache, self._bin, stream._handle if sref is stream else -1,  # type: ignore[union-attr]
-                    cus, sref, nbytes)
+        if CAPTURING:  # a capture may be under way: bin_for asks the driver
+            b = bin_for(cache, self._bin, -1, cus, sref, nbytes)
+        elif cache is None:
+            b = self._bin
+        else:  # the stream's bin of this size (bin_for rounds and remembers it on a miss)
+            h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
+            lane = cache.streams.get(h)
+            found = lane.get(nbytes) if lane is not None else None
+            b = found if found is not None else bin_for(cache, self._bin, h, cus, sref, nbytes)
         buf: PoolBuffer = new_buffer(PoolBuffer, b.take(nbytes, cus), nbytes, sref, self, b)
         return buf
 

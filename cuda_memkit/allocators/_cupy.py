@@ -326,7 +326,13 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         if sref is None:
             sref = _stream_ref(refs, h)
         cus = sref._custream
-        b = bin_for(None if caches is None else caches[dev], direct[dev], h, cus, st, size)
+        if caches is None or _capture.active:  # uncached, or a capture may be under way
+            b = bin_for(None if caches is None else caches[dev], direct[dev], h, cus, st, size)
+        else:  # the stream's bin of this size (bin_for rounds and remembers it on a miss)
+            lane = caches[dev].streams.get(h)
+            found = lane.get(size) if lane is not None else None
+            b = found if found is not None else bin_for(caches[dev], direct[dev], h, cus, st,
+                                                        size)
         # CuPy's memory is the block reserved, a multiple of 512 bytes, as its own pools
         # give (CuPy's code relies on it): the bin's size, or the request rounded.
         size = b.size or round_size(size)
