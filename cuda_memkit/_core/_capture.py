@@ -175,8 +175,8 @@ class Hold:
         self.done = False
 
 
-#: Captures with graph memory handed out, by capture id (own captures: until their Graph is
-#: closed; others: while they have dropped blocks or are under way).
+#: Captures with memory kept for their graph, by capture id (own captures: from the end of
+#: the capture until their Graph is closed; others: while they have dropped blocks).
 _records: dict[int, CaptureRecord] = {}
 #: Records of captures begun by begin_capture() and not ended yet, by capture id.
 _own_open: dict[int, CaptureRecord] = {}
@@ -187,12 +187,8 @@ def record_for(cus: Any) -> CaptureRecord | None:
     ident = capture_id(cus)
     if not ident:
         return None
-    with _lock:
-        rec = _records.get(ident)
-        if rec is None:
-            rec = _own_open.get(ident) or CaptureRecord(ident, False)
-            _records[ident] = rec
-    return rec
+    with _lock:  # a foreign capture's record is kept only once it holds a dropped block
+        return _records.get(ident) or _own_open.get(ident) or CaptureRecord(ident, False)
 
 
 def _free(block: Any, cus: Any) -> Any:
@@ -233,9 +229,8 @@ def release_graph_block(rec: CaptureRecord, block: Any, cus: Any, device: int,
 def _keep(rec: CaptureRecord, block: Any, cus: Any, device: int, acct: Any,
           nbytes: int) -> None:
     acct.restore(block, nbytes)
-    with _lock:
-        rec.dropped.append((block, cus, device, acct, nbytes))
-        _records[rec.id] = rec
+    with _lock:  # one record per capture id, whichever object of it the bin held
+        _records.setdefault(rec.id, rec).dropped.append((block, cus, device, acct, nbytes))
 
 
 def has_deferred() -> bool:
