@@ -245,3 +245,37 @@ def test_pooled_pinned_memory_waits_for_the_graphs_of_our_captures(stream: cm.St
         again = cm.HostBuffer.pooled(N)  # back in its pool once the graph is gone
         again.close()
     assert np.asarray(_capture.own_open()).size == 0
+
+
+def test_copy_batch_descriptors_live_as_long_as_the_graph(
+        stream: cm.Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 64
+    offsets = np.arange(n, dtype=np.int64) * 512
+    sizes: list[int] = []
+    pooled = cm.HostBuffer.pooled
+
+    def spy(nbytes: int, *args: Any, **kwargs: Any) -> cm.HostBuffer:
+        sizes.append(nbytes)
+        return pooled(nbytes, *args, **kwargs)
+
+    with cm.HostBuffer.zeros(n * 512) as src, cm.DeviceBuffer.zeros(n * 512) as dst:
+        src.array[:] = np.arange(n * 512) % 251
+        stream.begin_capture()
+        monkeypatch.setattr(cm.HostBuffer, "pooled", spy)
+        cm.copy_batch(dst, src, dst_offsets=offsets[::-1].copy(), src_offsets=offsets,
+                      sizes=512, stream=stream, method="kernel")
+        monkeypatch.undo()
+        graph = stream.end_capture()
+        stream.synchronize()
+        assert sizes  # the kernel's descriptors are pooled pinned buffers
+        # Pinned blocks lent now, written over: never the descriptors the graph reads.
+        others = [cm.HostBuffer.pooled(k) for k in sizes for _ in range(4)]
+        for o in others:
+            o.array[:] = 0xFF
+        graph.launch(stream)
+        stream.synchronize()
+        want = src.array.reshape(n, 512)[::-1].reshape(-1)
+        assert (dst.to_numpy() == want).all()
+        for o in others:
+            o.close()
+        graph.close()

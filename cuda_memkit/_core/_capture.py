@@ -50,8 +50,8 @@ from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
            "capture_id", "end_capture", "flag_hooks", "has_deferred", "hold_until_gone",
-           "is_capturing", "note_capture", "own_open", "record_for", "release_graph_block",
-           "retry_deferred", "watch_captures"]
+           "is_capturing", "keep_for_graph", "note_capture", "own_open", "record_for",
+           "release_graph_block", "retry_deferred", "watch_captures"]
 
 #: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
@@ -151,7 +151,7 @@ class CaptureRecord:
         its holder that could not be freed yet; still in the ledger.
     """
 
-    __slots__ = ("dropped", "gone", "held", "id", "launched", "own")
+    __slots__ = ("dropped", "gone", "held", "id", "kept", "launched", "own")
 
     def __init__(self, ident: int, own: bool) -> None:
         self.id = ident
@@ -161,6 +161,8 @@ class CaptureRecord:
         self.dropped: list[tuple[Any, Any, int, Any, int]] = []
         #: Pinned blocks given back while the graph may read them (see hold_until_gone).
         self.held: list[Hold] = []
+        #: Objects the graph reads at each launch, kept alive with it (keep_for_graph).
+        self.kept: list[Any] = []
 
 
 class Hold:
@@ -233,6 +235,19 @@ def _keep(rec: CaptureRecord, block: Any, cus: Any, device: int, acct: Any,
         _records.setdefault(rec.id, rec).dropped.append((block, cus, device, acct, nbytes))
 
 
+def keep_for_graph(cus: Any, objects: list[Any]) -> None:
+    """Keep ``objects`` alive while the graph being captured on ``cus`` may run.
+
+    For what a captured launch reads in place (the copy kernel's descriptors):
+    until the graph is closed for a capture of cuda_memkit's, for the process
+    for a foreign one (its end cannot be seen). Nothing if ``cus`` does not capture.
+    """
+    rec = record_for(cus)
+    if rec is not None:
+        with _lock:
+            _records.setdefault(rec.id, rec).kept.extend(objects)
+
+
 def has_deferred() -> bool:
     """Whether kept blocks of foreign captures wait for a retry."""
     return any(r.dropped and not r.own for r in list(_records.values()))
@@ -271,7 +286,7 @@ def retry_deferred() -> int:
             with _lock:
                 rec.dropped.append(item)
         with _lock:
-            if not rec.dropped and rec.id not in _own_open:
+            if not rec.dropped and not rec.kept and rec.id not in _own_open:
                 _records.pop(rec.id, None)
     return freed
 
@@ -321,6 +336,7 @@ def _close_record(rec: CaptureRecord) -> None:
     with _lock:
         dropped, rec.dropped = rec.dropped, []
         held, rec.held = rec.held, []
+        rec.kept.clear()
         _records.pop(rec.id, None)
     for hold in held:
         if not hold.done and all(r.gone for r in hold.records):

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._checks import ADDRESS_END
 from .._core._device import ensure_any_context, ensure_peer_access
 from .._core._errors import CudaError
@@ -447,6 +447,8 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any])
         return buf.array.view(np.uint64)
 
     prep = prepare(picked, sms, pinned)
+    if _capture.active:  # a captured launch reads them at every launch of its graph
+        _capture.keep_for_graph(stream, list(held))
     launch_prepared(prep, int(prep.desc.ctypes.data), stream)
 
 
