@@ -50,7 +50,7 @@ from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
            "capture_id", "end_capture", "flag_hooks", "has_deferred", "hold_until_gone",
-           "is_capturing", "keep_for_graph", "note_capture", "own_open", "record_for",
+           "is_capturing", "keep_for_graph", "mirror", "note_capture", "own_open", "record_for",
            "release_graph_block", "retry_deferred", "watch_captures"]
 
 #: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
@@ -85,6 +85,19 @@ def _change(delta: int) -> None:
         active = max(0, active + delta)
         for hook in list(flag_hooks):
             hook(active)
+
+
+def mirror(space: dict[str, Any], name: str) -> None:
+    """Keep ``space[name]`` (a hot path module's global) equal to :data:`active`.
+
+    A module global costs the allocation paths one load; an attribute of this
+    module would cost two.
+    """
+    def hook(n: int) -> None:
+        space[name] = n
+
+    flag_hooks.append(hook)
+    hook(active)
 
 
 def note_capture(begun: bool) -> None:

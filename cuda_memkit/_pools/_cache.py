@@ -456,17 +456,10 @@ class Bin(Unshareable):
 
 # -- capture: memory a CUDA graph may use is lent to nobody else --------------------------------
 
-#: A copy of ``_capture.active`` (kept by its flag hook): while zero, no allocation asks
+#: A copy of ``_capture.active`` (``_capture.mirror``): while zero, no allocation asks
 #: the driver whether its stream captures.
 CAPTURING = 0
-
-
-def _capturing_changed(n: int) -> None:
-    global CAPTURING
-    CAPTURING = n
-
-
-_capture.flag_hooks.append(_capturing_changed)
+_capture.mirror(globals(), "CAPTURING")
 
 
 class GraphBin(Bin):

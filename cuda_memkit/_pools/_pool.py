@@ -119,17 +119,10 @@ def resolve() -> tuple[Any, Any]:
     return _cache.driver_pair()
 
 
-#: A copy of ``_capture.active`` (see ``_cache.CAPTURING``): while zero, ``allocate``
-#: finds its bin without asking whether its stream captures.
+#: A copy of ``_capture.active`` (``_capture.mirror``): while zero, ``allocate`` finds
+#: its bin without asking whether its stream captures.
 CAPTURING = 0
-
-
-def _capturing_changed(n: int) -> None:
-    global CAPTURING
-    CAPTURING = n
-
-
-_capture.flag_hooks.append(_capturing_changed)
+_capture.mirror(globals(), "CAPTURING")
 
 
 # -- buffers ---------------------------------------------------------------------------

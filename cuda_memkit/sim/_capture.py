@@ -385,10 +385,16 @@ def cuThreadExchangeStreamCaptureMode(mode: Any) -> cu.CUstreamCaptureMode:
 # -- graphs ----------------------------------------------------------------------------
 
 
-def _graph(hGraph: Any) -> SimGraph:
-    g = _graphs().get(_handle(hGraph))
-    if g is None:
+def _found(table: dict[int, Any], handle: Any) -> Any:
+    """The entry of ``handle`` in ``table``; an unknown handle is CUDA_ERROR_INVALID_VALUE."""
+    found = table.get(_handle(handle))
+    if found is None:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    return found
+
+
+def _graph(hGraph: Any) -> SimGraph:
+    g: SimGraph = _found(_graphs(), hGraph)
     return g
 
 
@@ -410,9 +416,7 @@ def cuGraphInstantiate(hGraph: Any, flags: int) -> cu.CUgraphExec:
 
 
 def _exec(hGraphExec: Any) -> SimExec:
-    e = _execs().get(_handle(hGraphExec))
-    if e is None:
-        raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+    e: SimExec = _found(_execs(), hGraphExec)
     return e
 
 
