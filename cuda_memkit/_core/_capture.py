@@ -39,12 +39,12 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._context import primary_pushed
 from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
 
@@ -72,11 +72,9 @@ _watching = False
 flag_hooks: list[Callable[[int], None]] = []
 _lock = threading.RLock()
 
-# Set by ``_device`` when it loads (it imports this module, so this one cannot import it):
-#: the ``CUstream`` of anything a ``stream=`` argument accepts (ClosedError for a closed one)
+#: Set by ``_stream`` when it loads (it imports this module, so this one cannot import it):
+#: the ``CUstream`` of anything a ``stream=`` argument accepts (ClosedError for a closed one).
 stream_of: Callable[[object], Any] | None = None
-#: a context manager with device ``n``'s primary context current
-primary: Callable[[int], AbstractContextManager[None]] | None = None
 
 
 def _change(delta: int) -> None:
@@ -355,12 +353,11 @@ def _close_record(rec: CaptureRecord) -> None:
         if not hold.done and all(r.gone for r in hold.records):
             hold.done = True
             hold.owner.give(hold.block)
-    assert primary is not None
     for block, _cus, device, acct, _nbytes in dropped:
         if acct.remove(block) is None:
             continue
         if rec.launched:
-            with primary(device):
+            with primary_pushed(device):
                 res = _driver.function("cuMemFree")(block)
             if res[0] and int(res[0]) != _INVALID_VALUE:
                 _driver.check("cuMemFree", res)
@@ -371,9 +368,8 @@ _GRAPHS = account("graph_exec")
 
 def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
     """Release function of a :class:`Graph`: its dropped memory, the exec, the graph."""
-    assert primary is not None
     try:
-        with primary(device):
+        with primary_pushed(device):
             _driver.call("cuCtxSynchronize")  # no launch of it still runs
         _close_record(rec)
     finally:
