@@ -279,3 +279,17 @@ def test_copy_batch_descriptors_live_as_long_as_the_graph(
         for o in others:
             o.close()
         graph.close()
+
+
+def test_an_invalidated_capture_leaves_nothing_behind(stream: cm.Stream) -> None:
+    with cm.MemoryPool(0, cache=True) as pool:
+        stream.begin_capture()
+        y = pool.allocate(N, stream=stream)
+        with pytest.raises(cm.CudaError, match="STREAM_CAPTURE_UNSUPPORTED"):
+            _driver.call("cuMemAlloc", N)  # not allowed during a global capture
+        with pytest.raises(cm.CudaError, match="STREAM_CAPTURE_INVALIDATED"):
+            stream.end_capture()
+        assert _capture.active == 0 and not stream.is_capturing
+        y.free()  # its graph never existed: nothing to free, nothing kept
+        assert graph_bytes() == 0
+        pool.allocate(N, stream=stream).free()  # the pool works as before

@@ -127,12 +127,18 @@ def _mode_arg(mode: object) -> int:
 # -- what the driver says about a stream ------------------------------------------------------
 
 
-def capture_id(cus: Any) -> int:
-    """The id of the capture under way on stream ``cus``; 0 when it does not capture."""
+def _capture_info(cus: Any) -> tuple[int, int]:
+    """``(status, id)`` of the capture on stream ``cus`` (status 0: none; 2: invalidated)."""
     res = _driver.function("cuStreamGetCaptureInfo")(cus)
     if res[0]:
         _driver.check("cuStreamGetCaptureInfo", res)
-    return int(res[2]) if int(res[1]) == _ACTIVE else 0
+    return int(res[1]), int(res[2])
+
+
+def capture_id(cus: Any) -> int:
+    """The id of the capture under way on stream ``cus``; 0 when it does not capture."""
+    state, ident = _capture_info(cus)
+    return ident if state == _ACTIVE else 0
 
 
 def is_capturing(cus: Any) -> bool:
@@ -318,11 +324,15 @@ def begin_capture(cus: Any, mode: object) -> None:
 def end_capture(cus: Any) -> Graph:
     """``cuStreamEndCapture`` on ``cus``, instantiated: the :class:`Graph`."""
     device = int(_driver.call("cuStreamGetDevice", cus))
-    ident = capture_id(cus)
+    ident = _capture_info(cus)[1]  # an invalidated capture too: it ends here
     with _lock:
         rec = _own_open.pop(ident, None)
     try:
         graph = _driver.call("cuStreamEndCapture", cus)
+    except BaseException:
+        if rec is not None:  # no graph: its memory went with the capture
+            _close_record(rec)
+        raise
     finally:
         if rec is not None:
             _change(-1)
