@@ -293,3 +293,23 @@ def test_an_invalidated_capture_leaves_nothing_behind(stream: cm.Stream) -> None
         y.free()  # its graph never existed: nothing to free, nothing kept
         assert graph_bytes() == 0
         pool.allocate(N, stream=stream).free()  # the pool works as before
+
+
+def test_closing_a_graph_during_another_capture_leaves_that_capture_alone(
+        stream: cm.Stream) -> None:
+    with cm.MemoryPool(0, cache=True) as pool, cm.Stream() as other:
+        stream.begin_capture()
+        y = pool.allocate(N, stream=stream)
+        memset(y.ptr, 7, stream)
+        first = stream.end_capture()
+        y.free()
+        first.launch(stream)
+        other.begin_capture()
+        first.close()  # no synchronize now: it would invalidate the capture under way
+        assert other.is_capturing
+        second = other.end_capture()
+        second.close()
+        stream.synchronize()
+        assert graph_bytes() == N  # y: freed at the next retry, on its stream
+        pool.empty_cache()
+        assert graph_bytes() == 0

@@ -44,6 +44,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._constants import STREAM_LEGACY
 from ._context import primary_pushed
 from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
@@ -214,42 +215,73 @@ def _free(block: Any, cus: Any) -> Any:
     return _driver.function("cuMemFreeAsync")(block, cus)
 
 
+def _cus_of(holder: Any) -> Any:
+    """The ``CUstream`` of a block's stream holder; ``None`` once a ``Stream`` was closed.
+
+    The holder is a ``Stream``, a ``StreamRef`` or the ``CUstream`` itself.
+    """
+    return getattr(holder, "_custream", holder)
+
+
 def _still_capturing(cus: Any, rec: CaptureRecord) -> bool:
     """Whether ``cus`` still captures ``rec``'s capture (a stream gone does not)."""
+    if cus is None:
+        return False
     try:
         return capture_id(cus) == rec.id
     except CudaError:
         return False
 
 
-def release_graph_block(rec: CaptureRecord, block: Any, cus: Any, device: int,
+def _try_free(block: Any, holder: Any, device: int) -> bool:
+    """Free a launched graph allocation after its stream's work; False: not possible now.
+
+    Not possible: the driver refuses (no launch allocated it since its last
+    free), or its stream is gone while a capture may be under way (the
+    device synchronize that would order the free could break that capture).
+    """
+    cus = _cus_of(holder)
+    if cus is None:  # its stream was closed: after everything, on the legacy stream
+        if active:
+            return False
+        with primary_pushed(device):
+            _driver.call("cuCtxSynchronize")
+            res = _free(block, _cu.CUstream(STREAM_LEGACY))
+    else:
+        res = _free(block, cus)
+    if not res[0]:
+        return True
+    if int(res[0]) != _INVALID_VALUE:
+        _driver.check("cuMemFreeAsync", res)
+    return False
+
+
+def release_graph_block(rec: CaptureRecord, block: Any, holder: Any, device: int,
                         acct: Any, nbytes: int) -> None:
     """Free graph allocation ``block`` (its ledger entry removed by the caller), or keep it.
 
-    Kept blocks go back into the ledger and into ``rec.dropped``; see the
-    module docstring for when each case frees.
+    ``holder`` is what holds the block's stream (see :func:`_cus_of`). Kept
+    blocks go back into the ledger and into ``rec.dropped``; see the module
+    docstring for when each case frees.
     """
+    cus = _cus_of(holder)
     if _still_capturing(cus, rec):  # the capture is still under way: a free node
         _driver.check("cuMemFreeAsync", _free(block, cus))
         return
     if rec.own and not rec.gone:  # the graph may still run: freed when it is closed
-        _keep(rec, block, cus, device, acct, nbytes)
+        _keep(rec, block, holder, device, acct, nbytes)
         return
     if rec.own and not rec.launched:  # closed unlaunched: the address went with the graph
         return
-    res = _free(block, cus)
-    if not res[0]:
-        return
-    if int(res[0]) != _INVALID_VALUE or rec.own:
-        _driver.check("cuMemFreeAsync", res)
-    _keep(rec, block, cus, device, acct, nbytes)  # not launched yet: tried again later
+    if not _try_free(block, holder, device):
+        _keep(rec, block, holder, device, acct, nbytes)  # tried again later
 
 
-def _keep(rec: CaptureRecord, block: Any, cus: Any, device: int, acct: Any,
+def _keep(rec: CaptureRecord, block: Any, holder: Any, device: int, acct: Any,
           nbytes: int) -> None:
     acct.restore(block, nbytes)
     with _lock:  # one record per capture id, whichever object of it the bin held
-        _records.setdefault(rec.id, rec).dropped.append((block, cus, device, acct, nbytes))
+        _records.setdefault(rec.id, rec).dropped.append((block, holder, device, acct, nbytes))
 
 
 def keep_for_graph(cus: Any, objects: list[Any]) -> None:
@@ -293,10 +325,10 @@ def retry_deferred() -> int:
         with _lock:
             dropped, rec.dropped = rec.dropped, []
         for item in dropped:
-            block, cus, _device, acct, nbytes = item
+            block, holder, device, acct, nbytes = item
             if acct.remove(block) is None:
                 continue
-            if not _free(block, cus)[0]:
+            if _try_free(block, holder, device):
                 freed += nbytes
                 continue
             acct.restore(block, nbytes)
@@ -351,8 +383,13 @@ def end_capture(cus: Any) -> Graph:
     return Graph._made(int(graph), int(exe), device, rec)
 
 
-def _close_record(rec: CaptureRecord) -> None:
-    """The graph is gone: free what its holders dropped (after a launch allocated it)."""
+def _close_record(rec: CaptureRecord, synced: bool = True) -> None:
+    """The graph is gone: free what its holders dropped, give back the pinned blocks it held.
+
+    ``synced``: no launch of the graph still runs (the device was synchronized);
+    otherwise the dropped blocks a launch allocated are freed by a later
+    :func:`retry_deferred`, on their streams.
+    """
     rec.gone = True
     with _lock:
         dropped, rec.dropped = rec.dropped, []
@@ -363,14 +400,19 @@ def _close_record(rec: CaptureRecord) -> None:
         if not hold.done and all(r.gone for r in hold.records):
             hold.done = True
             hold.owner.give(hold.block)
-    for block, _cus, device, acct, _nbytes in dropped:
-        if acct.remove(block) is None:
-            continue
-        if rec.launched:
-            with primary_pushed(device):
-                res = _driver.function("cuMemFree")(block)
-            if res[0] and int(res[0]) != _INVALID_VALUE:
-                _driver.check("cuMemFree", res)
+    if not rec.launched:  # nothing was ever allocated: the addresses went with the graph
+        for block, _holder, _device, acct, _nbytes in dropped:
+            acct.remove(block)
+        return
+    if not synced:
+        rec.own = False  # freed as a foreign graph's, once they can be
+        with _lock:
+            rec.dropped.extend(dropped)
+            _records[rec.id] = rec
+        return
+    for block, holder, device, acct, _nbytes in dropped:
+        if acct.remove(block) is not None:
+            _try_free(block, holder, device)  # refused: not allocated (nothing to free)
 
 
 _GRAPHS = account("graph_exec")
@@ -379,9 +421,11 @@ _GRAPHS = account("graph_exec")
 def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
     """Release function of a :class:`Graph`: its dropped memory, the exec, the graph."""
     try:
-        with primary_pushed(device):
-            _driver.call("cuCtxSynchronize")  # no launch of it still runs
-        _close_record(rec)
+        synced = not active  # a synchronize would break a capture under way
+        if synced:
+            with primary_pushed(device):
+                _driver.call("cuCtxSynchronize")  # no launch of it still runs
+        _close_record(rec, synced)
     finally:
         _GRAPHS.remove(exe)
         try:

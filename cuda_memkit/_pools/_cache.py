@@ -483,8 +483,9 @@ class GraphBin(Bin):
                 if res[0]:
                     _driver.check("cuMemFreeAsync", res)
                 return
-            _capture.release_graph_block(self.record, block, self.cus, self.device or 0,
-                                         self.account, n)
+            _capture.release_graph_block(self.record, block,
+                                         self.cus if sref is None else sref,
+                                         self.device or 0, self.account, n)
         except BaseException:
             if block not in self.account.live:
                 self.account.restore(block, n, on)
