@@ -313,3 +313,28 @@ def test_closing_a_graph_during_another_capture_leaves_that_capture_alone(
         assert graph_bytes() == N  # y: freed at the next retry, on its stream
         pool.empty_cache()
         assert graph_bytes() == 0
+
+
+def test_a_pageable_copy_is_captured_by_the_driver_not_staged(stream: cm.Stream) -> None:
+    before = cm.staging_settings()
+    cm.configure_staging(threshold=1 << 16)
+    try:
+        a = np.full(4 * N, 3, np.uint8)
+        with cm.DeviceBuffer.zeros(4 * N) as d:
+            cm.copy(d, np.zeros_like(a))  # the staging ring exists now (made outside)
+            stream.begin_capture()
+            try:
+                cm.copy_async(d, a, stream=stream, allow_pageable=True)
+            except cm.CudaError:  # a driver that refuses pageable memory in a capture
+                with pytest.raises(cm.CudaError):
+                    stream.end_capture()
+                return
+            graph = stream.end_capture()
+            assert not d.to_numpy().any()  # nothing copied at capture time
+            a[:] = 5
+            graph.launch(stream)
+            stream.synchronize()
+            assert (d.to_numpy() == 5).all()  # the array as it is at the launch
+            graph.close()
+    finally:
+        cm.configure_staging(threshold=before.threshold)
