@@ -50,9 +50,10 @@ from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
-           "capture_id", "end_capture", "flag_hooks", "has_deferred", "hold_until_gone",
-           "is_capturing", "keep_for_graph", "mirror", "note_capture", "own_open", "record_for",
-           "release_graph_block", "retry_deferred", "watch_captures"]
+           "capture_id", "capture_may_run", "end_capture", "flag_hooks", "has_deferred",
+           "hold_until_gone", "is_capturing", "keep_for_graph", "mirror", "note_capture",
+           "own_open", "record_for", "relaxed", "release_graph_block", "retry_deferred",
+           "watch_captures"]
 
 #: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
@@ -86,6 +87,25 @@ def _change(delta: int) -> None:
             hook(active)
 
 
+class relaxed:
+    """The calling thread's capture mode relaxed for a block (cuThreadExchangeStreamCaptureMode).
+
+    A capture in global mode makes the driver refuse, and invalidates the
+    capture for, calls such as ``cuMemAllocFromPoolAsync`` on another stream;
+    cuda_memkit's own allocations that are not part of the graph (a pinned
+    block for a descriptor) are made relaxed, as PyTorch does around its own.
+    """
+
+    __slots__ = ("old",)
+
+    def __enter__(self) -> None:
+        self.old = _driver.call("cuThreadExchangeStreamCaptureMode",
+                                _cu.CUstreamCaptureMode(CAPTURE_MODES["relaxed"]))
+
+    def __exit__(self, *exc: object) -> None:
+        _driver.call("cuThreadExchangeStreamCaptureMode", self.old)
+
+
 def mirror(space: dict[str, Any], name: str) -> None:
     """Keep ``space[name]`` (a hot path module's global) equal to :data:`active`.
 
@@ -97,6 +117,33 @@ def mirror(space: dict[str, Any], name: str) -> None:
 
     flag_hooks.append(hook)
     hook(active)
+
+
+#: Streams seen capturing a capture cuda_memkit did not begin or hear of (an allocation on
+#: them asked the driver, under watch_captures): ``CUstream`` objects, while they capture.
+_seen: dict[int, Any] = {}
+
+
+def capture_may_run() -> bool:
+    """Whether a capture may be under way now, as far as cuda_memkit knows.
+
+    Ours (``begin_capture``), CuPy's (announced), and foreign ones an
+    allocation saw (asked again here: the driver answers
+    ``cuStreamGetCaptureInfo`` during any capture). While one may run, no
+    call that the driver refuses during a global capture is made for
+    cuda_memkit's own bookkeeping (event queries, frees on other streams, a
+    device synchronize): it would invalidate that capture.
+    """
+    if active - _watching > 0:
+        return True
+    for h, cus in list(_seen.items()):
+        try:
+            if capture_id(cus):
+                return True
+        except CudaError:  # the stream is gone
+            pass
+        _seen.pop(h, None)
+    return False
 
 
 def note_capture(begun: bool) -> None:
@@ -169,11 +216,12 @@ class CaptureRecord:
         its holder that could not be freed yet; still in the ledger.
     """
 
-    __slots__ = ("dropped", "gone", "held", "id", "kept", "launched", "own")
+    __slots__ = ("device", "dropped", "gone", "held", "id", "kept", "launched", "own")
 
-    def __init__(self, ident: int, own: bool) -> None:
+    def __init__(self, ident: int, own: bool, device: int = 0) -> None:
         self.id = ident
         self.own = own
+        self.device = device
         self.launched = False
         self.gone = False
         self.dropped: list[tuple[Any, Any, int, Any, int]] = []
@@ -208,7 +256,12 @@ def record_for(cus: Any) -> CaptureRecord | None:
     if not ident:
         return None
     with _lock:  # a foreign capture's record is kept only once it holds a dropped block
-        return _records.get(ident) or _own_open.get(ident) or CaptureRecord(ident, False)
+        rec = _records.get(ident) or _own_open.get(ident)
+        if rec is None:
+            rec = CaptureRecord(ident, False)
+            if _watching:
+                _seen[id(cus)] = cus
+        return rec
 
 
 def _free(block: Any, cus: Any) -> Any:
@@ -242,7 +295,7 @@ def _try_free(block: Any, holder: Any, device: int) -> bool:
     """
     cus = _cus_of(holder)
     if cus is None:  # its stream was closed: after everything, on the legacy stream
-        if active:
+        if capture_may_run():
             return False
         with primary_pushed(device):
             _driver.call("cuCtxSynchronize")
@@ -273,7 +326,7 @@ def release_graph_block(rec: CaptureRecord, block: Any, holder: Any, device: int
         return
     if rec.own and not rec.launched:  # closed unlaunched: the address went with the graph
         return
-    if not _try_free(block, holder, device):
+    if capture_may_run() or not _try_free(block, holder, device):
         _keep(rec, block, holder, device, acct, nbytes)  # tried again later
 
 
@@ -317,8 +370,13 @@ def hold_until_gone(records: list[CaptureRecord], owner: Any, block: Any) -> Non
 
 
 def retry_deferred() -> int:
-    """Free the kept blocks of foreign captures that can be freed now; the bytes freed."""
+    """Free the kept blocks of foreign captures that can be freed now; the bytes freed.
+
+    Nothing while a capture may be under way (:func:`capture_may_run`).
+    """
     freed = 0
+    if capture_may_run():
+        return 0
     with _lock:
         records = [r for r in _records.values() if r.dropped and not r.own]
     for rec in records:
@@ -346,19 +404,22 @@ def retry_deferred() -> int:
 def begin_capture(cus: Any, mode: object) -> None:
     """``cuStreamBeginCapture`` on ``cus`` in ``mode`` (checked first)."""
     code = _mode_arg(mode)
+    device = int(_driver.call("cuStreamGetDevice", cus))  # refused once the stream captures
     _driver.call("cuStreamBeginCapture", cus, _cu.CUstreamCaptureMode(code))
     ident = capture_id(cus)
     with _lock:
-        _own_open[ident] = CaptureRecord(ident, True)
+        _own_open[ident] = CaptureRecord(ident, True, device)
     _change(1)
 
 
 def end_capture(cus: Any) -> Graph:
     """``cuStreamEndCapture`` on ``cus``, instantiated: the :class:`Graph`."""
-    device = int(_driver.call("cuStreamGetDevice", cus))
     ident = _capture_info(cus)[1]  # an invalidated capture too: it ends here
     with _lock:
         rec = _own_open.pop(ident, None)
+    # cuStreamGetDevice is refused while the stream captures: the device noted at the
+    # beginning, or (a capture begun elsewhere) the current context's.
+    device = rec.device if rec is not None else int(_driver.call("cuCtxGetDevice"))
     try:
         graph = _driver.call("cuStreamEndCapture", cus)
     except BaseException:
@@ -369,7 +430,7 @@ def end_capture(cus: Any) -> Graph:
         if rec is not None:
             _change(-1)
     if rec is None:  # a capture someone else began: its graph is ours now all the same
-        rec = CaptureRecord(ident, True)
+        rec = CaptureRecord(ident, True, device)
     with _lock:
         _records.setdefault(rec.id, rec)
         rec = _records[rec.id]
@@ -421,7 +482,7 @@ _GRAPHS = account("graph_exec")
 def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
     """Release function of a :class:`Graph`: its dropped memory, the exec, the graph."""
     try:
-        synced = not active  # a synchronize would break a capture under way
+        synced = not capture_may_run()  # a synchronize would break a capture under way
         if synced:
             with primary_pushed(device):
                 _driver.call("cuCtxSynchronize")  # no launch of it still runs

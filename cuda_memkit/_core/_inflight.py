@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from . import _driver
+from . import _capture, _driver
 from ._constants import EVENT_DISABLE_TIMING
 from ._context import ensure_any_context
 from ._device import sync_hooks
@@ -65,6 +65,8 @@ def reap_pending() -> None:
     """Drop the operands of asynchronous copies that have finished."""
     if not pending_operands or getattr(_changing, "on", False):
         return
+    if _capture.active and _capture.capture_may_run():
+        return  # an event query during a global capture would invalidate it: later
     done: list[list[Any]] = []
     with _pending_lock:
         _changing.on = True

@@ -500,7 +500,9 @@ class HeldBin(Bin):
 
     A block taken while cuda_memkit's own captures are under way may be
     baked into them (a captured copy from a pooled pinned buffer): it goes
-    back to its real bin only once every one of those graphs was closed.
+    back to its real bin only once every one of those graphs was closed. Its
+    driver calls (a miss, a free) are made in relaxed capture mode: in
+    global mode the driver refuses them during any capture.
     """
 
     __slots__ = ("real", "records")
@@ -511,8 +513,9 @@ class HeldBin(Bin):
         self.records = records
 
     def take(self, nbytes: int, cus: Any) -> Any:
-        """A block of the real bin."""
-        return self.real.take(nbytes, cus)
+        """A block of the real bin (a miss allocates in relaxed capture mode)."""
+        with _capture.relaxed():
+            return self.real.take(nbytes, cus)
 
     def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
              ) -> None:
@@ -521,7 +524,8 @@ class HeldBin(Bin):
         if live and on is None:
             _capture.hold_until_gone(live, self.real, block)
             return
-        self.real.give(block, sref, on)
+        with _capture.relaxed():
+            self.real.give(block, sref, on)
 
 
 #: Most keys of one stream's bins (rounded sizes, and the sizes asked for that
@@ -579,10 +583,8 @@ def host_bin_for(real: Bin) -> Bin:
 
     The latter while a capture begun by cuda_memkit is under way.
     """
-    if CAPTURING:
-        records = _capture.own_open()
-        if records:
-            return HeldBin(real, records)
+    if CAPTURING:  # (no records: a foreign capture; only the relaxed mode applies)
+        return HeldBin(real, _capture.own_open())
     return real
 
 
