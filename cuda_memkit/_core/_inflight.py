@@ -239,7 +239,8 @@ def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
         # current): wait for the copy rather than risk freeing memory under it.
         _driver.call("cuStreamSynchronize", stream)
         return
-    if _event_done(ev):
+    # (No query while a capture may run: in global mode it would invalidate the capture.)
+    if not (_capture.active and _capture.capture_may_run()) and _event_done(ev):
         _destroy_event(ev)
         return
     with _pending_lock:

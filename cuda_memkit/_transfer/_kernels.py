@@ -39,7 +39,7 @@ import threading
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
+from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute, CUstream
 
 from .._core import _capture, _driver
 from .._core._checks import ADDRESS_END
@@ -239,7 +239,10 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
             return []
     ensure_any_context()
     device = int(_driver.call("cuCtxGetDevice"))
-    on = int(_driver.call("cuStreamGetDevice", stream))
+    if _capture.active and _capture.capture_id(CUstream(stream)):
+        on = device  # the driver refuses cuStreamGetDevice on a capturing stream
+    else:
+        on = int(_driver.call("cuStreamGetDevice", stream))
     if on != device:
         if method == "kernel":
             raise ValueError(

@@ -28,8 +28,9 @@ Graph memory (the driver's rules, as the conformance cases record them):
 While a capture other than a relaxed one is under way, calls that could
 synchronize with it (``UNSAFE``) are refused with
 ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`` and invalidate the capture, as do a
-synchronize or query of the capturing stream itself; a thread whose capture
-mode is relaxed (``cuThreadExchangeStreamCaptureMode``) may make them.
+synchronize or query of the capturing stream itself and ``cuCtxSynchronize``
+(in every mode); a thread whose capture mode is relaxed
+(``cuThreadExchangeStreamCaptureMode``) may make the others.
 """
 
 from __future__ import annotations
@@ -78,8 +79,14 @@ STREAM_ARG = {
     "cuStreamAttachMemAsync": 0,
 }
 #: Calls that could synchronize with a capture: refused during one (unless relaxed).
+#: Calls the H200 refuses during a capture other than a relaxed one (G_calls_during_capture:
+#: cuMemAlloc, cuMemFree, cuMemHostAlloc, cuStreamSynchronize and cuStreamQuery of another
+#: stream, stream-ordered allocations and frees on another stream; the event waits and
+#: queries are assumed alike). Each refusal invalidates the capture.
 UNSAFE = frozenset({"cuMemAlloc", "cuMemAllocManaged", "cuMemHostAlloc", "cuMemAllocHost",
-                    "cuCtxSynchronize"})
+                    "cuMemFree", "cuMemFreeHost", "cuEventQuery", "cuEventSynchronize",
+                    "cuStreamSynchronize", "cuStreamQuery", "cuMemAllocAsync",
+                    "cuMemAllocFromPoolAsync", "cuMemFreeAsync"})
 
 
 @dataclass
@@ -193,23 +200,28 @@ def record(handle: int, job: Any) -> bool:
 def _gate(name: str, fn: Any, args: tuple[Any, ...]) -> Any:
     """Decide a call made while some stream captures (see the module docstring)."""
     caps = _captures()
-    if name in UNSAFE:
+    if name == "cuCtxSynchronize":  # it would wait for a capturing stream: refused in any mode
+        active = [c for c in caps.values() if c.status == ACTIVE]
+        if active:
+            for c in active:
+                _invalidate(c)
+            raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        return S.NOT_CAPTURED
+    if name in ("cuStreamSynchronize", "cuStreamQuery", "cuStreamGetDevice"):
+        cap = caps.get(_handle(args[0]))
+        if cap is not None:  # of the capturing stream itself
+            if name != "cuStreamGetDevice":
+                _invalidate(cap)
+            raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    if name in ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"):
+        cap = caps.get(_handle(args[-1]))
+        if cap is not None:
+            return cu.CUdeviceptr(_alloc_node(cap, name, args))
+    if name in UNSAFE and not (name == "cuMemFreeAsync" and _handle(args[1]) in caps):
         cap = _prohibited()
         if cap is not None:
             _invalidate(cap)
             raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-        return S.NOT_CAPTURED
-    if name in ("cuStreamSynchronize", "cuStreamQuery"):
-        cap = caps.get(_handle(args[0]))
-        if cap is not None:
-            _invalidate(cap)
-            raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-        return S.NOT_CAPTURED
-    if name in ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"):
-        cap = caps.get(_handle(args[-1]))
-        if cap is None:
-            return S.NOT_CAPTURED
-        return cu.CUdeviceptr(_alloc_node(cap, name, args))
     if name == "cuMemFree":
         ga = _graph_mem().get(int(args[0]))
         if ga is None:
@@ -351,9 +363,8 @@ def _capture_status(hStream: Any) -> Capture | None:
         blocking = [c for c in _captures().values() if c.status == ACTIVE
                     and m.streams[c.stream].flags == 0]
         if h in (0, 1) and blocking:
-            # The legacy stream would synchronize with the capturing blocking streams.
-            for c in blocking:
-                _invalidate(c)
+            # The legacy stream would synchronize with the capturing blocking streams; the
+            # capture goes on (G_capture_legacy_query).
             raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
     return _captures().get(h)
 
@@ -491,13 +502,21 @@ _RES, _RES_HIGH = (int(_GM.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
                    int(_GM.CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH))
 
 
+#: Graph memory is mapped in chunks of this size (G_alloc_free_nodes: 32 MiB for two 1 MiB
+#: allocations).
+GRAPH_CHUNK = 32 << 20
+
+
 def _usage(ordinal: int) -> tuple[int, int]:
-    used = reserved = 0
-    for ga in _graph_mem().values():
-        if ga.device == ordinal:
-            used += ga.size if ga.allocated else 0
-            reserved += ga.size if ga.reserved else 0
-    return used, reserved
+    """(used, reserved) graph memory of a device.
+
+    On the H200 both count the memory mapped for graph allocations, freed or
+    not, until ``cuDeviceGraphMemTrim`` (G_alloc_free_nodes).
+    """
+    reserved = sum(ga.size for ga in _graph_mem().values()
+                   if ga.device == ordinal and ga.reserved)
+    mapped = -(-reserved // GRAPH_CHUNK) * GRAPH_CHUNK
+    return mapped, mapped
 
 
 class _Highs:
