@@ -38,6 +38,13 @@ def graph_bytes() -> int:
     return sum(a.current for a in list(_resource.LEDGER.values()) if a.kind == "graph")
 
 
+
+@pytest.fixture(autouse=True)
+def trim_graph_memory() -> Iterator[None]:
+    """Graph memory a test freed goes back to the system before the leak check reads it."""
+    yield
+    _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
+
 # -- the API ------------------------------------------------------------------------------
 
 

@@ -9,8 +9,10 @@ to anyone else while the graph may run; CuPy's memory sizes are multiples of
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
+from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit import allocators
@@ -22,6 +24,13 @@ if _driver.backend_name() == "sim":
 pytestmark = pytest.mark.framework_kernels
 
 N = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def trim_graph_memory() -> Iterator[None]:
+    """Graph memory a test freed goes back to the system before the leak check reads it."""
+    yield
+    _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
 
 
 def graph_bytes() -> int:

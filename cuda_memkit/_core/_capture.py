@@ -379,6 +379,7 @@ def retry_deferred() -> int:
         return 0
     with _lock:
         records = [r for r in _records.values() if r.dropped and not r.own]
+    devices: set[int] = set()
     for rec in records:
         with _lock:
             dropped, rec.dropped = rec.dropped, []
@@ -388,6 +389,7 @@ def retry_deferred() -> int:
                 continue
             if _try_free(block, holder, device):
                 freed += nbytes
+                devices.add(device)
                 continue
             acct.restore(block, nbytes)
             with _lock:
@@ -395,6 +397,8 @@ def retry_deferred() -> int:
         with _lock:
             if not rec.dropped and not rec.kept and rec.id not in _own_open:
                 _records.pop(rec.id, None)
+    for device in devices:  # the driver keeps freed graph memory mapped until asked
+        _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
     return freed
 
 
@@ -480,9 +484,14 @@ _GRAPHS = account("graph_exec")
 
 
 def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
-    """Release function of a :class:`Graph`: its dropped memory, the exec, the graph."""
+    """Release function of a :class:`Graph`: its dropped memory, the exec, the graph.
+
+    Then, unless a capture may be under way, the graph memory the device no
+    longer uses goes back to the system (``cuDeviceGraphMemTrim``): the driver
+    keeps it mapped, in 32 MiB chunks, until asked.
+    """
+    synced = not capture_may_run()  # a synchronize would break a capture under way
     try:
-        synced = not capture_may_run()  # a synchronize would break a capture under way
         if synced:
             with primary_pushed(device):
                 _driver.call("cuCtxSynchronize")  # no launch of it still runs
@@ -493,6 +502,8 @@ def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> Non
             _driver.call("cuGraphExecDestroy", _cu.CUgraphExec(exe))
         finally:
             _driver.call("cuGraphDestroy", _cu.CUgraph(graph))
+    if synced:
+        _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
 
 
 #: Open graphs (tests and the leak report find them here).
