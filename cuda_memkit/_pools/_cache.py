@@ -588,7 +588,7 @@ def host_bin_for(real: Bin) -> Bin:
 
     The latter while a capture begun by cuda_memkit is under way.
     """
-    if CAPTURING:  # (no records: a foreign capture; only the relaxed mode applies)
+    if CAPTURING and _capture.capture_may_run():  # (no records of ours: relaxed mode only)
         return HeldBin(real, _capture.own_open())
     return real
 
