@@ -345,3 +345,21 @@ def test_a_pageable_copy_is_captured_by_the_driver_not_staged(stream: cm.Stream)
             graph.close()
     finally:
         cm.configure_staging(threshold=before.threshold)
+
+
+def test_a_copy_batch_executed_again_can_be_captured(stream: cm.Stream) -> None:
+    n = 16
+    offsets = np.arange(n, dtype=np.int64) * 512
+    with cm.HostBuffer.zeros(n * 512) as src, cm.DeviceBuffer.zeros(n * 512) as dst, \
+            cm.CopyBatch() as batch:
+        batch.add(dst, src, dst_offsets=offsets, src_offsets=offsets, sizes=512)
+        batch.execute(stream=stream, method="kernel")  # picked once, outside the capture
+        stream.synchronize()
+        src.array[:] = 4
+        stream.begin_capture()
+        batch.execute(stream=stream, method="kernel")
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        assert (dst.to_numpy() == 4).all()
+        graph.close()
