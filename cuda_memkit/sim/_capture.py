@@ -222,6 +222,11 @@ def _gate(name: str, fn: Any, args: tuple[Any, ...]) -> Any:
         if cap is not None:
             _invalidate(cap)
             raise Fail(R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    if name == "cuPointerGetAttribute":  # a graph allocation exists from a launch on
+        ga = _graph_mem().get(int(args[1]))
+        if ga is not None and not ga.allocated:
+            raise Fail(R.CUDA_ERROR_INVALID_VALUE)
+        return S.NOT_CAPTURED
     if name == "cuMemFree":
         ga = _graph_mem().get(int(args[0]))
         if ga is None:

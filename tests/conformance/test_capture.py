@@ -86,6 +86,8 @@ def test_free_nodes_need_graph_allocations(s: int) -> None:  # G_alloc_free_node
     expect(INVALID, "cuMemFreeAsync", pre, s)  # not a graph allocation
     expect(INVALID, "cuMemFreeAsync", dev, s)
     graph = _driver.call("cuStreamEndCapture", s)
+    expect(INVALID, "cuPointerGetAttribute",  # no memory behind it before a launch
+           cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a)
     exe = _driver.call("cuGraphInstantiate", graph, 0)
     for _ in range(2):  # freed by the graph: it can run again
         _driver.call("cuGraphLaunch", exe, s)
