@@ -363,3 +363,14 @@ def test_a_copy_batch_executed_again_can_be_captured(stream: cm.Stream) -> None:
         stream.synchronize()
         assert (dst.to_numpy() == 4).all()
         graph.close()
+
+
+def test_memory_from_before_a_capture_freed_during_it_goes_after_it(stream: cm.Stream) -> None:
+    with cm.MemoryPool(0) as pool:  # no cache: a free is a driver call
+        y = pool.allocate(N, stream=stream)
+        stream.begin_capture()
+        y.free()  # the driver refuses this free on a capturing stream: made after the capture
+        assert stream.is_capturing
+        graph = stream.end_capture()
+        assert not _resource.account("pool", 0, pool.handle).live  # freed now
+        graph.close()

@@ -50,7 +50,8 @@ from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
-           "capture_id", "capture_may_run", "end_capture", "flag_hooks", "has_deferred",
+           "capture_id", "capture_may_run", "end_capture", "flag_hooks", "give_later",
+           "has_deferred",
            "hold_until_gone", "is_capturing", "keep_for_graph", "mirror", "note_capture",
            "own_open", "record_for", "relaxed", "release_graph_block", "retry_deferred",
            "watch_captures"]
@@ -350,9 +351,20 @@ def keep_for_graph(cus: Any, objects: list[Any]) -> None:
             _records.setdefault(rec.id, rec).kept.extend(objects)
 
 
+#: Gives of ordinary pool blocks made on a capturing stream: ``(bin, block, stream holder)``,
+#: made again by :func:`retry_deferred` once no capture may run.
+_later: list[tuple[Any, Any, Any]] = []
+
+
+def give_later(owner: Any, block: Any, holder: Any) -> None:
+    """``owner.give(block, holder)`` once no capture may run (see :data:`_later`)."""
+    with _lock:
+        _later.append((owner, block, holder))
+
+
 def has_deferred() -> bool:
-    """Whether kept blocks of foreign captures wait for a retry."""
-    return any(r.dropped and not r.own for r in list(_records.values()))
+    """Whether kept blocks of foreign captures, or gives made during a capture, wait."""
+    return bool(_later) or any(r.dropped and not r.own for r in list(_records.values()))
 
 
 def own_open() -> list[CaptureRecord]:
@@ -378,7 +390,10 @@ def retry_deferred() -> int:
     if capture_may_run():
         return 0
     with _lock:
+        later, _later[:] = list(_later), []
         records = [r for r in _records.values() if r.dropped and not r.own]
+    for owner, block, holder in later:
+        owner.give(block, holder)
     devices: set[int] = set()
     for rec in records:
         with _lock:
@@ -445,7 +460,10 @@ def end_capture(cus: Any) -> Graph:
         _driver.call("cuGraphDestroy", graph)
         _close_record(rec)
         raise
-    return Graph._made(int(graph), int(exe), device, rec)
+    made = Graph._made(int(graph), int(exe), device, rec)
+    if _later:  # frees made on the stream while it captured: now
+        retry_deferred()
+    return made
 
 
 def _close_record(rec: CaptureRecord, synced: bool = True) -> None:

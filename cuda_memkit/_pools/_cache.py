@@ -405,6 +405,13 @@ class Bin(Unshareable):
             n = self.account.remove(block, on_ledger)
             if n is None:
                 return
+            if (CAPTURING and cache is None and on is None and on_ledger is not None
+                    and _capture.capture_id(on_ledger)):
+                # Memory from before the capture, freed on the capturing stream: the driver
+                # refuses (only graph memory has free nodes); freed once the capture ended.
+                self.account.restore(block, n, on_ledger)
+                _capture.give_later(self, block, sref)
+                return
         # To the driver (cuMemFreeAsync): on the stream named, on the giver's stream (a bin
         # without a cache), or on the bin's (after it once it is gone).
         device = self.device
