@@ -354,6 +354,9 @@ def keep_for_graph(cus: Any, objects: list[Any]) -> None:
 #: Gives of ordinary pool blocks made on a capturing stream: ``(bin, block, stream holder)``,
 #: made again by :func:`retry_deferred` once no capture may run.
 _later: list[tuple[Any, Any, Any]] = []
+#: Graphs closed while a capture may have been under way: ``(exec, graph, device)``,
+#: destroyed by :func:`retry_deferred` once no capture may run.
+_doomed: list[tuple[int, int, int]] = []
 
 
 def give_later(owner: Any, block: Any, holder: Any) -> None:
@@ -364,7 +367,8 @@ def give_later(owner: Any, block: Any, holder: Any) -> None:
 
 def has_deferred() -> bool:
     """Whether kept blocks of foreign captures, or gives made during a capture, wait."""
-    return bool(_later) or any(r.dropped and not r.own for r in list(_records.values()))
+    return bool(_later or _doomed) or any(r.dropped and not r.own
+                                          for r in list(_records.values()))
 
 
 def own_open() -> list[CaptureRecord]:
@@ -391,9 +395,14 @@ def retry_deferred() -> int:
         return 0
     with _lock:
         later, _later[:] = list(_later), []
+        doomed, _doomed[:] = list(_doomed), []
         records = [r for r in _records.values() if r.dropped and not r.own]
     for owner, block, holder in later:
         owner.give(block, holder)
+    for exe, graph, device in doomed:
+        with primary_pushed(device):
+            _driver.call("cuCtxSynchronize")  # its last launch is done
+        _destroy_now(exe, graph, device)
     devices: set[int] = set()
     for rec in records:
         with _lock:
@@ -461,7 +470,7 @@ def end_capture(cus: Any) -> Graph:
         _close_record(rec)
         raise
     made = Graph._made(int(graph), int(exe), device, rec)
-    if _later:  # frees made on the stream while it captured: now
+    if _later or _doomed:  # what waited for the capture to end: now
         retry_deferred()
     return made
 
@@ -504,24 +513,32 @@ _GRAPHS = account("graph_exec")
 def _destroy_graph(exe: int, graph: int, device: int, rec: CaptureRecord) -> None:
     """Release function of a :class:`Graph`: its dropped memory, the exec, the graph.
 
-    Then, unless a capture may be under way, the graph memory the device no
-    longer uses goes back to the system (``cuDeviceGraphMemTrim``): the driver
-    keeps it mapped, in 32 MiB chunks, until asked.
+    Then the graph memory the device no longer uses goes back to the system
+    (``cuDeviceGraphMemTrim``): the driver keeps it mapped, in 32 MiB chunks,
+    until asked. While a capture may be under way none of these driver calls
+    is made (one could invalidate that capture): the graph is destroyed, and
+    its memory freed, at a later :func:`retry_deferred`.
     """
-    synced = not capture_may_run()  # a synchronize would break a capture under way
+    _GRAPHS.remove(exe)
+    if capture_may_run():
+        _close_record(rec, synced=False)
+        with _lock:
+            _doomed.append((exe, graph, device))
+        return
     try:
-        if synced:
-            with primary_pushed(device):
-                _driver.call("cuCtxSynchronize")  # no launch of it still runs
-        _close_record(rec, synced)
+        with primary_pushed(device):
+            _driver.call("cuCtxSynchronize")  # no launch of it still runs
+        _close_record(rec)
     finally:
-        _GRAPHS.remove(exe)
-        try:
-            _driver.call("cuGraphExecDestroy", _cu.CUgraphExec(exe))
-        finally:
-            _driver.call("cuGraphDestroy", _cu.CUgraph(graph))
-    if synced:
-        _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
+        _destroy_now(exe, graph, device)
+
+
+def _destroy_now(exe: int, graph: int, device: int) -> None:
+    try:
+        _driver.call("cuGraphExecDestroy", _cu.CUgraphExec(exe))
+    finally:
+        _driver.call("cuGraphDestroy", _cu.CUgraph(graph))
+    _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
 
 
 #: Open graphs (tests and the leak report find them here).
