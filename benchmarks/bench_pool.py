@@ -37,7 +37,11 @@ Targets (all in the same run, each against its floor with the ledger):
 
 * the cached pool pair ``MemoryPool(cache=True).allocate(1 MiB, stream=s).free()``
   and the uncached pair ``MemoryPool.allocate(1 MiB, stream=s).free()`` <= 1.5x;
-* ``HostBuffer.pooled(4096).close()`` <= 2x.
+* ``HostBuffer.pooled(4096).close()`` <= 2x;
+* the cached pool pair <= 1.03x the same pair without its capture check
+  (``MemoryPool.allocate`` compiled again from its source with the
+  ``if CAPTURING:`` test left out: what asking "may a capture be under way?"
+  costs an allocation that is not captured).
 
 Each target row ends in OK, MISS or BLOCKED: BLOCKED is a miss while the
 ablation row "+ promises" (the promised work alone) is itself above the bound;
@@ -81,6 +85,35 @@ from rmm_rows import (
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
+
+
+def without_capture_check(method: Any) -> Any:
+    """``method`` (``MemoryPool.allocate``) compiled again without its ``if CAPTURING:`` test.
+
+    The same source, its capture branch replaced by what runs when no capture
+    may be under way: the ablation the capture check is measured against.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+
+    class Drop(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> Any:
+            self.generic_visit(node)
+            if isinstance(node.test, ast.Name) and node.test.id == "CAPTURING":
+                return node.orelse
+            return node
+
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    fn.decorator_list = []
+    new = ast.fix_missing_locations(Drop().visit(tree))
+    assert "CAPTURING" not in ast.unparse(new), "no capture check found to leave out"
+    space = dict(sys.modules[method.__module__].__dict__)
+    exec(compile(new, inspect.getsourcefile(method) or "<allocate>", "exec"), space)
+    return space[method.__name__]
 
 
 def competitors(simulated: bool) -> dict[str, Any]:
@@ -171,6 +204,12 @@ def main() -> None:
     def memkit_cached(k: int) -> None:
         for _ in range(k):
             cached_allocate(nbytes, stream=s).free()
+
+    unchecked_allocate = without_capture_check(cm.MemoryPool.allocate).__get__(cached_pool)
+
+    def memkit_cached_unchecked(k: int) -> None:
+        for _ in range(k):
+            unchecked_allocate(nbytes, stream=s).free()
 
     # The least a pure-Python cache with this API can cost: a free list per (stream,
     # size rounded to 512 B) looked up in a dict, a slotted object holding its block and
@@ -324,11 +363,13 @@ def main() -> None:
          "floor": floor_device, "floor kept del": floor_kept_del,
          "memkit cached": memkit_cached, "cupy MemoryPool": cupy_caching,
          "floor cached": floor_cached, "floor cached + ledger": floor_cached_ledger,
-         "floor + ledger": floor_device_ledger, **ablations},
+         "floor + ledger": floor_device_ledger, "memkit cached, no capture check":
+         memkit_cached_unchecked, **ablations},
         dict.fromkeys(("raw", "memkit", "cupy", "cuda.core", "torch", "raw default",
                        "memkit default", "cupy pool", "floor", "floor kept del",
                        "memkit cached", "cupy MemoryPool", "floor cached",
-                       "floor cached + ledger", "floor + ledger", *ablations), n_dev),
+                       "floor cached + ledger", "floor + ledger",
+                       "memkit cached, no capture check", *ablations), n_dev),
         samples, sync, 6)
     for blocks in [*(b for lists in (floor_lists, ledger_floor_lists)
                      for sb in lists.values() for b in sb.values()),
@@ -483,6 +524,10 @@ def main() -> None:
         *floor_target(mc, fll, 1.5, d["floor cached + promises"],
                       d["floor cached + promises + path"]), floor=fll)
     row("   cached floor + exact ledger (not memkit)", fll, d["raw"], "its floor")
+    nc = d["memkit cached, no capture check"]
+    row("1 MiB: cached pool pair, capture check", mc, nc,
+        "<= 1.03x the same pair without the check" + (
+            "" if mc is None or not nc else (": OK" if mc / nc <= 1.03 else ": MISS")))
     ablation_rows("cached", d, fll, "floor cached + promises", 1.5, d["raw"])
     row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
         *floor_target(mk, ufl, 1.5, d["floor + promises"], d["floor + promises + path"]),

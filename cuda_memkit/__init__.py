@@ -18,6 +18,7 @@ from ._core._errors import *  # noqa: F403 - the exception tree, named once in i
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._core._access import Access
     from ._core._buffer import Buffer, MemoryKind
+    from ._core._capture import Graph, watch_captures
     from ._core._device import Device, device_count
     from ._core._location import Location, LocationType
     from ._core._peer import PeerAccessSettings, configure_peer_access, peer_access_settings
@@ -93,6 +94,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_observability._observe": ("Allocation", "Frame", "MemoryEvent"),
     "_observability._track_report": ("KindSummary", "SiteSummary", "Timeline", "TrackSummary"),
     "_managed_memory._residency": ("Residency", "ResidencyRun", "managed_residency"),
+    "_core._capture": ("Graph", "watch_captures"),
 }
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
@@ -186,6 +188,7 @@ __all__ = [
 ]
 __all__ += _errors.__all__
 __all__ += ["Residency", "ResidencyRun", "managed_residency"]
+__all__ += ["Graph", "watch_captures"]
 
 
 def _publish(names: tuple[str, ...] | list[str]) -> None:

@@ -44,7 +44,8 @@ helpers, ``Case``, ``@probe``; ``_helpers.py``: locations and resources;
 section: ``core.py`` (A), ``pinned.py`` (B), ``managed.py`` (C), ``vmm.py`` (D),
 ``pool.py`` (E), ``peer.py`` (F: two devices; its answers are recorded apart, in
 ``tests/conformance/h200x2_probe.json``: ``--cases 'F_*'`` on a machine with two
-GPUs).  This file only parses the arguments and runs.
+GPUs), ``capture.py`` (G: stream capture, graph memory nodes).  This file only
+parses the arguments and runs.
 
 Adding a probe
 --------------

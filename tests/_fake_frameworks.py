@@ -78,6 +78,45 @@ class CupyStream:
         dev = self._cupy.current_device if self.device_id < 0 else self.device_id
         self._cupy.stream_stack[dev].pop()
 
+    # CuPy's capture API (``cupy.cuda.Stream.begin_capture`` / ``end_capture`` ->
+    # ``cupy.cuda.graph.Graph``), straight on the driver as CuPy's is: instantiated without
+    # flags, so a relaunch fails while an allocation of the last launch is still allocated.
+    def begin_capture(self, mode: int = 0) -> None:
+        from cuda.bindings import driver as cu
+
+        from cuda_memkit._core import _driver
+
+        _driver.call("cuStreamBeginCapture", self.ptr, cu.CUstreamCaptureMode(mode))
+
+    def end_capture(self) -> CupyGraph:
+        from cuda_memkit._core import _driver
+
+        graph = _driver.call("cuStreamEndCapture", self.ptr)
+        return CupyGraph(graph, _driver.call("cuGraphInstantiate", graph, 0))
+
+
+class CupyGraph:
+    """Like ``cupy.cuda.graph.Graph``: ``launch(stream)``; destroyed when collected."""
+
+    def __init__(self, graph: Any, exe: Any) -> None:
+        from cuda_memkit._core import _driver
+
+        self.graph, self.exe = graph, exe
+        self._fin = weakref.finalize(self, _destroy_cupy_graph, _driver, graph, exe)
+
+    def launch(self, stream: CupyStream) -> None:
+        from cuda_memkit._core import _driver
+
+        _driver.call("cuGraphLaunch", self.exe, stream.ptr)
+
+    def close(self) -> None:
+        self._fin()
+
+
+def _destroy_cupy_graph(driver: Any, graph: Any, exe: Any) -> None:
+    driver.call("cuGraphExecDestroy", exe)
+    driver.call("cuGraphDestroy", graph)
+
 
 class PinnedMemoryPool:
     def malloc(self, size: int) -> PinnedMemoryPointer:
@@ -109,6 +148,7 @@ class FakeCupy(types.ModuleType):
         cuda.alloc = lambda size: self.allocator(size)
         cuda.alloc_pinned_memory = lambda size: self.pinned_allocator(size)
         cuda.Device = self._device
+        cuda.Stream = CupyStream
         self.cuda = cuda
         self.get_default_pinned_memory_pool = lambda: self.default_pinned_pool
 

@@ -29,6 +29,7 @@ import cuda_memkit as cm
 
 from . import (  # noqa: F401  (each registers its cases)
     _bad_cases_buffers,
+    _bad_cases_capture,
     _bad_cases_devices,
     _bad_cases_host,
     _bad_cases_managed,

@@ -28,7 +28,8 @@ ENTRY = SCRIPTS / "gpu_probe.py"
 H100 = ROOT / "tests" / "conformance" / "h100_probe.json"
 #: Answers of the two-device cases (section F), recorded on two H200s.
 TWO_GPUS = ROOT / "tests" / "conformance" / "h200x2_probe.json"
-SECTION = {"core": "A", "pinned": "B", "managed": "C", "vmm": "D", "pool": "E", "peer": "F"}
+SECTION = {"core": "A", "pinned": "B", "managed": "C", "vmm": "D", "pool": "E", "peer": "F",
+           "capture": "G"}
 
 
 @pytest.fixture(scope="module")

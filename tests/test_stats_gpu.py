@@ -132,5 +132,6 @@ def test_host_and_managed_kinds_count_their_sizes() -> None:
     delta = {k: now.by_kind[k].current - before.by_kind[k].current for k in cm.MEMORY_KINDS}
     assert delta == {"device": 0, "pool": 0, "managed": 2 * MiB, "pinned": 3 * MiB,
                      "pinned_pooled": 5000, "registered": MiB, "vmm_physical": 0,
-                     "vmm_mapped": 0, "growable": 0, "shared_ring": 0}
+                     "vmm_mapped": 0, "growable": 0, "shared_ring": 0,
+                     "managed_resident": 0, "graph": 0, "graph_exec": 0}
     cm.MemoryPool.default_pinned().trim()

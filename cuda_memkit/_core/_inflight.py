@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from . import _driver
+from . import _capture, _driver
 from ._constants import EVENT_DISABLE_TIMING
 from ._context import ensure_any_context
 from ._device import sync_hooks
@@ -65,6 +65,8 @@ def reap_pending() -> None:
     """Drop the operands of asynchronous copies that have finished."""
     if not pending_operands or getattr(_changing, "on", False):
         return
+    if _capture.active and _capture.capture_may_run():
+        return  # an event query during a global capture would invalidate it: later
     done: list[list[Any]] = []
     with _pending_lock:
         _changing.on = True
@@ -237,7 +239,8 @@ def keep_alive(stream: int, refs: tuple[Any, ...]) -> None:
         # current): wait for the copy rather than risk freeing memory under it.
         _driver.call("cuStreamSynchronize", stream)
         return
-    if _event_done(ev):
+    # (No query while a capture may run: in global mode it would invalidate the capture.)
+    if not (_capture.active and _capture.capture_may_run()) and _event_done(ev):
         _destroy_event(ev)
         return
     with _pending_lock:

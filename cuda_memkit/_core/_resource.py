@@ -421,6 +421,8 @@ KINDS: dict[str, str] = {
     "shared_ring": "SharedHostRing segments (registered: also counted under registered)",
     "managed_resident": "ManagedBuffer bytes cuda_memkit last prefetched to the device "
                         "(its own record; also counted under managed)",
+    "graph": "memory allocated while a stream captures (a CUDA graph's, freed with it)",
+    "graph_exec": "Graph (an instantiated CUDA graph; no bytes: listed until closed)",
 }
 
 

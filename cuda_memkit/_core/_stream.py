@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
-from . import _driver
+from . import _capture, _driver
 from ._checks import MAX_U64, check_int, u64
 from ._constants import EVENT_DISABLE_TIMING, STREAM_LEGACY, STREAM_NON_BLOCKING
 from ._context import ensure_context
@@ -192,6 +192,34 @@ class Stream(Resource):
             raise
         return True
 
+    # -- capture into a CUDA graph (cuda_memkit._core._capture) --------------------------
+    def begin_capture(self, mode: str = "global") -> None:
+        """Begin capturing the work issued on this stream into a CUDA graph.
+
+        The work is recorded, not run, until :meth:`end_capture`. Memory
+        cuda_memkit allocates on this stream during the capture belongs to
+        the graph (see :class:`Graph`).
+
+        Parameters
+        ----------
+        mode : {"global", "thread_local", "relaxed"}
+            ``cuStreamBeginCapture``'s mode: which calls other threads (or
+            this one) may make while the capture is under way.
+        """
+        self._check_open()
+        _capture.begin_capture(self._custream, mode)
+
+    def end_capture(self) -> _capture.Graph:
+        """End the capture and return the instantiated :class:`Graph`."""
+        self._check_open()
+        return _capture.end_capture(self._custream)
+
+    @property
+    def is_capturing(self) -> bool:
+        """Whether the stream captures into a graph now (``cuStreamIsCapturing``)."""
+        self._check_open()
+        return _capture.is_capturing(self._custream)
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._handle:x}"
         return f"<Stream {state}{'' if self._owned else ' (borrowed)'}>"
@@ -320,3 +348,7 @@ def buffer_stream(stream: StreamLike) -> Stream | StreamRef:
             ref = _HANDLE_REFS[stream] = StreamRef(custream(stream), None)  # type: ignore[index]
         return ref
     return StreamRef(custream(stream), stream)
+
+
+# The capture module cannot import this one (this one imports it): it gets this here.
+_capture.stream_of = custream

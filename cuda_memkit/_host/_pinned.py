@@ -427,8 +427,7 @@ class HostBuffer(TypedBufferMixin, Resource):
             # 1-D bytes (the common case): a PooledHostBuffer on a block of the pool's bin,
             # the default pool's found here without a call.
             bins = default_bins
-            b = (bins.get((shape + 511) & -512) if bins is not None and pool is None
-                 and shape <= 1048576 else None)
+            b = bins.get(shape) if bins is not None and pool is None else None
             if b is None:
                 b = (pool_source or _pool_source()).bin_for(pool, shape)  # checks the pool
             self = _new_object(PooledHostBuffer)

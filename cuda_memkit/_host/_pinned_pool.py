@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import threading
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import EXITING, Unshareable, account
 from .._core._stream import Stream
 from .._pools import _pool
-from .._pools._cache import Bin, BlockCache, round_size
+from .._pools._cache import MEMO_LIMIT, Bin, BlockCache, host_bin_for, round_size
 from .._pools._pool import MemoryPool
 from . import _pinned
 
@@ -104,13 +104,18 @@ class HostCache:
         return self.blocks.open and self.stream is not None
 
     def bin(self, nbytes: int) -> HostBin:
-        """The bin a block of ``nbytes`` (> 0; 0: the bin of sizes not kept) comes from."""
+        """The bin a block of ``nbytes`` (> 0; 0: the bin of sizes not kept) comes from.
+
+        Remembers ``nbytes`` as a key of its bin, as :func:`bin_for` does: the
+        default pool's ``HostBuffer.pooled`` finds a repeated size with one lookup.
+        """
         size = round_size(nbytes) if 0 < nbytes <= self.max_block else 0
         found = self.bins.get(size)
-        if found is not None:
-            return found  # type: ignore[return-value]
-        made = self.blocks.bin(size, self.handle, self.cus, None, _ACCOUNT, HostBin)
-        return made  # type: ignore[return-value]  # a HostBin: kind=HostBin
+        if found is None:
+            found = self.blocks.bin(size, self.handle, self.cus, None, _ACCOUNT, HostBin)
+        if size != nbytes and len(self.bins) < MEMO_LIMIT:
+            self.bins[nbytes] = found
+        return found  # type: ignore[return-value]  # a HostBin: kind=HostBin
 
     def clear(self) -> None:
         """Give every cached block back to the driver pool."""
@@ -134,8 +139,8 @@ class HostBlock(Unshareable):
 
     __slots__ = ("bin", "ptr")
 
-    def __init__(self, b: HostBin, ptr: int) -> None:
-        self.bin: HostBin | None = b
+    def __init__(self, b: Bin, ptr: int) -> None:
+        self.bin: Bin | None = b
         self.ptr = ptr
 
     def release(self) -> None:
@@ -197,8 +202,18 @@ def _refresh_default() -> HostCache:
     pool = _pool.default_pinned()
     cache = _cache_of(pool, 0)
     _default_cache = cache
-    _pinned.default_bins = cache.bins
+    if not _capture.active:
+        _pinned.default_bins = cache.bins
     return cache
+
+
+def _capturing_changed(n: int) -> None:
+    """While a capture may be under way, HostBuffer.pooled asks this module for its bin."""
+    _pinned.default_bins = (None if n or _default_cache is None
+                            else _default_cache.bins)
+
+
+_capture.flag_hooks.append(_capturing_changed)
 
 
 def forget_default() -> None:
@@ -210,7 +225,7 @@ def forget_default() -> None:
 _driver.reset_hooks.append(forget_default)
 
 
-def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:
+def _bin_of(pool: object, nbytes: int, flags: int = 0) -> Bin | None:
     """The bin a block of ``nbytes`` comes from in host pool ``pool`` (``None``: the default).
 
     ``flags`` are ``HostAllocFlags``: a pool gives ``DEFAULT`` / ``PORTABLE``
@@ -227,7 +242,7 @@ def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:
         return None
     if not cache.open:
         raise ClosedError("MemoryPool is closed; it cannot be used any more")
-    return cache.bin(nbytes)
+    return host_bin_for(cache.bin(nbytes))
 
 
 def take(pool: object, nbytes: int, flags: int = 0) -> HostBlock | None:

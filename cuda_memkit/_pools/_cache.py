@@ -86,17 +86,18 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
 from .._core._context import context_retry, ensure_context, primary_pushed
 from .._core._device import sync_hooks
 from .._core._errors import CudaError, CudaOutOfMemoryError, MemkitWarning
-from .._core._resource import Account, Unshareable
+from .._core._resource import Account, Unshareable, account
 from .._core._stream import Stream, StreamRef, custream, stream_close_hooks, stream_destroyed
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_failed",
-           "check_cache_limit", "destroy_unused", "destroy_when_unused", "driver_pair",
-           "empty_all", "free_after_stream", "free_failed", "pending_pools", "round_size"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "GraphBin",
+           "HeldBin", "alloc_failed", "bin_for", "check_cache_limit", "destroy_unused",
+           "destroy_when_unused", "driver_pair", "empty_all", "free_after_stream",
+           "free_failed", "pending_pools", "round_size"]
 
 #: Default most bytes a device or managed pool's cache holds (``cache_limit``).
 DEFAULT_CACHE_LIMIT = 1 << 30
@@ -128,7 +129,8 @@ def round_size(nbytes: int) -> int:
 
     Up to 1 MiB: the next multiple of 512 B. Above: the next multiple of 1/8
     of the largest power of two not above ``nbytes`` (so at most 12.5 % more).
-    The hot paths round the first case themselves: ``(n + 511) & -512``.
+    The one rounding of the block cache: :func:`bin_for` and the pinned
+    pool's bins use it.
     """
     if nbytes <= SMALL:
         return (nbytes + GRANULE - 1) & -GRANULE
@@ -410,6 +412,13 @@ class Bin(Unshareable):
             n = self.account.remove(block, on_ledger)
             if n is None:
                 return
+            if (CAPTURING and cache is None and on is None and on_ledger is not None
+                    and _capture.capture_id(on_ledger)):
+                # Memory from before the capture, freed on the capturing stream: the driver
+                # refuses (only graph memory has free nodes); freed once the capture ended.
+                self.account.restore(block, n, on_ledger)
+                _capture.give_later(self, block, sref)
+                return
         # To the driver (cuMemFreeAsync): on the stream named, on the giver's stream (a bin
         # without a cache), or on the bin's (after it once it is gone).
         device = self.device
@@ -456,6 +465,152 @@ class Bin(Unshareable):
         return f"<Bin {self.size} B, {kept}, {stream}>"
 
 
+# -- capture: memory a CUDA graph may use is lent to nobody else --------------------------------
+
+#: A copy of ``_capture.active`` (``_capture.mirror``): while zero, no allocation asks
+#: the driver whether its stream captures.
+CAPTURING = 0
+_capture.mirror(globals(), "CAPTURING")
+
+
+class GraphBin(Bin):
+    """Where memory allocated on a capturing stream comes from: the capture's graph.
+
+    :meth:`take` is ``cuMemAllocFromPoolAsync`` on the capturing stream (an
+    allocation node of the graph: nobody else can be lent that address while
+    the graph exists); :meth:`give` never caches the block, it frees it as
+    :func:`cuda_memkit._core._capture.release_graph_block` decides (a free
+    node, after the graph, or kept until then). Made per capture and pool.
+    """
+
+    __slots__ = ("record",)
+
+    def __init__(self, account: Account, cupool: Any, device: int | None, cus: Any,
+                 record: _capture.CaptureRecord) -> None:
+        super().__init__(account, cupool, device, None, cus, 0)
+        self.record = record
+
+    def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
+             ) -> None:
+        """Give ``block`` back: a free node, a free after the graph, or kept until then."""
+        n = self.account.remove(block, self.cus)
+        if n is None:
+            return
+        try:
+            if on is not None:  # a stream the user named: freed there, refusal raised
+                res = FREE(block, on)
+                if res[0]:
+                    _driver.check("cuMemFreeAsync", res)
+                return
+            _capture.release_graph_block(self.record, block,
+                                         self.cus if sref is None else sref,
+                                         self.device or 0, self.account, n)
+        except BaseException:
+            if block not in self.account.live:
+                self.account.restore(block, n, on)
+            raise
+
+    def __repr__(self) -> str:
+        return f"<GraphBin of capture {self.record.id}>"
+
+
+class HeldBin(Bin):
+    """A pinned bin seen through a capture: blocks given back wait until its graphs are closed.
+
+    A block taken while cuda_memkit's own captures are under way may be
+    baked into them (a captured copy from a pooled pinned buffer): it goes
+    back to its real bin only once every one of those graphs was closed. Its
+    driver calls (a miss, a free) are made in relaxed capture mode: in
+    global mode the driver refuses them during any capture.
+    """
+
+    __slots__ = ("real", "records")
+
+    def __init__(self, real: Bin, records: list[_capture.CaptureRecord]) -> None:
+        super().__init__(real.account, real.cupool, real.device, real.cache, real.cus, 0)
+        self.real = real
+        self.records = records
+
+    def take(self, nbytes: int, cus: Any) -> Any:
+        """A block of the real bin (a miss allocates in relaxed capture mode)."""
+        with _capture.relaxed():
+            return self.real.take(nbytes, cus)
+
+    def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
+             ) -> None:
+        """Back to the real bin once no graph it may be baked into exists."""
+        live = [r for r in self.records if not r.gone]
+        if live and on is None:
+            _capture.hold_until_gone(live, self.real, block)
+            return
+        with _capture.relaxed():
+            self.real.give(block, sref, on)
+
+
+#: Most keys of one stream's bins (rounded sizes, and the sizes asked for that
+#: :func:`bin_for` remembers: the hot paths look a repeated size up without rounding).
+MEMO_LIMIT = 512
+
+
+def bin_for(cache: BlockCache | None, fallback: Bin, h: int, cus: Any, owner: object,
+            nbytes: int) -> Bin:
+    """The bin a block of ``nbytes`` (> 0) on stream ``cus`` comes from.
+
+    The one place a bin is chosen for a device pool, cached or not
+    (``MemoryPool.allocate``, the CuPy adaptor): while the stream captures, a
+    :class:`GraphBin` of the capture; else ``fallback`` (the pool's bin) when
+    there is no cache, or the cache's bin of the stream and the size rounded
+    by :func:`round_size` (0: above ``max_block``, not kept). ``h`` is the
+    stream's handle (-1: ``int(cus)``); ``owner`` the stream object the cache
+    keeps for a foreign stream (see :meth:`BlockCache.bin`).
+
+    The stream's bins also remember the size asked for (when rounding
+    changed it), so that a caller may look up ``streams[h].get(nbytes)``
+    first, while :data:`CAPTURING` is zero, and call this function only when
+    that finds nothing.
+    """
+    if CAPTURING:
+        rec = _capture.record_for(cus)
+        if rec is not None:
+            if _capture.has_deferred():
+                _capture.retry_deferred()
+            dev = fallback.device if cache is None else cache.device
+            return GraphBin(_graph_account(dev), fallback.cupool if cache is None
+                            else cache.cupool, dev, cus, rec)
+    if cache is None:
+        return fallback
+    if nbytes <= SMALL:
+        r = (nbytes + GRANULE - 1) & -GRANULE  # round_size() of the common case, inlined
+    elif nbytes <= cache.max_block:
+        r = round_size(nbytes)
+    else:
+        r = 0
+    if h < 0:
+        h = int(cus)
+    lane = cache.streams.get(h)
+    found = lane.get(r) if lane is not None else None
+    if found is None:
+        found = cache.bin(r, h, cus, owner)
+        lane = cache.streams.get(h)
+    if r != nbytes and lane is not None and len(lane) < MEMO_LIMIT:
+        lane[nbytes] = found  # the size asked for finds the bin with one lookup next time
+    return found
+
+
+def host_bin_for(real: Bin) -> Bin:
+    """The bin a pinned block is taken from: ``real``, or a :class:`HeldBin` in front of it.
+
+    The latter while a capture begun by cuda_memkit is under way.
+    """
+    if CAPTURING and _capture.capture_may_run():  # (no records of ours: relaxed mode only)
+        return HeldBin(real, _capture.own_open())
+    return real
+
+
+def _graph_account(device: int | None) -> Account:
+    return account("graph", device)
+
+
 # -- the cache --------------------------------------------------------------------------------
 
 #: Every cache, for the stream close hook and empty_all() (closed ones too: their bins
@@ -489,7 +644,8 @@ class BlockCache:
     ----------
     streams : dict
         Stream handle -> {rounded size -> :class:`Bin`}; size 0 is the bin of
-        sizes above ``max_block``.
+        sizes above ``max_block``. Sizes asked for that rounding changed are
+        keys too (of their rounded size's bin; see :func:`bin_for`).
     cached, peak : int
         Bytes held now, and the most held at once (:meth:`Account.reset_peak`).
     misses : int

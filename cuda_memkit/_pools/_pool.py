@@ -58,7 +58,7 @@ from typing import Any
 
 from cuda.bindings import driver as _cu
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._access import Access, access_descs, check_peers
 from .._core._checks import as_index, check_bool
 from .._core._context import ensure_context
@@ -81,6 +81,7 @@ from ._cache import (
     DEFAULT_CACHE_LIMIT,
     Bin,
     BlockCache,
+    bin_for,
     check_cache_limit,
     destroy_unused,
     destroy_when_unused,
@@ -104,6 +105,12 @@ DEFAULT_PINNED_RELEASE_THRESHOLD = 64 << 20
 def resolve() -> tuple[Any, Any]:
     """Resolve (once) and return ``(cuMemAllocFromPoolAsync, cuMemFreeAsync)``."""
     return _cache.driver_pair()
+
+
+#: A copy of ``_capture.active`` (``_capture.mirror``): while zero, ``allocate`` finds
+#: its bin without asking whether its stream captures.
+CAPTURING = 0
+_capture.mirror(globals(), "CAPTURING")
 
 
 # -- buffers ---------------------------------------------------------------------------
@@ -548,19 +555,15 @@ class MemoryPool(PoolAttributes, Resource):
             sref = buffer_stream(stream)
             cus = sref._custream
         cache = self._cache
-        if cache is None:
+        if CAPTURING:  # a capture may be under way: bin_for asks the driver
+            b = bin_for(cache, self._bin, -1, cus, sref, nbytes)
+        elif cache is None:
             b = self._bin
-        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
-            if nbytes <= 1048576:  # (every cache keeps blocks of up to 1 MiB)
-                r = (nbytes + 511) & -512  # round_size() of the common case
-            elif nbytes <= cache.max_block:
-                r = _cache.round_size(nbytes)
-            else:
-                r = 0
+        else:  # the stream's bin of this size (bin_for rounds and remembers it on a miss)
             h = stream._handle if sref is stream else int(cus)  # type: ignore[union-attr]
             lane = cache.streams.get(h)
-            found = lane.get(r) if lane is not None else None
-            b = found if found is not None else cache.bin(r, h, cus, sref)
+            found = lane.get(nbytes) if lane is not None else None
+            b = found if found is not None else bin_for(cache, self._bin, h, cus, sref, nbytes)
         buf: PoolBuffer = new_buffer(PoolBuffer, b.take(nbytes, cus), nbytes, sref, self, b)
         return buf
 
@@ -592,6 +595,7 @@ class MemoryPool(PoolAttributes, Resource):
         int
             The bytes released.
         """
+        _capture.retry_deferred()  # graph memory freed before its (foreign) graph ran
         return sum(cache.clear() for cache in self._block_caches())
 
     # -- IPC ---------------------------------------------------------------------------

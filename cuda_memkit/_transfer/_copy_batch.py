@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._core import _driver, _peer
+from .._core import _capture, _driver, _peer
 from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
@@ -735,7 +735,9 @@ class _Memo:
         if any(op.kind in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
             return _kernels.kernel_groups(groups, method, stream)
         key = (ctx, method, stream, where, _peer.generation[0])  # (a disable: pick again)
-        if key == self.pick_key and (not self.picked or int(
+        # (cuStreamGetDevice is refused on a capturing stream: while a capture may run,
+        # the groups are picked again.)
+        if key == self.pick_key and not _capture.active and (not self.picked or int(
                 _driver.call("cuStreamGetDevice", stream)) == self.device):
             return self.picked
         self.pick_key = None

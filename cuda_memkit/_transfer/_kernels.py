@@ -39,9 +39,9 @@ import threading
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
+from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute, CUstream
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._checks import ADDRESS_END
 from .._core._context import ensure_any_context
 from .._core._errors import CudaError
@@ -237,7 +237,10 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
             return []
     ensure_any_context()
     device = int(_driver.call("cuCtxGetDevice"))
-    on = int(_driver.call("cuStreamGetDevice", stream))
+    if _capture.active and _capture.capture_id(CUstream(stream)):
+        on = device  # the driver refuses cuStreamGetDevice on a capturing stream
+    else:
+        on = int(_driver.call("cuStreamGetDevice", stream))
     if on != device:
         if method == "kernel":
             raise ValueError(
@@ -438,6 +441,8 @@ def launch(picked: Sequence[tuple[Any, int, int]], stream: int, held: list[Any])
         return buf.array.view(np.uint64)
 
     prep = prepare(picked, sms, pinned)
+    if _capture.active:  # a captured launch reads them at every launch of its graph
+        _capture.keep_for_graph(stream, list(held))
     launch_prepared(prep, int(prep.desc.ctypes.data), stream)
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
-from .._core import _driver
+from .._core import _capture, _driver
 from .._core._checks import MAX_NBYTES, check_int
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._context import ensure_context
@@ -419,9 +419,9 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     One side must be a C-contiguous numpy array, the other an int device
     address (plain device memory). It returns ``False``, having done
     nothing, when the copy should take the driver's path instead: staging
-    is off, the copy is below the threshold, or the address is not plain
-    device memory (managed, pinned, unknown). Pinned arrays are the caller's
-    business (they need no staging).
+    is off, the copy is below the threshold, the stream captures into a CUDA
+    graph, or the address is not plain device memory (managed, pinned,
+    unknown). Pinned arrays are the caller's business (they need no staging).
 
     Parameters
     ----------
@@ -458,6 +458,8 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     h = stream_handle(stream)
     if not staging_wanted(n):
         return False
+    if _capture.active and _capture.capture_id(_cu.CUstream(h)):
+        return False  # the ring's host copies would run now, not at each launch of the graph
     prev = int(_driver.call("cuCtxGetCurrent"))
     if not prev:
         ensure_context(0)

@@ -51,12 +51,13 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
+from .._core import _capture
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
 from .._core._stream import StreamRef
 from .._host._pinned import HostBuffer
 from .._pools import _pool
-from .._pools._cache import round_size
+from .._pools._cache import bin_for, round_size
 
 if TYPE_CHECKING:
     from .._pools._cache import Bin, BlockCache
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["cupy_allocator", "cupy_pinned_allocator", "use_with_cupy"]
 
 _STREAM_CACHE_LIMIT = 1024
-_SMALL = 1 << 20  # round_size's 512-byte range: (n + 511) & -512
 
 def _import_cupy() -> Any:
     try:
@@ -190,6 +190,41 @@ def _stream_ref(refs: dict[int, StreamRef], handle: int) -> StreamRef:
     return ref
 
 
+def _watch_cupy_captures(cupy: Any) -> None:
+    """Tell cuda_memkit when CuPy's ``Stream.begin_capture`` / ``end_capture`` run.
+
+    The allocation paths ask the driver whether their stream captures only
+    while a capture may be under way (``_capture.active``); CuPy's capture
+    entry points are wrapped once per process to say so. Where a CuPy stream
+    class cannot take the wrapper, :func:`cuda_memkit.watch_captures` covers it.
+    """
+    for name in ("Stream", "ExternalStream"):
+        cls = getattr(cupy.cuda, name, None)
+        if cls is None or getattr(cls, "_memkit_watched", False):
+            continue
+        begin, end = getattr(cls, "begin_capture", None), getattr(cls, "end_capture", None)
+        if begin is None or end is None:
+            continue
+
+        def begin_capture(self: Any, *args: Any, _begin: Any = begin, **kwargs: Any) -> Any:
+            out = _begin(self, *args, **kwargs)
+            _capture.note_capture(True)
+            return out
+
+        def end_capture(self: Any, *args: Any, _end: Any = end, **kwargs: Any) -> Any:
+            try:
+                return _end(self, *args, **kwargs)
+            finally:
+                _capture.note_capture(False)
+
+        try:
+            cls.begin_capture = begin_capture
+            cls.end_capture = end_capture
+            cls._memkit_watched = True
+        except (AttributeError, TypeError):  # an extension type: watch_captures() covers it
+            continue
+
+
 def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                    ) -> Callable[[int], Any]:
     """A CuPy device allocator (for ``cupy.cuda.set_allocator``) over a memkit pool.
@@ -251,6 +286,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     get_device = cupy.cuda.runtime.getDevice
     if pool is not None:
         _check_device_pool(pool, get_device)
+    _watch_cupy_captures(cupy)
     memory = cupy.cuda.memory
     unowned, pointer = memory.UnownedMemory, memory.MemoryPointer
     Memory = _memory_class(unowned)
@@ -290,19 +326,16 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         if sref is None:
             sref = _stream_ref(refs, h)
         cus = sref._custream
-        if caches is None:  # every allocation from the driver, on the current stream
-            b = direct[dev]
-        else:  # the bin of this stream and rounded size (0: a size the cache does not keep)
-            c = caches[dev]
-            if size <= _SMALL:  # (every cache keeps blocks of up to 1 MiB)
-                r = (size + 511) & -512
-            elif size <= c.max_block:
-                r = round_size(size)
-            else:
-                r = 0
-            lane = c.streams.get(h)
-            found = lane.get(r) if lane is not None else None
-            b = found if found is not None else c.bin(r, h, cus, st)
+        if caches is None or _capture.active:  # uncached, or a capture may be under way
+            b = bin_for(None if caches is None else caches[dev], direct[dev], h, cus, st, size)
+        else:  # the stream's bin of this size (bin_for rounds and remembers it on a miss)
+            lane = caches[dev].streams.get(h)
+            found = lane.get(size) if lane is not None else None
+            b = found if found is not None else bin_for(caches[dev], direct[dev], h, cus, st,
+                                                        size)
+        # CuPy's memory is the block reserved, a multiple of 512 bytes, as its own pools
+        # give (CuPy's code relies on it): the bin's size, or the request rounded.
+        size = b.size or round_size(size)
         d = b.take(size, cus)
         m = Memory(int(d), size, st, dev)
         m._bin = b

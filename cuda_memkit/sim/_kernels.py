@@ -320,7 +320,11 @@ def _launch(f: Any, grid: tuple[int, int, int], block: tuple[int, int, int], sha
     run = KERNELS.get(name)
     if run is None:
         raise NotImplementedError(f"the simulator cannot run kernel {name!r}")
-    run(device, threads, [a[:k] for a, k in zip(args, sizes, strict=True)])
+    params = [a[:k] for a, k in zip(args, sizes, strict=True)]
+    recorder = S.capture_recorder
+    if m.capturing and recorder is not None and recorder(h, lambda: run(device, threads, params)):
+        return  # recorded into the capture of stream h
+    run(device, threads, params)
 
 
 _launch.__name__ = "cuLaunchKernel"  # so that fail_next("cuLaunchKernel") reaches it

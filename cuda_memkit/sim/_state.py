@@ -173,6 +173,9 @@ class Machine:
         self.ext: dict[str, Any] = {}
         #: Injected failures: API name -> codes its next calls return (see fail_next).
         self.faults: dict[str, list[cu.CUresult]] = {}
+        #: Streams capturing now and graph allocations (``_capture``): while non-zero,
+        #: every call passes the capture gate first.
+        self.capturing = 0
 
     # -- injected failures -----------------------------------------------------
     def fail_next(self, api_name: str, code: cu.CUresult, times: int = 1) -> None:
@@ -403,6 +406,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Functions that work before cuInit.
 NO_INIT = {"cuInit", "cuDriverGetVersion", "cuGetErrorString", "cuGetErrorName"}
 
+#: What the capture gate returns for a call it leaves to run as usual.
+NOT_CAPTURED = object()
+#: Set by ``_capture`` when it loads: ``gate(name, fn, args)`` decides a call made while a
+#: stream captures (recorded into the graph, refused, or :data:`NOT_CAPTURED`: run as usual).
+capture_gate: Callable[[str, Callable[..., Any], tuple[Any, ...]], Any] | None = None
+#: Set by ``_capture`` when it loads: ``recorder(stream, job)`` records ``job()`` into the
+#: capture of ``stream`` and returns True, or returns False (the caller runs it).
+capture_recorder: Callable[[int, Callable[[], None]], bool] | None = None
+
 
 def api(nout: int) -> Callable[[F], F]:
     """Give a simulated function the bindings' ``(CUresult, *outputs)`` return form."""
@@ -426,7 +438,12 @@ def api(nout: int) -> Callable[[F], F]:
                     if queued:
                         return (queued.pop(0), *none)
                 try:
-                    out = fn(*args)
+                    if m.capturing and capture_gate is not None:
+                        out = capture_gate(name, fn, args)
+                        if out is NOT_CAPTURED:
+                            out = fn(*args)
+                    else:
+                        out = fn(*args)
                 except Fail as f:
                     return (f.code, *none)
             if nout == 0:

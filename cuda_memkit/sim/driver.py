@@ -7,6 +7,7 @@ the bindings, reusing their enum and struct types. Select it with
 
 from __future__ import annotations
 
+from ._capture import *  # noqa: F403
 from ._contexts import *  # noqa: F403
 from ._copy_batch import *  # noqa: F403
 from ._core import *  # noqa: F403

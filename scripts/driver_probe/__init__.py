@@ -5,7 +5,7 @@
 ``_helpers``    locations, resources freed at case end, ``ctx_after``, ``ptr_attrs``
 ``_runner``     child processes, crash recovery, case selection, JSON file, summary
 ``core`` (A), ``pinned`` (B), ``managed`` (C), ``vmm`` (D), ``pool`` (E), ``peer`` (F,
-                two devices): the cases
+                two devices), ``capture`` (G, stream capture and graph memory): the cases
 
 :func:`load` imports the feature modules in :data:`FEATURES` order, which is the
 order the cases run in.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 # feature modules, in run order; a new feature module is added here
-FEATURES = ("core", "pinned", "managed", "vmm", "pool", "peer")
+FEATURES = ("core", "pinned", "managed", "vmm", "pool", "peer", "capture")
 
 
 def load() -> list:

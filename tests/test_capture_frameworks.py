@@ -1,0 +1,100 @@
+"""CUDA graphs captured by CuPy and torch over memkit memory, for real (GPU only).
+
+The corruption probe of ``test_capture.py`` through the frameworks' own
+capture APIs: memory allocated from memkit during their capture is never lent
+to anyone else while the graph may run; CuPy's memory sizes are multiples of
+512 bytes, as under CuPy's own allocators.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+from cuda.bindings import driver as cu
+
+import cuda_memkit as cm
+from cuda_memkit import allocators
+from cuda_memkit._core import _driver, _resource
+
+if _driver.backend_name() == "sim":
+    pytest.skip("the frameworks need a GPU (simulator backend)", allow_module_level=True)
+
+pytestmark = pytest.mark.framework_kernels
+
+N = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def trim_graph_memory() -> Iterator[None]:
+    """Graph memory a test freed goes back to the system before the leak check reads it."""
+    yield
+    _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
+
+
+def graph_bytes() -> int:
+    return sum(a.current for a in list(_resource.LEDGER.values()) if a.kind == "graph")
+
+
+def test_cupy_capture_over_memkit_never_lends_the_graphs_memory() -> None:
+    cupy = pytest.importorskip("cupy")
+    s = cupy.cuda.Stream(non_blocking=True)
+    with allocators.use_with_cupy(), s:
+        warm = cupy.full(N, 7, dtype=cupy.uint8)  # kernels loaded, a block cached
+        del warm
+        s.synchronize()
+        s.begin_capture()
+        y = cupy.full(N, 7, dtype=cupy.uint8)
+        graph = s.end_capture()
+        y_ptr = y.data.ptr
+        del y  # before the graph ran
+        w = cupy.ones(N, dtype=cupy.uint8)
+        s.synchronize()
+        assert w.data.ptr != y_ptr
+        graph.launch(s)
+        s.synchronize()
+        assert int(w.sum()) == N
+        del w, graph
+        gc.collect()
+        cm.MemoryPool.default(0).empty_cache()  # the kept block: freed, the graph ran
+        s.synchronize()
+    assert graph_bytes() == 0
+
+
+def test_cupy_memory_sizes_are_multiples_of_512() -> None:
+    cupy = pytest.importorskip("cupy")
+    with allocators.use_with_cupy():
+        arrays = [cupy.empty(n, dtype=cupy.uint8) for n in (1, 100, 513, 4097, 3 << 20)]
+        assert all(a.data.mem.size % 512 == 0 and a.data.mem.size >= a.nbytes for a in arrays)
+        del arrays
+
+
+def test_torch_capture_over_memkit_with_watch_captures() -> None:
+    torch = pytest.importorskip("torch")
+    stream = torch.cuda.Stream()
+    cm.watch_captures(True)
+    try:
+        with cm.MemoryPool(0, cache=True) as pool:
+            pool.allocate(N, stream=stream).free()  # a block cached on the stream
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                y = pool.allocate(N, stream=torch.cuda.current_stream())
+                y.fill(7, stream=torch.cuda.current_stream())
+            y_ptr = y.ptr
+            y.free()  # before the graph ran
+            w = pool.allocate(N, stream=stream)
+            w.fill(1, stream=stream)
+            stream.synchronize()
+            assert w.ptr != y_ptr
+            graph.replay()
+            torch.cuda.synchronize()
+            assert (w.to_numpy() == 1).all()
+            w.free()
+            pool.empty_cache()
+            torch.cuda.synchronize()
+            del graph
+            gc.collect()
+    finally:
+        cm.watch_captures(False)
+    assert graph_bytes() == 0
