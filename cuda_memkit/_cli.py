@@ -154,7 +154,7 @@ def cmd_doctor(backend: str, say: Say) -> int:
 
 
 def cmd_tour(backend: str, say: Say) -> int:
-    """Run a short end-to-end tour of every feature."""
+    """Run the tour: each feature once, on small buffers (see ``_tour.steps``)."""
     import gc
 
     from ._core._device import Device
@@ -196,8 +196,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "for your own figures."),
     "doctor": ("check that the driver, devices, device memory and streams work",
                "Exits 1 if a check fails."),
-    "tour": ("run a short end-to-end tour of every feature (pinned, managed, VMM, pools)",
-             "Exits 1 if device memory is missing afterwards."),
+    "tour": ("run a short tour of what cuda_memkit does, each feature once on small buffers",
+             "It shows typed driver errors; pinned memory and copies; pools with their "
+             "statistics and the block cache; copy_batch of 1024 scattered 4 KiB blocks; a "
+             "Loader's worker processes filling a pinned ring; a staged copy of a pageable "
+             "numpy array; managed memory with a prefetch plan; a growable virtual-memory "
+             "buffer; a peer copy between two devices; memory_stats() and a leak report; "
+             "CuPy on a cuda_memkit pool where CuPy and a GPU are there. Without a driver it "
+             "runs on the CPU simulator (two simulated devices), every figure marked "
+             "[simulated] and no timings shown. Exits 1 if device memory is missing "
+             "afterwards."),
 }
 
 _BACKEND_HELP = (f"the backend: cuda (the real driver) or sim (the CPU simulator); default: "
