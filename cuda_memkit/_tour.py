@@ -127,9 +127,11 @@ def _loader_step(say: Say) -> None:
     from . import Loader, MemoryPool
 
     seen = []
-    # Its own pool, so that the batches' memory goes back to the device at the end.
+    # Its own pool, so that the batches' memory goes back to the device at the end; workers
+    # from a fork server, since a process that initialised CUDA has the driver's threads.
     with MemoryPool(0) as pool, \
-            Loader(_make_batch, 6, (256, 256), np.float32, workers=2, pool=pool) as loader:
+            Loader(_make_batch, 6, (256, 256), np.float32, workers=2, pool=pool,
+                   start_method="forkserver") as loader:
         for buf in loader:
             with buf:
                 seen.append(float(buf.to_numpy(np.float32, (256, 256))[0, 0]))
