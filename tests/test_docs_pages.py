@@ -322,3 +322,16 @@ def test_the_site_includes_the_root_files(name: str) -> None:
     assert text.strip() == source.replace("](docs/", "](").strip()
     assert mkdocs_hooks.notebook_links('<a href="../docs/benchmarks.md#pool-pair">') == (
         '<a href="../../benchmarks/#pool-pair">')
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_each_notebook_names_the_gpu_of_its_outputs(path: Path) -> None:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    outputs = " ".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                       for o in c.get("outputs", []))
+    gpus = set(re.findall(r"NVIDIA [A-Z]\d+\w*", outputs))
+    assert len(gpus) <= 1, f"outputs of more than one GPU: {sorted(gpus)}"
+    if gpus:
+        text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        assert f"outputs saved with this notebook come from an {gpus.pop()}" in text
