@@ -448,8 +448,9 @@ def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headlin
                           f"({fmt_value('x', best.value)} {c.unit}) is {c.speed(best).strip('*')} "
                           f"than cuda_memkit's {ref.label} ({fmt_value('x', ref.value)}).")
         faster += _defaults_behind(c)
-    peers = "\n".join(rows) + "\n\nThe best of each row in bold. \u2013: the library has no " \
-        "call for it; not measured: it has one, which this run did not measure.\n\n"
+    peers = "\n".join(rows) + ("\n\nThe best of each row in bold. A dash (\u2013): the library "
+                               "has no call for it; *not measured*: it has one, which this run "
+                               "did not measure.\n\n")
     if not any(e.library == "RMM" for c in comps for e in c.entries):
         peers += "RMM is measured by no benchmark of this run (it is not installed there).\n\n"
     if faster:

@@ -338,6 +338,6 @@ def test_not_measured_is_not_no_call(site: tuple[Path, Path]) -> None:
     why = files[docs / "why.md"]
     pool_row = next(line for line in why.splitlines() if "(benchmarks.md#pool-pair)" in line)
     assert pool_row.split(" | ")[4] == "<small>not measured</small>"  # RMM has a pool
-    assert "\u2013: the library has no call for it; not measured:" in why
+    assert "A dash (\u2013): the library has no call for it; *not measured*:" in why
     loader = next(s for s in bench_compare.SPECS if s.id == "loader-64")
     assert "CuPy" in loader.no_api and "PyTorch" not in loader.no_api
