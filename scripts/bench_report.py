@@ -60,8 +60,8 @@ REGION = re.compile(r"(<!-- bench-report:([\w-]+) -->\n)(.*?)(<!-- /bench-report
 AREAS: dict[str, tuple[str, str]] = {
     "bench_driver": (
         "Driver gateway",
-        "The cost `_driver.call` adds to a raw binding call, and the time to import "
-        "`cuda_memkit` against `import cuda.bindings.driver`."),
+        "The cost the library's one gateway to the driver adds to a raw binding call, and "
+        "the time to import `cuda_memkit` against `import cuda.bindings.driver`."),
     "bench_pinned": (
         "Pinned host memory",
         "Large copies through `copy()` against raw `cuMemcpy*Async` on raw pinned memory, "
