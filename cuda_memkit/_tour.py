@@ -290,7 +290,7 @@ def doctor_checks() -> list[tuple[str, Callable[[], str]]]:
         return f"{n} device(s)"
 
     def alloc() -> str:
-        from ._core._device import ensure_context
+        from ._core._context import ensure_context
 
         ensure_context(0)
         ptr = _driver.call("cuMemAlloc", 1 << 20)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core._checks import INT64_MAX, int64_array
-from .._core._device import Location
+from .._core._location import Location
 
 if TYPE_CHECKING:
     import numpy as np
