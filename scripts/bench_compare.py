@@ -84,7 +84,7 @@ SPECS = (
           ("CuPy", "`alloc_pinned_memory`", r"^4 KiB pinned: CuPy alloc_pinned_memory"),
           ("cuda.core", "`PinnedMemoryResource`", r"^4 KiB pinned: cuda\.core"),
           ("PyTorch", "`torch.empty(pin_memory=True)`", r"^4 KiB pinned: torch\.empty"),
-          ("raw driver", "`cuMemHostAlloc` + `cuMemFreeHost`, other pinned memory alive",
+          ("raw driver", "`cuMemHostAlloc` + `cuMemFreeHost`, other small blocks alive",
            r"^4 KiB pinned: raw cuMemHostAlloc"))),
     Spec("small-blocks", "Copy 4 KiB blocks from pinned memory to scattered device slots",
          "4 KiB blocks to scattered slots", "bench_transfers", "gbps", "GB/s",

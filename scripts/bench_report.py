@@ -67,9 +67,11 @@ AREAS: dict[str, tuple[str, str]] = {
         "Large copies through `copy()` against raw `cuMemcpy*Async` on raw pinned memory, "
         "and `HostBuffer` allocation against raw `cuMemHostAlloc` / `cuMemFreeHost` with no "
         "other pinned memory alive in the process: each pair pins and maps new pages, in "
-        "milliseconds. The memory pools' table measures the same raw 4 KiB pair while other "
-        "pinned memory is alive (the pools and the other libraries' cached pinned blocks), "
-        "in microseconds: a different case, not a different call."),
+        "milliseconds. The memory pools' table measures the same raw 4 KiB pair while the "
+        "other libraries' small pinned blocks are alive there, in microseconds: the driver "
+        "serves a small `cuMemHostAlloc` from a pinned chunk it keeps while another small "
+        "block lives in it (a different case, not a different call; the decision log has "
+        "the measurement)."),
     "bench_pool": (
         "Memory pools",
         "Allocate + free pairs from pools against the raw driver pair, CuPy, cuda.core and "
