@@ -23,7 +23,7 @@ Each timed sample covers issuing the work and ``cuStreamSynchronize``;
 before every sample the buffer is prefetched back to the host (and synced)
 so that every timed prefetch really migrates. Median of the repeats.
 
-Target (issue 4): (b), (b'), (c) and (c') within 1.1x of (a); each row
+Target: (b), (b'), (c) and (c') within 1.1x of (a); each row
 prints its own OK / MISS. On the H100 the raw loop of
 4096 x 128 KiB takes ~300 ms against ~11 ms for the whole range; a plan
 coalesces contiguous entries into one range.
