@@ -173,14 +173,15 @@ def cmd_tour(backend: str, say: Say) -> int:
     free_after = dev.mem_info()[0]
     say("")
     lost = free_before - free_after
-    # The real driver keeps ~120 MiB of device pages after managed memory was
-    # used and freed (seen on the H100); anything beyond that is a leak.
-    allowance = (160 << 20) if backend == "cuda" else (4 << 20)
+    # The driver keeps the device pages it took for managed memory after that memory is
+    # freed (~120 MiB on the H100 and H200; the simulator keeps the managed step's 8 MiB,
+    # as a GPU does); anything beyond that is a leak.
+    allowance = (160 << 20) if backend == "cuda" else (16 << 20)
     if lost > allowance:
         fig(f"tour finished, but device 0 has {lost / 2**20:.1f} MiB less free memory: a leak")
         return 1
     if lost > 4 << 20:
-        say(f"(the driver still holds {lost / 2**20:.0f} MiB of device pages from the managed "
+        fig(f"(the driver still holds {lost / 2**20:.0f} MiB of device pages from the managed "
             "step: its cache of freed managed memory, not a leak)")
     fig(f"tour finished; device 0 free memory before/after: {free_before / 2**30:.3f} / "
         f"{free_after / 2**30:.3f} GiB")
