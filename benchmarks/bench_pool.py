@@ -551,7 +551,8 @@ def main() -> None:
         d["raw"], "info")
     p = pinned
     pfl = p["floor + ledger"]
-    row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost", p["raw"], p["raw"], "reference")
+    row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost (other small pinned blocks alive)",
+        p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
         *floor_target(p["memkit"], pfl, 2.0, p["floor + promises"],
                       p["floor + promises + path"]), floor=pfl)

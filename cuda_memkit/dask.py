@@ -1,6 +1,6 @@
 """Dask workers on cuda_memkit pools, and each worker's ledger seen from the client.
 
-An optional extra (``pip install "cuda_memkit[dask]"``): this module imports
+An optional extra (``pip install -e ".[dask]"`` in a checkout): this module imports
 ``distributed``; ``import cuda_memkit`` never imports it.
 
 :class:`MemkitPlugin`

@@ -19,14 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: What a table cell shows for nothing (an en dash).
+#: What a table cell shows for nothing (an en dash): in a comparison, no call for it.
 NONE = "\u2013"
+#: What a comparison's cell shows for a library with such a call that the run did not measure.
+NOT_MEASURED = "not measured"
 #: The peers of the why page's table, in its column order.
 PEERS = ("cuda.core", "CuPy", "RMM", "PyTorch")
 MEMKIT = "cuda_memkit"
 #: Units where more is better; every other unit (times) is better smaller.
 HIGHER = {"gbps", "GB/s", "batches_s", "batches/s"}
 UNITS = {"us": "us", "gbps": "GB/s", "ms": "ms", "median_ms": "ms"}
+#: Bumped when the drawing code changes, so that every plot is drawn again.
+PLOT_STYLE = 2
 #: The comparisons of the headline plot (README, home page), in its panel order.
 HEADLINE = ("pool-pair", "small-blocks", "pageable-h2d", "loader-64", "cupy-step")
 
@@ -43,6 +47,11 @@ class Spec:
     unit: str
     about: str
     rows: tuple[tuple[str, str, str], ...]
+    #: Labels of cuda_memkit rows that are what a user gets without asking for more (the
+    #: default pool, the default adaptor): every plot and table shows them.
+    defaults: tuple[str, ...] = ()
+    #: Libraries with no call for this (a "\u2013" in the why page), not merely unmeasured.
+    no_api: tuple[str, ...] = ()
 
 
 _N4 = r"^\d+ x 4 KiB pinned->device: "
@@ -55,7 +64,10 @@ SPECS = (
          "One allocate + free pair from a stream-ordered pool: the cost every temporary "
          "array pays.",
          ((MEMKIT, "`MemoryPool(cache=True)`", r"^1 MiB: MemoryPool\(cache=True\)"),
-          (MEMKIT, "`MemoryPool`, uncached", r"^1 MiB: MemoryPool\.allocate.*\(uncached\)"),
+          (MEMKIT, "`MemoryPool(0)`, the default (no cache)",
+           r"^1 MiB: MemoryPool\.allocate.*\(uncached\)"),
+          (MEMKIT, "`MemoryPool.default(0)`, the device's pool",
+           r"^1 MiB: MemoryPool\.default\(0\)"),
           ("CuPy", "`MemoryPool().malloc`", r"^1 MiB: CuPy MemoryPool\(\)"),
           ("CuPy", "`malloc_async`", r"^1 MiB: CuPy malloc_async"),
           ("cuda.core", "`Device.allocate` + `Buffer.close`", r"^1 MiB: cuda\.core"),
@@ -69,7 +81,9 @@ SPECS = (
           ("RMM", "`CudaAsyncMemoryResource.allocate` + `deallocate`",
            r"^1 MiB: RMM CudaAsyncMemoryResource\.allocate"),
           ("raw driver", "`cuMemAllocFromPoolAsync` + `cuMemFreeAsync`",
-           r"^1 MiB: raw cuMemAllocFromPoolAsync"))),
+           r"^1 MiB: raw cuMemAllocFromPoolAsync")),
+         defaults=("`MemoryPool(0)`, the default (no cache)",
+                   "`MemoryPool.default(0)`, the device's pool")),
     Spec("pinned-pair", "Allocate + free a 4 KiB pinned block", "4 KiB pinned block",
          "bench_pool", "us", "us per pair",
          "A small pinned staging buffer: `cuMemHostAlloc` pins pages on every call, so every "
@@ -82,7 +96,7 @@ SPECS = (
            r"^4 KiB pinned: RMM PoolMemoryResource\(PinnedHostMemoryResource\)"),
           ("RMM", "`PinnedHostMemoryResource`",
            r"^4 KiB pinned: RMM PinnedHostMemoryResource"),
-          ("raw driver", "`cuMemHostAlloc` + `cuMemFreeHost`",
+          ("raw driver", "`cuMemHostAlloc` + `cuMemFreeHost`, other small blocks alive",
            r"^4 KiB pinned: raw cuMemHostAlloc"))),
     Spec("small-blocks", "Copy 4 KiB blocks from pinned memory to scattered device slots",
          "4 KiB blocks to scattered slots", "bench_transfers", "gbps", "GB/s",
@@ -93,16 +107,20 @@ SPECS = (
           ("cuda.core", "`copy_batch`, prebuilt `Buffer`s", _N4 + r"cuda\.core"),
           ("CuPy", "one contiguous copy + a scatter kernel", _N4 + r"1 contiguous copy"),
           ("raw driver", "a loop of `cuMemcpyAsync`", _N4 + r"raw loop"),
-          ("raw driver", "one contiguous copy of the same bytes", _N4 + r"raw contiguous"))),
+          ("raw driver", "one contiguous copy of the same bytes", _N4 + r"raw contiguous")),
+         no_api=("RMM", "PyTorch")),
     Spec("pageable-h2d", "Copy a pageable numpy array to the device", "pageable array to device",
          "bench_transfers", "gbps", "GB/s",
          "A 1 GiB array that was never pinned: the driver stages it through a small bounce "
-         "buffer; cuda_memkit stages it through pinned buffers on worker threads.",
+         "buffer; cuda_memkit stages it through pinned buffers on worker threads, one per CPU "
+         "core the process may use, at most 16 (the label names how many this run had). "
+         "PyTorch and CuPy copy on one thread.",
          ((MEMKIT, "`copy(dev, array)`", _H2D + r"memkit staged"),
           ("PyTorch", "`pin_memory().to()`", _H2D + r"torch pin_memory"),
           ("PyTorch", "`copy_` via a pinned tensor", _H2D + r"torch copy_ via"),
           ("CuPy", "`cupy.asarray`", _H2D + r"cupy asarray"),
-          ("raw driver", "`cuMemcpyHtoD` from pageable memory", _H2D + r"driver pageable"))),
+          ("raw driver", "`cuMemcpyHtoD` from pageable memory", _H2D + r"driver pageable")),
+         no_api=("RMM",)),
     Spec("pageable-d2h", "Copy device memory into a pageable numpy array",
          "device to pageable array", "bench_transfers", "gbps", "GB/s",
          "The same 1 GiB the other way.",
@@ -110,7 +128,8 @@ SPECS = (
           ("PyTorch", "`copy_` into `from_numpy(array)`", _D2H + r"torch copy_ into"),
           ("PyTorch", "`copy_` via a pinned tensor", _D2H + r"torch copy_ via"),
           ("CuPy", "`get(out=array)`", _D2H + r"cupy get"),
-          ("raw driver", "`cuMemcpyDtoH` into pageable memory", _D2H + r"driver pageable"))),
+          ("raw driver", "`cuMemcpyDtoH` into pageable memory", _D2H + r"driver pageable")),
+         no_api=("RMM",)),
     Spec("peer-copy", "Copy 256 MiB from one GPU to another", "256 MiB between two GPUs",
          "bench_multigpu", "gbps", "GB/s",
          "A pipeline stage handing its activations to the next GPU (two GPUs linked by "
@@ -131,7 +150,8 @@ SPECS = (
           ("PyTorch", "`DataLoader(num_workers=8, pin_memory=True)`",
            r"^64 MiB: torch DataLoader"),
           ("raw driver", "workers filling slots and raw copies, no Loader",
-           r"^64 MiB: floor: fills"))),
+           r"^64 MiB: floor: fills")),
+         no_api=("cuda.core", "CuPy", "RMM")),
     Spec("cupy-step", "A CuPy training step (small MLP) under each allocator",
          "CuPy training step, small MLP", "bench_workload", "us", "us per step",
          "Forward, backward and SGD update of a two-layer MLP (64 x 256, hidden 512), "
@@ -140,7 +160,8 @@ SPECS = (
           (MEMKIT, "`cupy_allocator(cache=False)`", r"^small .*: memkit uncached$"),
           ("CuPy", "`MemoryPool` (CuPy's default)", r"^small .*: cupy pool$"),
           ("CuPy", "`malloc_async`", r"^small .*: malloc_async$"),
-          ("RMM", "`rmm_cupy_allocator` (`PoolMemoryResource`)", r"^small .*: rmm$"))),
+          ("RMM", "`rmm_cupy_allocator` (`PoolMemoryResource`)", r"^small .*: rmm$")),
+         no_api=("cuda.core", "PyTorch")),
     Spec("cupy-alloc", "Allocate + free 1 MiB through CuPy's allocator hook",
          "1 MiB via cupy.cuda.alloc", "bench_frameworks", "us", "us per pair",
          "`cupy.cuda.alloc`, what every CuPy array calls, with `set_allocator` set to each "
@@ -153,14 +174,16 @@ SPECS = (
            r"^1 MiB via cupy\.cuda\.alloc: CuPy MemoryPool"),
           ("CuPy", "`malloc_async`", r"^1 MiB via cupy\.cuda\.alloc: CuPy malloc_async"),
           ("RMM", "`rmm_cupy_allocator` (`PoolMemoryResource`)",
-           r"^1 MiB via cupy\.cuda\.alloc: RMM rmm_cupy_allocator"))),
+           r"^1 MiB via cupy\.cuda\.alloc: RMM rmm_cupy_allocator")),
+         no_api=("cuda.core", "PyTorch")),
     Spec("dask-job", "A CuPy dask.array job on a dask-cuda worker", "CuPy dask.array job",
          "bench_dask", "ms", "ms per job",
          "Chunked matrix products and reductions of a CuPy-backed `dask.array` on "
          "`LocalCUDACluster`, each worker's CuPy allocating through each library's pool.",
          ((MEMKIT, "`MemkitPlugin`", r"chunks: MemkitPlugin"),
           ("RMM", "`rmm_pool_size` + `rmm_cupy_allocator`", r"chunks: rmm_cupy_allocator"),
-          ("CuPy", "`MemoryPool` (CuPy's default)", r"chunks: CuPy's default MemoryPool"))),
+          ("CuPy", "`MemoryPool` (CuPy's default)", r"chunks: CuPy's default MemoryPool")),
+         no_api=("cuda.core", "PyTorch")),
 )
 
 
@@ -192,6 +215,8 @@ class Entry:
     value: float | None
     anchor: str = ""
     note: str = ""
+    #: What a user gets without asking for more: shown in every plot and table.
+    default: bool = False
 
 
 @dataclass
@@ -206,6 +231,7 @@ class Comparison:
     higher_better: bool
     about: str
     entries: list[Entry] = field(default_factory=list)
+    no_api: tuple[str, ...] = ()
 
     def measured(self) -> list[Entry]:
         return [e for e in self.entries if e.value is not None]
@@ -214,7 +240,10 @@ class Comparison:
         return any(e.library == MEMKIT for e in self.measured()) and len(self.measured()) > 1
 
     def digest(self) -> str:
-        data = [self.title, self.unit, [(e.library, e.label, e.value) for e in self.entries]]
+        """Of everything the plot shows: a change of its words names a new file, as of its
+        numbers (a plot is only drawn when its file is missing)."""
+        data = [PLOT_STYLE, self.title, self.short, self.unit_words(),
+                [(e.library, e.label, e.value) for e in self.entries]]
         return hashlib.sha1(json.dumps(data).encode()).hexdigest()[:10]
 
     def reference(self) -> Entry | None:
@@ -233,6 +262,12 @@ class Comparison:
             return "as fast"
         return f"**{times:.2f}x faster**" if times > 1 else f"{1 / times:.2f}x slower"
 
+    def speed_against(self, e: Entry, base: Entry) -> float:
+        """How many times faster ``e`` is than ``base`` (below 1: slower)."""
+        if not e.value or not base.value:
+            return 1.0
+        return e.value / base.value if self.higher_better else base.value / e.value
+
     def unit_words(self) -> str:
         return f"{self.unit}, {'higher' if self.higher_better else 'lower'} is better"
 
@@ -246,7 +281,7 @@ class Comparison:
                 "against cuda_memkit's first.", "",
                 f"| library | what | {self.unit} | against cuda_memkit |", "|---|---|---:|---|"]
         for e in self.entries:
-            value = "not measured" if e.value is None else fmt_value("x", e.value)
+            value = NOT_MEASURED if e.value is None else fmt_value("x", e.value)
             link = f"[{e.library}](#{e.anchor})" if e.anchor else e.library
             why = e.note if e.value is None and e.note else ""
             what = e.label + (f" <small>({why})</small>" if why else "")
@@ -273,12 +308,13 @@ class Comparison:
         ax.tick_params(axis="x", labelsize=8)
 
     def headline_view(self) -> Comparison:
-        """cuda_memkit's answer and the other libraries' rows, without the raw driver's."""
+        """cuda_memkit's answer, its defaults and the other libraries' rows, without the raw
+        driver's."""
         ref = self.reference()
         keep = [e for e in self.entries
-                if e is ref or e.library not in (MEMKIT, "raw driver")]
+                if e is ref or e.default or e.library not in (MEMKIT, "raw driver")]
         return Comparison(self.id, self.title, self.short, self.bench, self.unit,
-                          self.higher_better, self.about, keep)
+                          self.higher_better, self.about, keep, self.no_api)
 
     def draw(self, path: Path) -> None:
         plt = _pyplot()
@@ -338,14 +374,19 @@ def comparisons(benches: dict[str, dict[str, Any]], anchors: dict[str, list[str]
     for spec in SPECS:
         data = benches.get(spec.bench)
         c = Comparison(spec.id, spec.title, spec.short, spec.bench, spec.unit,
-                       spec.key in HIGHER, spec.about)
+                       spec.key in HIGHER, spec.about, no_api=spec.no_api)
         if data is not None:
             rows = rows_of(data)
             for lib, label, pattern in spec.rows:
                 for i, r in enumerate(rows):
-                    if re.search(pattern, str(r.get("case", ""))):
-                        c.entries.append(Entry(lib, label, r.get(spec.key),
-                                               anchors[spec.bench][i], str(r.get("note", ""))))
+                    case = str(r.get("case", ""))
+                    if re.search(pattern, case):
+                        # The threads a row used belong beside its number, not only in the table.
+                        threads = re.search(r"\((\d+ threads)\)", case)
+                        shown = f"{label}, {threads[1]}" if threads else label
+                        c.entries.append(Entry(lib, shown, r.get(spec.key),
+                                               anchors[spec.bench][i], str(r.get("note", "")),
+                                               label in spec.defaults))
                         break
         out.append(c)
     tagged: dict[str, Comparison] = {}
@@ -373,17 +414,34 @@ def _slug(text: str) -> str:
 
 
 def _cell(c: Comparison, library: str, best: Entry | None) -> str:
-    """A why-table cell: each of the library's rows, its value (bold if the best of all)."""
+    """A why-table cell: each of the library's rows, its value (bold if the best of all);
+    "\u2013" where the library has no call for it, "not measured" where the run has no row."""
     mine = [e for e in c.entries if e.library == library]
     if not mine:
-        return NONE
+        return NONE if library in c.no_api else f"<small>{NOT_MEASURED}</small>"
     parts = []
     for e in mine:
-        value = "not measured" if e.value is None else fmt_value("x", e.value)
+        value = NOT_MEASURED if e.value is None else fmt_value("x", e.value)
         value = f"**{value}**" if e is best else value
         # plain words, not code: a long call may wrap inside this narrow cell
         parts.append(f"{value} <small>{e.label.replace('`', '')}</small>")
     return "<br>".join(parts)
+
+
+def _defaults_behind(c: Comparison) -> list[str]:
+    """A line for each cuda_memkit default that other libraries beat: which, and by how much."""
+    ref, out = c.reference(), []
+    for d in c.entries:
+        if not d.default or d is ref or d.value is None:
+            continue
+        ahead = [e for e in c.measured() if e.library not in (MEMKIT, "raw driver")
+                 and c.speed_against(e, d) > 1.005]
+        if ahead:
+            named = ", ".join(f"{e.library}'s {e.label} ({fmt_value('x', e.value)}, "
+                              f"{c.speed_against(e, d):.2f}x faster)" for e in ahead)
+            out.append(f"- **{c.title}**, cuda_memkit's {d.label} "
+                       f"({fmt_value('x', d.value)} {c.unit}): behind {named}.")
+    return out
 
 
 def best_library_entry(c: Comparison) -> Entry | None:
@@ -424,7 +482,10 @@ def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headlin
             faster.append(f"- **{c.title}**: {best.library}'s {best.label} "
                           f"({fmt_value('x', best.value)} {c.unit}) is {c.speed(best).strip('*')} "
                           f"than cuda_memkit's {ref.label} ({fmt_value('x', ref.value)}).")
-    peers = "\n".join(rows) + "\n\nThe best of each row in bold.\n\n"
+        faster += _defaults_behind(c)
+    peers = "\n".join(rows) + ("\n\nThe best of each row in bold. A dash (\u2013): the library "
+                               "has no call for it; *not measured*: it has one, which this run "
+                               "did not measure.\n\n")
     if not any(e.library == "RMM" for c in comps for e in c.entries):
         peers += "RMM is measured by no benchmark of this run (it is not installed there).\n\n"
     if faster:

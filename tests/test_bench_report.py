@@ -149,6 +149,7 @@ def test_report_tables_targets_and_machine(site: tuple[Path, Path]) -> None:
     files, _plots = bench_report.render(results, docs)
     page = files[docs / "benchmarks.md"]
     assert "- GPU: 2 x Test GPU (80 GiB), driver 999.1" in page
+    assert "- host: CPU cores not recorded" in page
     assert "commit: abc1234" in page and "2030-01-02 03:04 UTC" in page
     # One table per group of rows, every row with its anchor; a continuation row stays in it.
     assert "**1 MiB**" in page and "**4 KiB pinned**" in page
@@ -156,11 +157,13 @@ def test_report_tables_targets_and_machine(site: tuple[Path, Path]) -> None:
             "MemoryPool(cache=True).allocate(stream=s).free()") in page
     assert '<span id="pool-1-mib-the-same-row"></span>the same row' in page
     assert "| us/pair | floor us | target |" not in page  # an empty column is left out
-    assert "&lt;= 1x CuPy MemoryPool().malloc (2.00x) **MISS**" in page
-    assert "ahead of torch (0.5x) **OK**" in page
-    # The targets table gathers both verdicts; a script that did not measure says why.
+    assert "&lt;= 1x CuPy MemoryPool().malloc (2.00x) **missed**" in page
+    assert "ahead of torch (0.5x) **met**" in page
+    # The targets table gathers both verdicts in plain words; a script that did not measure
+    # says why.
     targets = page.split("## Targets", 1)[1].split("## ", 1)[0]
-    assert targets.count("**MISS**") == 1 and targets.count("**OK**") == 1
+    assert targets.count("**missed**") == 1 and targets.count("**met**") == 1
+    assert "OK" not in targets and "MISS" not in targets and "BLOCKED" not in targets
     assert "Not measured in this run: needs CuPy on a GPU." in page
     # A script the report does not know gets a section under its own title.
     assert "## Several GPUs\n\nCopies between two GPUs.\n\n`python benchmarks/bench_multigpu.py`" \
@@ -251,3 +254,90 @@ def test_an_unknown_region_is_an_error() -> None:
     ("us", 1.23456, "1.235"), ("entries", 64, "64"), ("ok", True, "yes")])
 def test_values_are_formatted_by_their_key(key: str, value: Any, text: str) -> None:
     assert bench_compare.fmt_value(key, value) == text
+
+
+# -- figures that agree with themselves ------------------------------------------------------
+
+RATE = ("/s", "per second")
+
+
+def _committed() -> list[bench_compare.Comparison]:
+    benches = bench_report.load(bench_report.RESULTS)
+    return bench_compare.comparisons(benches, bench_report.row_anchors(benches))
+
+
+def test_each_plots_better_direction_follows_its_unit() -> None:
+    """A rate is better higher, a time lower: in the words under each plot's axis too."""
+    plt = pytest.importorskip("matplotlib.pyplot", reason="the plots are drawn with matplotlib")
+    comps = [c for c in _committed() if c.plottable()]
+    assert len(comps) >= 5
+    for c in comps:
+        rate = any(r in c.unit for r in RATE)
+        assert c.higher_better is rate, (c.id, c.unit)
+        for view in (c, c.headline_view()):
+            fig, ax = plt.subplots()
+            try:
+                view.bars(ax)
+                label = ax.get_xlabel()
+            finally:
+                plt.close(fig)
+            assert label == f"{c.unit}, {'higher' if rate else 'lower'} is better", (c.id, label)
+
+
+def test_a_plots_name_changes_with_its_words() -> None:
+    """A plot is drawn only when its file is missing: its name must change with its labels."""
+    c = next(c for c in _committed() if c.id == "loader-64")
+    flipped = bench_compare.Comparison(c.id, c.title, c.short, c.bench, c.unit,
+                                       not c.higher_better, c.about, c.entries)
+    assert flipped.digest() != c.digest()
+
+
+def test_two_way_rates_are_the_bytes_of_both_ways_over_the_time() -> None:
+    """A row set against one direction states a total that is its ratio times that rate."""
+    rows = bench_compare.rows_of(json.loads(
+        (bench_report.RESULTS / "bench_multigpu.json").read_text()))
+    one = next(r for r in rows if r["case"].endswith("copy_async one direction"))
+    both = next(r for r in rows if r.get("vs") == "one way")
+    assert both["gbps"] == pytest.approx(both["ratio"] * one["gbps"], rel=1e-6)
+    per_direction = float(both["note"].split()[2])
+    assert per_direction == pytest.approx(both["gbps"] / 2, abs=0.05)
+
+
+def test_the_raw_pinned_pairs_say_what_else_is_alive() -> None:
+    """The same raw call in two tables, in two situations: each row names its own."""
+    pool = [r["case"] for r in bench_compare.rows_of(json.loads(
+        (bench_report.RESULTS / "bench_pool.json").read_text()))]
+    pinned = [r["case"] for r in bench_compare.rows_of(json.loads(
+        (bench_report.RESULTS / "bench_pinned.json").read_text()))]
+    raw = [c for c in pool + pinned if "raw cuMemHostAlloc" in c]
+    assert len(raw) >= 2
+    assert all("(other small pinned blocks alive)" in c or "(no other pinned memory alive)" in c
+               for c in raw), raw
+
+
+def test_defaults_are_shown_beside_the_best_and_behind_whom(site: tuple[Path, Path]) -> None:
+    results, docs = site
+    files, _plots = bench_report.render(results, docs)
+    why = files[docs / "why.md"]
+    assert "2.500 <small>MemoryPool(0), the default (no cache)</small>" in why
+    assert ("cuda_memkit's `MemoryPool(0)`, the default (no cache) (2.500 us per pair): "
+            "behind CuPy's `MemoryPool().malloc` (0.500, 5.00x faster)") in why
+    benches = bench_report.load(results)
+    pool = next(c for c in bench_compare.comparisons(benches, bench_report.row_anchors(benches))
+                if c.id == "pool-pair")
+    shown = [e.label for e in pool.headline_view().entries]
+    assert "`MemoryPool(0)`, the default (no cache)" in shown
+    assert not any(e.library == "raw driver" for e in pool.headline_view().entries)
+
+
+def test_not_measured_is_not_no_call(site: tuple[Path, Path]) -> None:
+    """In the numbers table a dash means no such call; a library with one that the run did
+    not measure says so."""
+    results, docs = site
+    files, _plots = bench_report.render(results, docs)
+    why = files[docs / "why.md"]
+    pool_row = next(line for line in why.splitlines() if "(benchmarks.md#pool-pair)" in line)
+    assert pool_row.split(" | ")[4] == "<small>not measured</small>"  # RMM has a pool
+    assert "A dash (\u2013): the library has no call for it; *not measured*:" in why
+    loader = next(s for s in bench_compare.SPECS if s.id == "loader-64")
+    assert "CuPy" in loader.no_api and "PyTorch" not in loader.no_api

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,34 @@ def test_simulated_figures_are_labelled(capsys: pytest.CaptureFixture[str]) -> N
         table = capsys.readouterr().out.splitlines()
     rows = [line for line in table if line.startswith("device ")]
     assert rows and all(line.endswith("  [simulated]") for line in rows)
+
+
+#: What the README's feature list sells, and a word of the tour's output that shows each.
+SOLD = {"block cache": "MemoryPool(cache=True)", "pool statistics": "reserved",
+        "copy_batch": "copy_batch: 1024 blocks", "staged pageable copy": "pageable numpy array",
+        "memory_stats": "memory_stats()", "leak report": "as a leak report lists them",
+        "Loader": "a Loader: 2 worker processes", "peer copy": "from device 0 to device 1",
+        "CuPy": "CuPy", "pinned": "pinned", "managed": "managed", "virtual": "growable"}
+
+
+def test_the_tour_shows_what_the_readme_sells(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli.main(["tour"]) == 0
+    out = capsys.readouterr().out
+    missing = [feature for feature, word in SOLD.items() if word not in out]
+    assert missing == [], out
+    assert "DIFFERENT" not in out and "WRONG" not in out, out
+    if _driver.backend_name() == "sim":
+        # Timings on the simulator would measure Python, not a GPU.
+        assert re.search(r"\d\s?(?:us|ms|GB/s)\b", out) is None, out
+
+
+def test_tour_help_says_what_it_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _cli.main(["tour", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for word in ("block cache", "copy_batch", "pageable", "memory_stats", "leak report",
+                 "Loader", "peer copy", "CuPy", "[simulated]"):
+        assert word in text, word
 
 
 @pytest.mark.skipif(_driver.backend_name() != "cuda", reason="the real driver's figures")

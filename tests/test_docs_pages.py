@@ -229,3 +229,110 @@ def test_the_checks_see_what_they_look_for() -> None:
         assert MEASURED.search(bad), bad
     for fine in ("64 KiB", "2 MiB", "bench_pool's rows", "usage: x", "10 minutes"):
         assert not MEASURED.search(fine), fine
+
+
+# -- the pages users look for ------------------------------------------------------------------
+
+ENV_VAR = re.compile(r"\bCUDA_MEMKIT_[A-Z][A-Z_]*[A-Z]\b")
+
+
+def _read_env_vars(folder: str) -> set[str]:
+    return {v for path in (ROOT / folder).rglob("*.py")
+            for v in ENV_VAR.findall(path.read_text(encoding="utf-8"))}
+
+
+@pytest.mark.parametrize("folder", ["cuda_memkit", "tests", "scripts", "benchmarks"])
+def test_every_environment_variable_is_on_its_page(folder: str) -> None:
+    """A variable the code reads and the environment page does not list is a variable no user
+    can find."""
+    page = set(ENV_VAR.findall((ROOT / "docs" / "environment.md").read_text(encoding="utf-8")))
+    found = _read_env_vars(folder)
+    if folder == "cuda_memkit":
+        assert {"CUDA_MEMKIT_BACKEND", "CUDA_MEMKIT_LEAK_REPORT"} <= found  # the scan sees them
+    assert sorted(found - page) == []
+
+
+def test_api_pages_show_public_names_only() -> None:
+    private = [f"{page.name}: {ident}" for page in API.glob("*.md")
+               for ident in re.findall(r"^:::\s+([\w.]+)\s*$", page.read_text(), re.M)
+               if any(part.startswith("_") and part != "__version__"
+                      for part in ident.split("."))]
+    assert private == []
+    calls = [page.name for page in API.glob("*.md") if "_driver." in page.read_text()]
+    assert calls == []
+
+
+#: Addresses that do not exist while the project is unpublished.
+UNPUBLISHED = re.compile(r"github\.com/cuda-memkit|cuda-memkit\.github\.io"
+                         r"|pip install [\"']?cuda[_-]memkit\b")
+
+
+def _linking_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
+            ROOT / "pyproject.toml", *sorted((ROOT / "docs").rglob("*.md")),
+            *sorted((ROOT / "examples").glob("*.ipynb")),
+            *sorted((ROOT / "cuda_memkit").rglob("*.py"))]  # docstrings render on the site
+
+
+def test_no_link_or_install_line_points_where_nothing_is() -> None:
+    bad = [f"{p.relative_to(ROOT)}: {m[0]}" for p in _linking_files()
+           for m in UNPUBLISHED.finditer(p.read_text(encoding="utf-8"))]
+    assert bad == []
+
+
+def test_relative_links_of_the_readme_and_notebooks_lead_to_files() -> None:
+    """The README's and the notebooks' links work from a checkout (the site build checks the
+    docs' own)."""
+    link = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)(?:#[^)]*)?\)")
+    missing = []
+    for path in [ROOT / "README.md", ROOT / "CONTRIBUTING.md",
+                 *sorted((ROOT / "examples").glob("*.ipynb"))]:
+        for target in link.findall(path.read_text(encoding="utf-8")):
+            if not (path.parent / target).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {target}")
+    assert missing == []
+
+
+def _nav_pages() -> list[str]:
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = text.split("\nnav:\n", 1)[1].split("\nplugins:", 1)[0]
+    return re.findall(r":\s+([\w/.-]+\.(?:md|ipynb))\s*$", nav, re.M)
+
+
+def test_the_pages_users_look_for_are_in_the_navigation() -> None:
+    pages = _nav_pages()
+    for page in ("install.md", "environment.md", "faq.md", "migrating.md", "changelog.md",
+                 "contributing.md"):
+        assert page in pages, page
+    # How the library was made is for contributors: after every page a user reads.
+    dev = pages.index("contributing.md")
+    assert all(pages.index(p) > dev for p in ("decisions.md", "architecture.md", "changelog.md"))
+    assert pages.index("benchmarks.md") < dev
+
+
+@pytest.mark.parametrize("name", ["changelog.md", "contributing.md"])
+def test_the_site_includes_the_root_files(name: str) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import mkdocs_hooks
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    page = (ROOT / "docs" / name).read_text(encoding="utf-8")
+    text = mkdocs_hooks.included(page)
+    source = (ROOT / name.upper().replace(".MD", ".md")).read_text(encoding="utf-8")
+    assert text.strip() == source.replace("](docs/", "](").strip()
+    assert mkdocs_hooks.notebook_links('<a href="../docs/benchmarks.md#pool-pair">') == (
+        '<a href="../../benchmarks/#pool-pair">')
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_each_notebook_names_the_gpu_of_its_outputs(path: Path) -> None:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    outputs = " ".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                       for o in c.get("outputs", []))
+    gpus = set(re.findall(r"NVIDIA [A-Z]\d+\w*", outputs))
+    assert len(gpus) <= 1, f"outputs of more than one GPU: {sorted(gpus)}"
+    if gpus:
+        text = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        assert f"outputs saved with this notebook come from an {gpus.pop()}" in text

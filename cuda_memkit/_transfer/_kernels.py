@@ -224,8 +224,9 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
     ------
     ValueError
         With ``method="kernel"``: a side the kernel cannot reach (pageable
-        host memory, memory of another device, unmapped pinned memory), host
-        to host, a stream of another device.
+        host memory, memory of another device without peer access or a
+        grant, unmapped pinned memory), host to host, a stream of another
+        device.
     """
     live = [g for g in groups if g.nbytes]
     if method == "driver" or not live:
