@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
     from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
     from ._managed_memory._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
+    from ._managed_memory._access_plan import AccessChunk, AccessPlan, AccessRun
     from ._observability._observe import Allocation, Frame, MemoryEvent
     from ._observability._stats import (
         MEMORY_KINDS,
@@ -76,6 +77,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_managed_memory._managed_ranges": ("MemAdvice", "RangeInfo"),
     "_managed_memory._policy": ("ManagedMemoryHints", "MigrationPolicy"),
     "_managed_memory._prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
+    "_managed_memory._access_plan": ("AccessChunk", "AccessPlan", "AccessRun"),
     "_virtual._vmm_base": ("Access", "HandleType", "granularity"),
     "_virtual._vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
     "_virtual._growable": ("GrowableBuffer",),
@@ -177,6 +179,7 @@ __all__ = [
     "use_backend",
 ]
 __all__ += _errors.__all__
+__all__ += ["AccessChunk", "AccessPlan", "AccessRun"]
 
 
 def _publish(names: tuple[str, ...] | list[str]) -> None:

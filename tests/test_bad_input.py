@@ -27,7 +27,13 @@ import pytest
 
 import cuda_memkit as cm
 
-from . import _bad_cases_a, _bad_cases_b, _bad_cases_c, _bad_cases_ring  # noqa: F401
+from . import (  # noqa: F401
+    _bad_cases_a,
+    _bad_cases_b,
+    _bad_cases_c,
+    _bad_cases_oversub,
+    _bad_cases_ring,
+)
 from ._bad_cases_b import CLOSED
 from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_input_table import CASES, Case, N, closed_fd
