@@ -391,8 +391,7 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
             if used[slot]:
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
             if e.mechanism == "window":
-                _kernel_copy(ordinal, windows[slot].ptr, e.buffer.ptr + e.offset, e.nbytes,
-                             fill)
+                _kernel_copy(ordinal, windows[slot], 0, e.buffer, e.offset, e.nbytes, fill)
             else:
                 PrefetchPlan().add(e.buffer, dev, offset=e.offset,
                                    nbytes=e.nbytes).execute(fill)
@@ -422,8 +421,7 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
             used[slot] = True
             if e.mechanism == "window" and e.access == "readwrite":
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
-                _kernel_copy(ordinal, e.buffer.ptr + e.offset, windows[slot].ptr, e.nbytes,
-                             fill)
+                _kernel_copy(ordinal, e.buffer, e.offset, windows[slot], 0, e.nbytes, fill)
                 used[slot] = False  # the side stream is already after the work
             if nxt < count:
                 prepare(nxt)
@@ -441,13 +439,14 @@ def _event(events: list[int]) -> int:
     return ev
 
 
-def _kernel_copy(ordinal: int, dst: int, src: int, nbytes: int, stream: Stream) -> None:
+def _kernel_copy(ordinal: int, dst: Any, dst_offset: int, src: Any, src_offset: int,
+                 nbytes: int, stream: Stream) -> None:
     """Copy ``nbytes`` with the block-copy kernel of device ``ordinal`` on ``stream``."""
     from .._transfer._copy_batch import copy_batch
 
     with _device.primary_pushed(ordinal):
-        copy_batch(dst, src, dst_offsets=[0], src_offsets=[0], sizes=nbytes, stream=stream,
-                   method="kernel")
+        copy_batch(dst, src, dst_offsets=[dst_offset], src_offsets=[src_offset], sizes=nbytes,
+                   stream=stream, method="kernel")
 
 
 def _advise(entries: list[_Entry], dev: Location, undo: list[tuple[int, int, MemAdvice,
