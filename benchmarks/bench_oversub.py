@@ -58,6 +58,7 @@ LABELS = {"explicit": "explicit pinned double-buffer", "naive": "naive (page fau
           "zero_copy": "zero-copy advice", "read_mostly": "read-mostly + prefetch",
           "AccessPlan": "AccessPlan (cuda_memkit)",
           "plan_rm": "  AccessPlan, mechanism='read_mostly'",
+          "plan_prio0": "  AccessPlan, fill stream at the default priority",
           "plan_look2": "  AccessPlan, lookahead 2", "plan_look4": "  AccessPlan, lookahead 4",
           "bound_fill": "bound: window fill from the mapping, no work",
           "bound_copy": "bound: explicit copies, no work"}
@@ -212,6 +213,17 @@ def main() -> None:
             for c in run:
                 kernel(c.data, wh, reads, write)
 
+    def way_plan_normal_priority(reads: int, write: bool) -> None:
+        # The fill stream at the default priority instead of the device's highest.
+        from cuda_memkit._managed_memory import _access_plan
+
+        saved = _access_plan.HIGHEST_PRIORITY
+        _access_plan.HIGHEST_PRIORITY = 0
+        try:
+            way_plan(reads, write)
+        finally:
+            _access_plan.HIGHEST_PRIORITY = saved
+
     def way_plan_mechanism(mechanism: str, reads: int, write: bool) -> None:
         plan = cm.AccessPlan().chunks(buf, chunk, access="readwrite" if write else "read",
                                       reads=reads, mechanism=mechanism)
@@ -266,6 +278,7 @@ def main() -> None:
                 cases["plan_rm"] = partial(way_plan_mechanism, "read_mostly", reads, write)
                 cases["plan_look2"] = partial(way_plan_lookahead, 2, reads, write)
                 cases["plan_look4"] = partial(way_plan_lookahead, 4, reads, write)
+            cases["plan_prio0"] = partial(way_plan_normal_priority, reads, write)
             if reads > 1 or write:
                 cases["bound_fill"] = partial(bound_fill, reads, write)
             cases["bound_copy"] = partial(way_explicit, reads, write, work=False)
