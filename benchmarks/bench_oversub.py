@@ -72,17 +72,29 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--quick", action="store_true", help="32 MiB of room, 4 MiB chunks")
     args = ap.parse_args()
+    result = run(room_gib=args.room, chunk_mib=args.chunk, repeats=args.repeats,
+                 quick=args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bool = False,
+        out: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every pattern and way; print the table as it goes; return the results."""
+    if out is None:
+        out = _say
 
     import numpy as np
 
     import cuda_memkit as cm
 
     backend_name, simulated, raw = backend()
-    quick = args.quick or simulated
+    quick = quick or simulated
     dev = cm.Device(0)
-    room = 32 * MiB if quick else int(args.room * GiB)
-    chunk = 4 * MiB if quick else args.chunk * MiB
-    repeats = 1 if quick else args.repeats
+    room = 32 * MiB if quick else int(room_gib * GiB)
+    chunk = 4 * MiB if quick else chunk_mib * MiB
+    repeats = 1 if quick else repeats
     notes: list[str] = []
     free0, total = dev.mem_info()
     data = 3 * room
@@ -250,17 +262,16 @@ def main() -> None:
         work_s.synchronize()
 
     label = "  [SIMULATED: CPU simulator, times are not GPU timings]" if simulated else ""
-    print(f"bench_oversub: backend {backend_name} ({dev.name}){label}")
-    print(f"GPU: {total / GiB:.1f} GiB, {free0 / GiB:.2f} GiB free at the start; managed "
+    out(f"bench_oversub: backend {backend_name} ({dev.name}){label}")
+    out(f"GPU: {total / GiB:.1f} GiB, {free0 / GiB:.2f} GiB free at the start; managed "
           f"array {data / GiB:.2f} GiB allocated first ({free1 / GiB:.2f} GiB free after); "
           f"squeezed by a {squeeze / GiB:.2f} GiB device allocation to {free2 / GiB:.2f} GiB "
           f"free (room {room / GiB:.2f} GiB); chunks {chunk // MiB} MiB; kernel: "
           f"{'CuPy sum / x += 1' if cupy is not None else 'block-copy kernel (no CuPy)'}; "
           f"median of {repeats}")
     for note in notes:
-        print(f"note: {note}")
-    print(f"{'pattern: way':62} {'GB/s':>7} {'vs explicit':>11} {'vs naive':>9}  target",
-          flush=True)
+        out(f"note: {note}")
+    out(f"{'pattern: way':62} {'GB/s':>7} {'vs explicit':>11} {'vs naive':>9}  target")
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     try:
@@ -323,8 +334,8 @@ def main() -> None:
                     if "note" in row:
                         target += f"; {row['note']}"
                 rows.append(row)
-                print(f"{case:62} {row['gbps']:7.2f} {row['vs_explicit']:10.2f}x "
-                      f"{row['vs_naive']:8.2f}x  {target}", flush=True)
+                out(f"{case:62} {row['gbps']:7.2f} {row['vs_explicit']:10.2f}x "
+                      f"{row['vs_naive']:8.2f}x  {target}")
         elapsed = time.perf_counter() - t_start
         ok_data = True
         if cupy is not None:  # every write pass of the managed array added 1
@@ -345,17 +356,18 @@ def main() -> None:
         if hold is not None:
             hold.close()
         buf.close()
-    print(f"({elapsed:.1f} s of passes)")
+    out(f"({elapsed:.1f} s of passes)")
     if not ok_data:
-        print("WARNING: the managed array does not hold what the write passes wrote")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "bench_oversub",
-                       "backend": backend_name, "simulated": simulated, "device": dev.name,
-                       "free_at_start": free0, "squeezed": squeeze, "room": room,
-                       "data": data, "chunk": chunk, "repeats": repeats,
-                       "kernel": "cupy" if cupy is not None else "block-copy",
-                       "data_ok": ok_data, "notes": notes, "rows": rows}, f, indent=1)
+        out("WARNING: the managed array does not hold what the write passes wrote")
+    return {"benchmark": "bench_oversub", "backend": backend_name, "simulated": simulated,
+            "device": dev.name, "free_at_start": free0, "squeezed": squeeze, "room": room,
+            "data": data, "chunk": chunk, "repeats": repeats,
+            "kernel": "cupy" if cupy is not None else "block-copy", "data_ok": ok_data,
+            "notes": notes, "rows": rows}
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)  # each row as soon as it is measured
 
 
 class _View:
