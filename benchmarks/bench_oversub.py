@@ -80,8 +80,12 @@ def main() -> None:
 
 
 def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bool = False,
-        out: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure every pattern and way; print the table as it goes; return the results."""
+        bounds: bool = True, out: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every pattern and way; print the table as it goes; return the results.
+
+    ``bounds=False`` leaves out the rows that only explain the others (the bounds, the
+    AccessPlan variants). ``quick`` (or the simulator) makes no warm-up pass.
+    """
     if out is None:
         out = _say
 
@@ -285,16 +289,18 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
             if not write:
                 cases["read_mostly"] = partial(way_read_mostly, reads, write)
             cases["AccessPlan"] = partial(way_plan, reads, write)
-            if reads > 1:
+            if reads > 1 and bounds:
                 cases["plan_rm"] = partial(way_plan_mechanism, "read_mostly", reads, write)
                 cases["plan_look2"] = partial(way_plan_lookahead, 2, reads, write)
                 cases["plan_look4"] = partial(way_plan_lookahead, 4, reads, write)
-            cases["plan_prio0"] = partial(way_plan_normal_priority, reads, write)
-            if reads > 1 or write:
+                cases["plan_prio0"] = partial(way_plan_normal_priority, reads, write)
+            if (reads > 1 or write) and bounds:
                 cases["bound_fill"] = partial(bound_fill, reads, write)
-            cases["bound_copy"] = partial(way_explicit, reads, write, work=False)
+            if bounds:
+                cases["bound_copy"] = partial(way_explicit, reads, write, work=False)
             times: dict[str, list[float]] = {k: [] for k in cases}
-            for rep in range(repeats + 1):  # the first round warms up
+            warm = 0 if quick else 1
+            for rep in range(repeats + warm):  # the first round warms up
                 for key, fn in cases.items():
                     reset()
                     t0 = time.perf_counter()
@@ -304,7 +310,7 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                     dt = time.perf_counter() - t0
                     if write and key not in ("explicit", "bound_copy", "bound_fill"):
                         rw_passes += 1
-                    if rep:
+                    if rep >= warm:
                         times[key].append(dt)
             gbps = {k: data / statistics.median(v) / 1e9 for k, v in times.items()}
             for key in cases:
