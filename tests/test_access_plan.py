@@ -10,6 +10,7 @@ device walks on that device.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,3 +181,81 @@ def test_two_devices_each_walk_their_half(data: cm.ManagedBuffer) -> None:
     finally:
         for s in streams:
             s.close()
+
+
+def test_fills_and_work_are_ordered_by_events(data: cm.ManagedBuffer, stream: cm.Stream,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work on chunk i waits for its fill; the refill of chunk i's window waits for that work."""
+    from cuda_memkit._core import _driver
+    from cuda_memkit._managed_memory import _access_plan
+
+    log: list[tuple[Any, ...]] = []
+    real_call, real_copy = _driver.call, _access_plan._kernel_copy
+
+    def call(api: str, *args: Any) -> Any:
+        if api in ("cuEventRecord", "cuStreamWaitEvent"):
+            log.append((api, int(args[0]), int(args[1])))
+        return real_call(api, *args)
+
+    def copy(ordinal: int, dst: Any, dst_off: int, src: Any, src_off: int, n: int,
+             on: cm.Stream) -> None:
+        log.append(("fill", dst.ptr, src_off, on.handle))
+        real_copy(ordinal, dst, dst_off, src, src_off, n, on)
+
+    monkeypatch.setattr(_driver, "call", call)
+    monkeypatch.setattr(_access_plan, "_kernel_copy", copy)
+    user, lookahead = stream.handle, 2
+    plan = cm.AccessPlan(lookahead=lookahead).chunks(data, CHUNK, reads=2)
+    windows = {}
+    with plan.run(stream) as run:
+        for chunk in run:
+            windows[chunk.index] = chunk.data.__cuda_array_interface__["data"][0]
+            log.append(("work", chunk.index))
+    fills = {entry[2] // CHUNK: i for i, entry in enumerate(log) if entry[0] == "fill"}
+    works = {entry[1]: i for i, entry in enumerate(log) if entry[0] == "work"}
+    side = log[fills[0]][3]
+    assert side != user
+
+    def ordered(after: int, before: int, src: int, dst: int) -> bool:
+        """An event recorded on src in (after, before) that dst waits for, still in it."""
+        for k in range(after + 1, before):
+            if log[k][0] == "cuEventRecord" and log[k][2] == src:
+                ev = log[k][1]
+                for j in range(k + 1, before):
+                    if log[j][:3] == ("cuStreamWaitEvent", dst, ev):
+                        return not any(log[m][:2] == ("cuEventRecord", ev)
+                                       for m in range(k + 1, j))
+        return False
+
+    for i, w in works.items():
+        assert ordered(fills[i], w, side, user), f"work on chunk {i} does not wait its fill"
+        if i + lookahead in fills:
+            assert windows[i + lookahead] == windows[i]  # the same window, refilled
+            assert ordered(w, fills[i + lookahead], user, side), (
+                f"the refill after chunk {i} does not wait for its work")
+
+
+def test_a_failure_while_setting_up_undoes_what_was_done(data: cm.ManagedBuffer,
+                                                          stream: cm.Stream,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from cuda_memkit._device_memory import _device_buffer
+
+    real = _device_buffer.DeviceBuffer.empty.__func__  # type: ignore[attr-defined]
+    made: list[cm.DeviceBuffer] = []
+
+    def second_fails(cls: Any, *args: Any, **kw: Any) -> cm.DeviceBuffer:
+        if made:
+            raise cm.CudaOutOfMemoryError(2, "cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY",
+                                          "out of memory")
+        made.append(real(cls, *args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(_device_buffer.DeviceBuffer, "empty", classmethod(second_fails))
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2)
+    with pytest.raises(cm.CudaOutOfMemoryError), plan.run(stream) as run:
+        for _chunk in run:
+            pass
+    assert made and made[0].closed
+    info = data.range_info()
+    assert info.preferred_location is None and info.accessed_by == ()
