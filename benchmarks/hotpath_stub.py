@@ -137,7 +137,7 @@ def _patch_driver(alloc: Any, free: Any) -> Callable[[], None]:
 def measure() -> dict[str, float]:
     """Median microseconds per pair of every case, memkit and floors interleaved."""
     s = cm.Stream()
-    from cuda_memkit._core._device import custream
+    from cuda_memkit._core._stream import custream
 
     cus = custream(s.handle)
     # The uncached pair and its floor call no-op driver functions (an address from a

@@ -16,9 +16,12 @@ from ._core._driver import backend_name, use_backend
 from ._core._errors import *  # noqa: F403 - the exception tree, named once in its __all__
 
 if TYPE_CHECKING:  # the type checker and the docs see every name statically
+    from ._core._access import Access
     from ._core._buffer import Buffer, MemoryKind
-    from ._core._device import Device, Location, LocationType, Stream, device_count
+    from ._core._device import Device, device_count
+    from ._core._location import Location, LocationType
     from ._core._peer import PeerAccessSettings, configure_peer_access, peer_access_settings
+    from ._core._stream import Stream
     from ._device_memory._device_buffer import DeviceBuffer
     from ._host._pinned import HostAllocFlags, HostBuffer
     from ._host._registered import HostRegisterFlags, RegisteredHost, register_host
@@ -26,11 +29,11 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._host._ring_worker import RingHandle, RingWriter, WriterSlot
     from ._host._shared_ring import RingSlot, SharedHostRing
     from ._loading._loader import Loader
+    from ._managed_memory._access_plan import AccessChunk, AccessPlan, AccessRun
     from ._managed_memory._managed import AttachFlags, ManagedBuffer
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
     from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
     from ._managed_memory._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
-    from ._managed_memory._access_plan import AccessChunk, AccessPlan, AccessRun
     from ._observability._observe import Allocation, Frame, MemoryEvent
     from ._observability._stats import (
         MEMORY_KINDS,
@@ -53,13 +56,15 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._transfer._transfers import copy, copy_async
     from ._virtual._growable import GrowableBuffer
     from ._virtual._vmm import AddressRange, Mapping, PhysicalMemory
-    from ._virtual._vmm_base import Access, HandleType, granularity
+    from ._virtual._vmm_base import HandleType, granularity
 
 # Feature modules load on first use of one of their names (PEP 562), so that
 # ``import cuda_memkit`` stays cheap: each module -> the public names it gives.
 _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_core._buffer": ("Buffer", "MemoryKind"),
-    "_core._device": ("Device", "Location", "LocationType", "Stream", "device_count"),
+    "_core._device": ("Device", "device_count"),
+    "_core._location": ("Location", "LocationType"),
+    "_core._stream": ("Stream",),
     "_core._peer": ("PeerAccessSettings", "configure_peer_access", "peer_access_settings"),
     "_device_memory._device_buffer": ("DeviceBuffer",),
     "_transfer._transfers": ("copy", "copy_async"),
@@ -78,7 +83,8 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_managed_memory._policy": ("ManagedMemoryHints", "MigrationPolicy"),
     "_managed_memory._prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
     "_managed_memory._access_plan": ("AccessChunk", "AccessPlan", "AccessRun"),
-    "_virtual._vmm_base": ("Access", "HandleType", "granularity"),
+    "_core._access": ("Access",),
+    "_virtual._vmm_base": ("HandleType", "granularity"),
     "_virtual._vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
     "_virtual._growable": ("GrowableBuffer",),
     "_pools._pool": ("MemoryPool", "PoolBuffer", "PoolStats"),

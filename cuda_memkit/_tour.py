@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._core import _driver
-from ._core._device import Device, Stream, device_count
+from ._core._device import Device, device_count
 from ._core._errors import CudaError
+from ._core._stream import Stream
 
 Say = Callable[[str], None]
 Step = Callable[[Say], None]
@@ -142,7 +143,7 @@ def doctor_checks() -> list[tuple[str, Callable[[], str]]]:
         return f"{n} device(s)"
 
     def alloc() -> str:
-        from ._core._device import ensure_context
+        from ._core._context import ensure_context
 
         ensure_context(0)
         ptr = _driver.call("cuMemAlloc", 1 << 20)

@@ -73,7 +73,7 @@ def _reap_finished_copies() -> None:
     lets go at the next copy or allocation; a test that ends right after one
     would otherwise see them as leaks.
     """
-    operands = sys.modules.get("cuda_memkit._core._operands")
+    operands = sys.modules.get("cuda_memkit._core._inflight")
     if operands is not None and operands.pending_operands:
         operands.reap_pending()
 
@@ -84,7 +84,7 @@ def _wait_for_copies() -> None:
     Memory a copy still uses is freed when the copy ends; under compute-sanitizer the
     copies run long enough for a test to end first.
     """
-    operands = sys.modules.get("cuda_memkit._core._operands")
+    operands = sys.modules.get("cuda_memkit._core._inflight")
     if operands is not None and operands.pending_operands:
         operands.wait_pending()
 

@@ -1,4 +1,11 @@
-"""Summarise a gpu-check work folder: pass counts from JUnit XML, benchmark JSON, the machine."""
+"""Summarise a gpu-check work folder: pass counts from JUnit XML, benchmark JSON, the machine.
+
+    python scripts/gpu_summary.py WORK          # the summary of a work folder, as JSON
+    python scripts/gpu_summary.py --merge FIRST AGAIN > MERGED.xml
+        # a parallel run's JUnit XML with each test that ran again alone taking its
+        # result from the second run (gpu-check tests)
+    python scripts/gpu_summary.py --suite MERGED.xml   # one line of counts, the failures
+"""
 
 from __future__ import annotations
 
@@ -30,7 +37,46 @@ def counts(path: pathlib.Path) -> dict[str, int]:
     return {**out, "failed_tests": failed, "skip_reasons": skipped}  # type: ignore[dict-item]
 
 
+def merge(first: pathlib.Path, again: pathlib.Path) -> ET.Element:
+    """``first``'s test cases, each replaced by its namesake in ``again`` where there is one."""
+    def cases(path: pathlib.Path) -> list[ET.Element]:
+        if not path.exists():
+            return []
+        return list(ET.parse(path).getroot().iter("testcase"))
+
+    def key(c: ET.Element) -> tuple[str | None, str | None]:
+        return c.get("classname"), c.get("name")
+
+    rerun = {key(c): c for c in cases(again)}
+    merged = [rerun.pop(key(c), c) for c in cases(first)]
+    merged.extend(rerun.values())
+    suite = ET.Element("testsuite", name="suite")
+    tally = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for c in merged:
+        suite.append(c)
+        tally["tests"] += 1
+        for tag, k in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            if c.find(tag) is not None:
+                tally[k] += 1
+    for k, v in tally.items():
+        suite.set(k, str(v))
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return root
+
+
 def main() -> None:
+    if sys.argv[1] == "--merge":
+        ET.dump(merge(pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])))
+        return
+    if sys.argv[1] == "--suite":
+        c = counts(pathlib.Path(sys.argv[2]))
+        print(f"suite: {c.get('passed', 0)} passed, "
+              f"{c.get('failures', 0) + c.get('errors', 0)} failed, "
+              f"{c.get('skipped', 0)} skipped (parallel, failures re-run alone)")
+        for name in c.get("failed_tests", []):  # type: ignore[union-attr]
+            print(f"  FAILED alone too: {name}")
+        return
     work = pathlib.Path(sys.argv[1])
     summary: dict[str, object] = {
         "conformance": counts(work / "junit-conformance.xml"),

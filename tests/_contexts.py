@@ -23,7 +23,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _device, _driver
+from cuda_memkit._core import _context, _driver
 
 
 def current() -> int:
@@ -66,7 +66,7 @@ def created_context(device: int = 0) -> Iterator[int]:
 @contextlib.contextmanager
 def stale_context_current(device: int = 0) -> Iterator[int]:
     """A destroyed context left current on the calling thread inside the block."""
-    _device.primary_context(device)  # the primary context outlives the block
+    _context.primary_context(device)  # the primary context outlives the block
     prev = current()
     ctx = on_thread(lambda: _driver.call("cuCtxCreate", None, 0, cu.CUdevice(device)))
     _driver.call("cuCtxSetCurrent", ctx)
@@ -84,7 +84,7 @@ def other_device_current() -> Iterator[int]:
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
     prev = current()
-    _device.ensure_context(1)
+    _context.ensure_context(1)
     try:
         yield current()
     finally:
@@ -116,7 +116,7 @@ def sim_release_since(mark: dict[str, set[int]]) -> list[str]:
     from cuda_memkit.sim import machine
 
     m = machine()
-    _device.ensure_context(0)
+    _context.ensure_context(0)
     freed: list[str] = []
     release = {"device": "cuMemFree", "managed": "cuMemFree", "pinned": "cuMemFreeHost",
                "registered": "cuMemHostUnregister"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuda_memkit._core import _device, _driver
+from cuda_memkit._core import _context, _driver
 from cuda_memkit._host import _pinned_pool
 from cuda_memkit._transfer import _kernels
 
@@ -86,7 +86,7 @@ def snapshot() -> Snapshot:
     n = int(_driver.call("cuDeviceGetCount"))
     prev = int(_driver.call("cuCtxGetCurrent"))
     for i in range(n):
-        _device.ensure_context(i)
+        _context.ensure_context(i)
         _driver.call("cuCtxSynchronize")
         free, _total = _driver.call("cuMemGetInfo")
         snap.free[i] = int(free)

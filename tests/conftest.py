@@ -140,7 +140,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
                  else GPU_TOLERANCE)
     before: Snapshot = snapshot()
     yield
-    operands = sys.modules.get("cuda_memkit._core._operands")
+    operands = sys.modules.get("cuda_memkit._core._inflight")
     if operands is not None and operands.pending_operands:  # copies still running hold
         operands.wait_pending()  # their operands, and closed owners are released after them
     staging = sys.modules.get("cuda_memkit._transfer._staging")
@@ -166,15 +166,15 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 def copies_in_flight(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
     """Asynchronous copies stay "running" (their events answer not ready) until the returned
     call: the simulator completes every copy at once, a GPU only sometimes."""
-    from cuda_memkit._core import _operands
+    from cuda_memkit._core import _inflight
 
     running = [True]
-    done = _operands._event_done
-    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
+    done = _inflight._event_done
+    monkeypatch.setattr(_inflight, "_event_done", lambda ev: not running[0] and done(ev))
 
     def finish() -> None:
         running[0] = False
 
     yield finish
     finish()
-    _operands.reap_pending()
+    _inflight.reap_pending()

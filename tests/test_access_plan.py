@@ -37,7 +37,7 @@ def read_chunk(chunk: cm.AccessChunk) -> np.ndarray:
 
 
 def device_of(view: object) -> int:
-    from cuda_memkit._core._operands import owning_device
+    from cuda_memkit._core._pointers import owning_device
 
     ptr = view.__cuda_array_interface__["data"][0]  # type: ignore[attr-defined]
     d = owning_device(ptr)

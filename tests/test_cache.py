@@ -495,18 +495,18 @@ def test_a_drain_on_another_thread_finishes_before_the_stream_is_destroyed(
     # empty_cache() frees a stream's cached blocks on that stream while its owner closes it
     # on another thread: the close's own drain (and the destroy after it) wait for the
     # first drain, so no block is freed on a destroyed stream (that crashed the H100).
-    from cuda_memkit._core import _device
+    from cuda_memkit._core import _stream
 
     s = cm.Stream()
     destroyed: list[int] = []
-    real_destroy = _device.driver_release
+    real_destroy = _stream.driver_release
 
     def recording_release(api: str, *args: Any) -> None:
         if api == "cuStreamDestroy":
             destroyed.append(int(args[0]))
         real_destroy(api, *args)
 
-    monkeypatch.setattr(_device, "driver_release", recording_release)
+    monkeypatch.setattr(_stream, "driver_release", recording_release)
     with cm.MemoryPool(0, cache=True) as pool:
         pool.allocate(4096, stream=s).free()  # cached on s
         real_free = _cache.FREE

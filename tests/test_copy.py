@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands
+from cuda_memkit._core import _driver, _host_registry, _inflight
 
 from ._helpers import no_driver_calls, record_calls
 
@@ -214,7 +214,7 @@ def test_views_of_pinned_memory_are_not_pageable(dev: cm.DeviceBuffer, stream: c
                                                  data: np.ndarray) -> None:
     with cm.HostBuffer.from_array(data) as h:
         view = h.array[N // 2:]
-        assert _operands.is_pinned_host(view)
+        assert _host_registry.is_pinned_host(view)
         cm.copy_async(dev, view, stream=stream, nbytes=view.nbytes)
         out = h.array.reshape(2, -1)[0]
         cm.copy_async(out, dev, stream=stream, nbytes=out.nbytes)
@@ -224,8 +224,8 @@ def test_views_of_pinned_memory_are_not_pageable(dev: cm.DeviceBuffer, stream: c
 
 
 def test_pageable_check_of_plain_numpy(data: np.ndarray) -> None:
-    assert not _operands.is_pinned_host(data)
-    assert _operands.is_pinned_host(np.zeros(0))
+    assert not _host_registry.is_pinned_host(data)
+    assert _host_registry.is_pinned_host(np.zeros(0))
 
 
 def test_raw_pointers_are_trusted(dev: cm.DeviceBuffer, stream: cm.Stream,
@@ -257,15 +257,15 @@ def test_async_copy_keeps_operands_alive(dev: cm.DeviceBuffer, stream: cm.Stream
     h = cm.HostBuffer.from_array(np.ones(N, np.float32))
     ref = weakref.ref(h)
     with monkeypatch.context() as m:
-        m.setattr(_operands, "_event_done", lambda ev: False)  # the stream is "still busy"
+        m.setattr(_inflight, "_event_done", lambda ev: False)  # the stream is "still busy"
         cm.copy_async(dev, h, stream=stream)
-        assert _operands.pending_count() == 1
+        assert _inflight.pending_count() == 1
         del h
         gc.collect()
         assert ref() is not None  # held until the copy is done
     stream.synchronize()
-    _operands.reap_pending()
-    assert _operands.pending_count() == 0
+    _inflight.reap_pending()
+    assert _inflight.pending_count() == 0
     gc.collect()
     assert ref() is None
 
@@ -277,7 +277,7 @@ def test_synchronize_lets_go_of_the_operands(dev: cm.DeviceBuffer, stream: cm.St
     cm.copy_async(dev, h, stream=stream)
     del h
     stream.synchronize()
-    assert _operands.pending_count() == 0
+    assert _inflight.pending_count() == 0
     assert ref() is None  # no reap, no collection needed
 
 
@@ -300,14 +300,14 @@ def test_wait_pending_waits_for_running_copies(dev: cm.DeviceBuffer, stream: cm.
         return real_function(name)
 
     with monkeypatch.context() as m:
-        m.setattr(_operands, "_event_done", lambda ev: not busy[0])
+        m.setattr(_inflight, "_event_done", lambda ev: not busy[0])
         m.setattr(_driver, "function", function)
         cm.copy_async(dev, h, stream=stream)
         del h
         gc.collect()
-        assert ref() is not None and _operands.pending_count() == 1
-        _operands.wait_pending()
-    assert len(waited) == 1 and _operands.pending_count() == 0
+        assert ref() is not None and _inflight.pending_count() == 1
+        _inflight.wait_pending()
+    assert len(waited) == 1 and _inflight.pending_count() == 0
     assert ref() is None
 
 
@@ -315,8 +315,8 @@ def test_finished_copies_hold_nothing(dev: cm.DeviceBuffer, stream: cm.Stream) -
     h = cm.HostBuffer.from_array(np.ones(N, np.float32))
     cm.copy_async(dev, h, stream=stream)
     stream.synchronize()
-    _operands.reap_pending()
-    assert _operands.pending_count() == 0
+    _inflight.reap_pending()
+    assert _inflight.pending_count() == 0
     h.close()
 
 
@@ -340,7 +340,7 @@ def test_keep_alive_falls_back_to_synchronizing(dev: cm.DeviceBuffer, stream: cm
             m.setattr(_driver, "call", spy)
             cm.copy_async(dev, h, stream=stream)
         assert calls[-1] == "cuStreamSynchronize"
-        assert _operands.pending_count() == 0
+        assert _inflight.pending_count() == 0
 
 
 # -- bad input: refused before the driver ------------------------------------------------

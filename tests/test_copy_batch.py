@@ -11,7 +11,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands
+from cuda_memkit._core import _driver, _inflight
 from cuda_memkit._transfer import _copy_batch, _kernels
 from cuda_memkit._transfer._copy_batch import CopyBatch, copy_batch
 
@@ -281,8 +281,8 @@ def test_stream_ordered_keeps_operands_alive(dev: cm.DeviceBuffer, stream: cm.St
                stream=stream)
     del src  # the pending copy holds it
     stream.synchronize()
-    _operands.reap_pending()
-    assert _operands.pending_count() == 0
+    _inflight.reap_pending()
+    assert _inflight.pending_count() == 0
     assert (dev.to_numpy().reshape(N, B)[perm] == want).all()
 
 

@@ -535,7 +535,7 @@ def test_copy_batch_keeps_its_descriptors_on_the_device(
     assert b.closed and b.device_nbytes == 0
     if s is not None:
         s.synchronize()
-        from cuda_memkit._core._operands import reap_pending
+        from cuda_memkit._core._inflight import reap_pending
 
         reap_pending()
     assert _device_bytes() == before
@@ -550,7 +550,7 @@ def test_copy_batch_closed_in_flight_frees_its_descriptors_after_the_stream(
         host: cm.HostBuffer, dev_out: cm.DeviceBuffer, stream: cm.Stream) -> None:
     import weakref
 
-    from cuda_memkit._core._operands import reap_pending
+    from cuda_memkit._core._inflight import reap_pending
 
     b = CopyBatch().add(dev_out, host, dst_offsets=[B, 0], src_offsets=[0, B], sizes=B)
     b.execute(stream=stream, method="kernel")

@@ -7,8 +7,10 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _device, _driver
-from cuda_memkit._core._device import as_location, ensure_context, stream_handle
+from cuda_memkit._core import _context, _driver
+from cuda_memkit._core._context import ensure_context
+from cuda_memkit._core._location import as_location
+from cuda_memkit._core._stream import stream_handle
 
 
 def test_device_count_positive() -> None:
@@ -288,5 +290,5 @@ def test_location_is_frozen() -> None:
 
 
 def test_primary_context_is_cached() -> None:
-    a = _device.primary_context(0)
-    assert _device.primary_context(0) == a
+    a = _context.primary_context(0)
+    assert _context.primary_context(0) == a

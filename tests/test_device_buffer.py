@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit._core import _operands
+from cuda_memkit._core import _pointers
 from cuda_memkit._core._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
 
 from ._helpers import no_driver_calls, record_calls
@@ -22,7 +22,7 @@ def test_alloc_basics() -> None:
         assert d.ptr != 0
         assert d.device == 0
         assert isinstance(d, DeviceMemoryMixin)
-        assert _operands.memory_type(d.ptr) == _operands.MEMORYTYPE_DEVICE
+        assert _pointers.memory_type(d.ptr) == _pointers.MEMORYTYPE_DEVICE
         assert "DeviceBuffer" in repr(d) and "device 0" in repr(d)
 
 

@@ -23,7 +23,7 @@ _SCRIPT = """
 import sys
 import numpy as np
 import cuda_memkit as cm
-from cuda_memkit._core import _operands
+from cuda_memkit._core import _inflight
 
 HOLDER = sys.argv[1]
 IN_FLIGHT = sys.argv[2] == "in-flight"
@@ -90,7 +90,7 @@ def objects():
 
 
 if IN_FLIGHT:  # every copy below is still running at exit: its operands stay held
-    _operands._event_done = lambda ev: False
+    _inflight._event_done = lambda ev: False
 held = objects()
 if IN_FLIGHT:
     h, d = cm.HostBuffer.pooled(N), cm.DeviceBuffer.empty(N)
@@ -98,7 +98,7 @@ if IN_FLIGHT:
     cm.copy_async(cm.DeviceBuffer.empty(N).as_array(), cm.HostBuffer.empty(N), stream=s)
     h.close()  # closed under the copy: released after it, i.e. never
     held += [h, d]
-    assert _operands.pending_count() >= 2
+    assert _inflight.pending_count() >= 2
 if HOLDER == "os":
     import os
     os.memkit_test_objects = held

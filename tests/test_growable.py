@@ -12,7 +12,7 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 
 from ._helpers import read, write
 

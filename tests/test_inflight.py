@@ -1,7 +1,7 @@
 """close() under an asynchronous copy in flight: every owner, every order of events.
 
 Copies are held "running" on the simulator by the ``copies_in_flight`` fixture
-(``_operands._event_done`` answers not ready): the memory must stay allocated
+(``_inflight._event_done`` answers not ready): the memory must stay allocated
 (in the ledger) while a copy uses it, and be released exactly once after it,
 quietly at exit too. The basic cases per kind are in ``tests/test_ownership.py``.
 """
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit._core import _operands, _resource
+from cuda_memkit._core import _inflight, _resource
 
 from ._helpers import run_script
 
@@ -80,17 +80,17 @@ def test_the_leak_report_at_exit_lets_go_of_finished_copies(tmp_path: Path) -> N
     script = tmp_path / "closed_under_copy.py"
     script.write_text(textwrap.dedent("""
         import cuda_memkit as cm
-        from cuda_memkit._core import _operands
+        from cuda_memkit._core import _inflight
 
-        done = _operands._event_done
-        _operands._event_done = lambda ev: False   # the copy is still running at close()
+        done = _inflight._event_done
+        _inflight._event_done = lambda ev: False   # the copy is still running at close()
         s = cm.Stream()
         h = cm.HostBuffer.empty(4096)
         d = cm.DeviceBuffer.empty(4096)
         cm.copy_async(d, h, stream=s)
         h.close()
         d.close()
-        _operands._event_done = done               # ... and has finished by exit
+        _inflight._event_done = done               # ... and has finished by exit
     """))
     proc = run_script(script, CUDA_MEMKIT_BACKEND="sim", CUDA_MEMKIT_LEAK_REPORT="1")
     assert proc.returncode == 0, proc.stderr
@@ -117,7 +117,7 @@ def test_a_release_that_reaps_inside_reap_pending_does_not_break_it(
         cm.copy_async(d2, src2, stream=s2)
         del cycle
         copies_in_flight()
-        real = _operands._event_done
+        real = _inflight._event_done
         collected = []
 
         def query(ev: Any) -> bool:
@@ -125,14 +125,14 @@ def test_a_release_that_reaps_inside_reap_pending_does_not_break_it(
                 collected.append(gc.collect())  # what an allocation in the loop may trigger
             return bool(real(ev))
 
-        monkeypatch.setattr(_operands, "_event_done", query)
-        _operands.reap_pending()
+        monkeypatch.setattr(_inflight, "_event_done", query)
+        _inflight.reap_pending()
         assert collected and ptr not in live_keys()
-        assert not _operands.pending_operands
+        assert not _inflight.pending_operands
     finally:
         gc.enable()
         monkeypatch.undo()
-        _operands.reap_pending()
+        _inflight.reap_pending()
         s2.close()
         for b in (src1, src2, d1, d2):
             b.close()
@@ -227,7 +227,7 @@ def test_a_deferred_pool_buffer_whose_stream_closed_first(
         s.close()
         assert ptr in live_keys()
         copies_in_flight()
-        _operands.wait_pending()
+        _inflight.wait_pending()
         assert ptr not in live_keys() and pool.stats().used_current == 0
     finally:
         other.close()
@@ -254,7 +254,7 @@ def test_an_export_dropped_under_the_copy_then_the_copy_ends(
         stream.synchronize()
         assert ptr not in live_keys()
         again = cm.HostBuffer.pooled(4096)  # the block went back to the cache once
-        assert _operands.pending_count() == 0
+        assert _inflight.pending_count() == 0
         again.close()
     finally:
         d.close()
@@ -284,7 +284,7 @@ def test_close_on_a_thread_without_a_context_and_the_reap_on_another(
         t.join()
         assert not errors and all(p in live_keys() for p in ptrs)
         copies_in_flight()
-        t = threading.Thread(target=_operands.reap_pending)
+        t = threading.Thread(target=_inflight.reap_pending)
         t.start()
         t.join()
         assert not any(p in live_keys() for p in ptrs)
@@ -336,9 +336,9 @@ def test_exit_with_a_buffer_closed_under_a_running_copy_is_quiet(tmp_path: Path)
     script = tmp_path / "exit_under_copy.py"
     script.write_text(textwrap.dedent("""
         import cuda_memkit as cm
-        from cuda_memkit._core import _operands
+        from cuda_memkit._core import _inflight
 
-        _operands._event_done = lambda ev: False   # still running at exit
+        _inflight._event_done = lambda ev: False   # still running at exit
         s = cm.Stream()
         d = cm.DeviceBuffer.empty(4096)
         h = cm.HostBuffer.pooled(4096)

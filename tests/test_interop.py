@@ -8,7 +8,7 @@ import pytest
 
 import cuda_memkit as cm
 from cuda_memkit._core import _dlpack, _driver
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 from cuda_memkit._core._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
 from cuda_memkit._core._resource import Resource, driver_release, make_finalizer
 

@@ -16,7 +16,7 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_any_context
+from cuda_memkit._core._context import ensure_any_context
 from cuda_memkit._transfer import _kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

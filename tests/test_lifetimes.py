@@ -27,7 +27,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands
+from cuda_memkit._core import _driver, _host_registry
 
 from . import _leaks
 from ._kinds import KINDS, MANAGED, Env, kind_params, leaks_since
@@ -384,7 +384,7 @@ def _c_reg(o: Any) -> Callable[[], None]:
         # The refused release leaves the range registered, and recorded as such; the raw
         # unregister here bypasses the record, so drop it too (else it outlives the array).
         _quiet("cuMemHostUnregister", p)
-        _operands.forget_registration(p)
+        _host_registry.forget_registration(p)
     return cleanup
 
 

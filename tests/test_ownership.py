@@ -558,7 +558,7 @@ def test_close_during_an_async_copy_releases_after_it(
 def test_close_during_copies_on_two_streams_waits_for_both(
         stream: cm.Stream, copies_in_flight: Callable[[], None],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from cuda_memkit._core import _operands
+    from cuda_memkit._core import _inflight
 
     h = cm.HostBuffer.pooled(4096)
     d1, d2 = cm.DeviceBuffer.empty(4096), cm.DeviceBuffer.empty(4096)
@@ -568,10 +568,10 @@ def test_close_during_copies_on_two_streams_waits_for_both(
             cm.copy_async(d1, h, stream=stream)
             cm.copy_async(d2, h, stream=s2)
             h.close()
-            first = _operands.pending_operands[stream.handle][0][0]
+            first = _inflight.pending_operands[stream.handle][0][0]
             with monkeypatch.context() as m:  # the first copy is done, the second is not
-                m.setattr(_operands, "_event_done", lambda ev, first=first: ev is first)
-                _operands.reap_pending()
+                m.setattr(_inflight, "_event_done", lambda ev, first=first: ev is first)
+                _inflight.reap_pending()
             assert ptr in live_keys()  # the second still reads it
             copies_in_flight()
             s2.synchronize()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands, _resource
+from cuda_memkit._core import _driver, _inflight, _operands, _resource
 
 pytestmark = pytest.mark.usefixtures("default_pinned", "flush_pinned")
 
@@ -125,7 +125,7 @@ CASES = [pytest.param(k, e, marks=[pytest.mark.uses_managed_memory] if "anaged" 
 
 
 def _issue(path: str, export: Any, other: Any, stream: cm.Stream, held: list[Any]) -> None:
-    n = min(N, int(_operands.operand(export, False)[1]))  # type: ignore[arg-type]
+    n = min(N, int(_operands.operand(export, False).nbytes))  # type: ignore[arg-type]
     if path == "copy_async source":
         cm.copy_async(other, export, nbytes=n, stream=stream)
     elif path == "copy_async destination":
@@ -156,12 +156,12 @@ def _close_under_one_copy(kind: str, how: str, path: str, stream: cm.Stream,
     array = buf.array if kind == "RegisteredHost" else None
     other = cm.DeviceBuffer.zeros(N) if kind in HOST else cm.HostBuffer.zeros(N)
     held: list[Any] = []
-    running = _operands.pending_count()
+    running = _inflight.pending_count()
     try:
         ptr = buf.ptr
         export = _export(kind, how, buf, array)
         _issue(path, export, other, stream, held)
-        assert _operands.pending_count() == running + 1, "the copy is not held as running"
+        assert _inflight.pending_count() == running + 1, "the copy is not held as running"
         del export
         buf.close()
         assert buf.closed and ptr in live_keys(), f"{path}: released under the copy"
@@ -193,8 +193,8 @@ def test_close_under_a_copy_of_an_export_releases_after_it(
     (the copy holds it), then the owner is closed: its memory stays allocated (in the
     ledger, not lent again) until the copy is done, then goes once."""
     running = [True]
-    done = _operands._event_done
-    monkeypatch.setattr(_operands, "_event_done", lambda ev: not running[0] and done(ev))
+    done = _inflight._event_done
+    monkeypatch.setattr(_inflight, "_event_done", lambda ev: not running[0] and done(ev))
     for path in PATHS:
         if how == "np.from_dlpack" and path in WRITES:
             continue  # numpy's DLPack arrays are read-only
@@ -291,7 +291,7 @@ def test_a_copy_of_an_unrelated_array_holds_no_owner(
         ptr = reg.ptr
         reg.close()
         assert ptr not in live_keys()
-        assert _operands.pending_count() == 1
+        assert _inflight.pending_count() == 1
     finally:
         copies_in_flight()
         stream.synchronize()
@@ -308,9 +308,9 @@ def test_a_registered_array_copied_again_after_close_waits_for_both_copies(
     reg = cm.register_host(array)
     dev = cm.DeviceBuffer.zeros(N)
     running: set[Any] = set()
-    done = _operands._event_done
-    monkeypatch.setattr(_operands, "_event_done", lambda ev: ev not in running and done(ev))
-    real_keep = _operands.keep_alive
+    done = _inflight._event_done
+    monkeypatch.setattr(_inflight, "_event_done", lambda ev: ev not in running and done(ev))
+    real_keep = _inflight.keep_alive
 
     def keep(stream_: int, refs: tuple[Any, ...]) -> None:  # every new copy starts running
         real_record = _driver.call
@@ -325,7 +325,7 @@ def test_a_registered_array_copied_again_after_close_waits_for_both_copies(
             m.setattr(_driver, "call", record)
             real_keep(stream_, refs)
 
-    monkeypatch.setattr(_operands, "keep_alive", keep)
+    monkeypatch.setattr(_inflight, "keep_alive", keep)
     import cuda_memkit._transfer._transfers as transfers
     monkeypatch.setattr(transfers, "keep_alive", keep)
     try:
@@ -336,7 +336,7 @@ def test_a_registered_array_copied_again_after_close_waits_for_both_copies(
         assert ptr in live_keys()
         cm.copy_async(dev, array, stream=stream)  # registered still: a second copy
         running.difference_update(first)  # the first copy ends
-        _operands.reap_pending()
+        _inflight.reap_pending()
         assert ptr in live_keys(), "unregistered under the second copy"
         running.clear()
         stream.synchronize()

@@ -62,7 +62,7 @@ def test_disable_is_idempotent() -> None:
 def test_enabled_by_another_library_is_success() -> None:
     # PyTorch and CuPy enable peer access in the same primary contexts: the driver then
     # answers ALREADY_ENABLED, which is success, and the pair counts as enabled.
-    from cuda_memkit._core._device import primary_context, primary_pushed
+    from cuda_memkit._core._context import primary_context, primary_pushed
 
     with primary_pushed(0):
         _driver.call("cuCtxEnablePeerAccess", primary_context(1), 0)

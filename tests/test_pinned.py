@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands, _resource
+from cuda_memkit._core import _driver, _host_registry, _pointers, _resource
 
 from ._helpers import no_driver_calls, record_calls
 
@@ -137,8 +137,8 @@ def test_numpy_integer_shape() -> None:
 
 def test_memory_is_pinned() -> None:
     with cm.HostBuffer.empty(4096) as h:
-        assert _operands.memory_type(h.ptr) == _operands.MEMORYTYPE_HOST
-        assert _operands.is_pinned_host(h.array)
+        assert _pointers.memory_type(h.ptr) == _pointers.MEMORYTYPE_HOST
+        assert _host_registry.is_pinned_host(h.array)
 
 
 def test_zeros() -> None:

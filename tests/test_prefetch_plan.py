@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 from cuda_memkit._managed_memory import _plan_ranges as plan_ranges
 from cuda_memkit._managed_memory import _prefetch_plan as plan_mod
 

@@ -12,7 +12,7 @@ import pytest
 from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
-from cuda_memkit._core import _driver, _operands
+from cuda_memkit._core import _driver, _host_registry, _pointers
 
 from ._helpers import no_driver_calls, page_aligned_zeros, record_calls
 
@@ -26,7 +26,7 @@ def arr() -> np.ndarray:
 
 
 def is_registered(a: np.ndarray) -> bool:
-    return _operands.memory_type(a.__array_interface__["data"][0]) is not None
+    return _pointers.memory_type(a.__array_interface__["data"][0]) is not None
 
 
 def test_register_and_unregister(arr: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +39,7 @@ def test_register_and_unregister(arr: np.ndarray, monkeypatch: pytest.MonkeyPatc
             assert not reg.read_only
             assert reg.array is arr
             assert is_registered(arr)
-            assert _operands.is_pinned_host(arr)
+            assert _host_registry.is_pinned_host(arr)
             assert "RegisteredHost" in repr(reg)
         assert reg.closed
     assert ("cuMemHostRegister", (arr.ctypes.data, N, 0)) in calls
@@ -269,8 +269,8 @@ def test_unregistered_behind_its_back_warns(arr: np.ndarray) -> None:
         reg.close()
     # Nor does cuda_memkit still take the range for registered memory (a stale record gave a
     # later array at the same address this one's flags, so a READ_ONLY check missed it).
-    assert _operands.registered_flags(ptr, N) is None
-    assert ptr not in _operands._registered
+    assert _host_registry.registered_flags(ptr, N) is None
+    assert ptr not in _host_registry._registered
 
 
 def test_use_after_close(arr: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

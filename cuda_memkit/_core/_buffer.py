@@ -21,10 +21,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, _ProtocolMeta, runtime_checkable
 
 from . import _driver
-from ._device import StreamLike, ensure_any_context, ensure_context, primary_pushed, stream_handle
+from ._context import ensure_any_context, ensure_context, primary_pushed
+from ._inflight import keep_alive
 from ._interop import normalize_view
-from ._operands import copy_sync, keep_alive, operand
+from ._operands import copy_sync, operand
 from ._resource import Resource
+from ._stream import StreamLike, stream_handle
 
 if TYPE_CHECKING:
     import numpy as np

@@ -8,8 +8,9 @@ an order of magnitude slower (two NVLink H200s: 38 against 380 GB/s, see
 docs/decisions.md). The driver has no query for it, so this module keeps
 what was enabled, per ordered pair of devices, with the two primary contexts
 it was enabled between: a primary context reset by another library makes the
-entry stale, and the next use enables it again. :class:`~cuda_memkit.Device`
-(``_device``) makes the driver calls; this module holds only the state.
+entry stale, and the next use enables it again. This module holds that state
+and makes the driver calls that change it; :class:`~cuda_memkit.Device`'s peer
+methods and the copies call them.
 
 Pool and mapped (VMM) memory follow their own grants (``cuMemPoolSetAccess``,
 ``cuMemSetAccess``), never this state.
@@ -20,14 +21,29 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 
+from . import _driver
+from ._constants import (
+    PEER_ACCESS_ALREADY_ENABLED,
+    PEER_ACCESS_NOT_ENABLED,
+    PEER_ACCESS_UNSUPPORTED,
+    TOO_MANY_PEERS,
+)
+from ._context import primary_context, primary_pushed, retained_context
+from ._errors import CudaError, CudaPeerAccessUnsupportedError
+
 __all__ = [
     "LOCK",
     "PeerAccessSettings",
+    "can_reach",
     "configure_peer_access",
+    "disable_peer",
+    "enable_peer",
     "enabled",
+    "ensure_peer_access",
     "forget",
     "generation",
     "peer_access_settings",
+    "peer_enabled",
     "reachable",
 ]
 
@@ -121,3 +137,82 @@ def forget() -> None:
         enabled.clear()
         reachable.clear()
         generation[0] += 1
+
+
+def can_reach(device: int, peer: int) -> bool:
+    """``cuDeviceCanAccessPeer(device, peer)``, asked once per pair."""
+    hit = reachable.get((device, peer))
+    if hit is None:
+        hit = bool(_driver.call("cuDeviceCanAccessPeer", _driver.call("cuDeviceGet", device),
+                                _driver.call("cuDeviceGet", peer)))
+        reachable[(device, peer)] = hit
+    return hit
+
+
+def peer_enabled(device: int, peer: int) -> bool:
+    """Whether cuda_memkit enabled (or found enabled) ``device``'s access to ``peer``'s memory."""
+    hit = enabled.get((device, peer))
+    return hit is not None and hit == (retained_context(device), retained_context(peer))
+
+
+def enable_peer(device: int, peer: int) -> None:
+    """Enable ``device``'s access to ``peer``'s memory between their primary contexts.
+
+    ``CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`` is success (another library
+    sharing the primary contexts may have enabled it).
+
+    Raises
+    ------
+    CudaPeerAccessUnsupportedError
+        Where ``cuDeviceCanAccessPeer`` says no, before any enabling call.
+    """
+    with LOCK:
+        if peer_enabled(device, peer):
+            return
+        if not can_reach(device, peer):
+            raise CudaPeerAccessUnsupportedError(
+                PEER_ACCESS_UNSUPPORTED, "cuCtxEnablePeerAccess",
+                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+                f"device {device} cannot access device {peer}'s memory "
+                "(cuDeviceCanAccessPeer): copies between them are staged through host memory")
+        ctx, other = primary_context(device), primary_context(peer)
+        with primary_pushed(device):
+            try:
+                _driver.call("cuCtxEnablePeerAccess", other, 0)
+            except CudaError as exc:
+                if exc.code != PEER_ACCESS_ALREADY_ENABLED:
+                    raise
+        enabled[(device, peer)] = (ctx, other)
+
+
+def disable_peer(device: int, peer: int) -> None:
+    """Disable ``device``'s access to ``peer``'s memory; not enabled is success."""
+    with LOCK:
+        other = primary_context(peer)
+        with primary_pushed(device):
+            try:
+                _driver.call("cuCtxDisablePeerAccess", other)
+            except CudaError as exc:
+                if exc.code != PEER_ACCESS_NOT_ENABLED:
+                    raise
+        enabled.pop((device, peer), None)
+        generation[0] += 1
+
+
+def ensure_peer_access(device: int, peer: int) -> bool:
+    """For copies: whether ``device`` reaches ``peer``'s context memory directly now.
+
+    Enables it on first use where the settings allow (``auto``) and the
+    hardware can; ``False`` leaves the copy to the driver's staged path.
+    """
+    if peer_enabled(device, peer):
+        return True
+    if not peer_access_settings().auto or not can_reach(device, peer):
+        return False
+    try:
+        enable_peer(device, peer)
+    except CudaError as exc:  # the hardware's answer: the copy is staged instead
+        if exc.code not in (PEER_ACCESS_UNSUPPORTED, TOO_MANY_PEERS):
+            raise
+        return False
+    return True

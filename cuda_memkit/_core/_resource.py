@@ -256,7 +256,7 @@ class Exports:
 
 
 #: Asked before a closed resource's memory is released, in order: a hook that returns
-#: True has taken the release over (``_operands`` registers one that waits for the
+#: True has taken the release over (``_inflight`` registers one that waits for the
 #: asynchronous copies still using the memory; this module cannot import it).
 release_hooks: list[Callable[[Resource], bool]] = []
 

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from .._core import _driver
 from .._core._buffer import MemoryKind, ShapedBufferMixin
 from .._core._checks import byte_count, check_dtype, check_shape, shape_nbytes
-from .._core._device import check_ordinal, ensure_context, release_call
+from .._core._context import ensure_context, release_call
+from .._core._device import check_ordinal
+from .._core._inflight import pending_operands, reap_pending
 from .._core._interop import OneDeviceMixin
-from .._core._operands import copy_size, copy_sync, operand, pending_operands, reap_pending
+from .._core._operands import copy_size, copy_sync, operand
 from .._core._resource import Resource, State, account, make_finalizer
 
 if TYPE_CHECKING:

@@ -33,15 +33,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._core import _driver
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_flags, check_shape, shape_nbytes
-from .._core._device import ensure_any_context, release_call
+from .._core._context import ensure_any_context, release_call
 from .._core._errors import CudaError, CudaInvalidContextError, MemkitWarning
-from .._core._operands import (
-    mapped_device_ptr,
-    mark_pinned_class,
-    pending_operands,
-    reap_pending,
-    release_after_copies,
-)
+from .._core._host_registry import mapped_device_ptr, mark_pinned_class
+from .._core._inflight import pending_operands, reap_pending, release_after_copies
 from .._core._resource import (
     CLOSED,
     EXITING,

@@ -31,9 +31,9 @@ from __future__ import annotations
 import threading
 
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
-from .._core._device import Stream
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import EXITING, Unshareable, account
+from .._core._stream import Stream
 from .._pools import _pool
 from .._pools._cache import Bin, BlockCache, round_size
 from .._pools._pool import MemoryPool

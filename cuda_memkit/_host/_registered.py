@@ -4,7 +4,7 @@
 with ``cuMemHostRegister`` for as long as the returned :class:`RegisteredHost`
 is open, so copies from and to it run at full PCIe bandwidth and truly
 asynchronously, as from a :class:`~cuda_memkit.HostBuffer`. Registrations are
-recorded in :mod:`cuda_memkit._core._operands` (copies tell pinned from pageable
+recorded in :mod:`cuda_memkit._core._host_registry` (copies tell pinned from pageable
 memory by them) and in the allocation ledger (kind ``"registered"``).
 """
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from .._core import _driver
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import check_flags
-from .._core._device import ensure_context, release_call
+from .._core._context import ensure_context, release_call
 from .._core._errors import CudaHostMemoryNotRegisteredError
-from .._core._operands import (
+from .._core._host_registry import (
     forget_registration,
     mapped_device_ptr,
     mark_pinned_class,

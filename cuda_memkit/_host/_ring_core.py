@@ -6,7 +6,7 @@ the segment (a memfd mapped here and registered with the driver,
 thread that accepts workers, sends grants, reads their messages (the wire
 protocol of :mod:`cuda_memkit._host._ring_worker`), notices a worker's end
 the moment its socket closes and, while copies from lent slots are in flight,
-polls their events (``_core._operands``) so that their slots come back. The
+polls their events (``_core._inflight``) so that their slots come back. The
 consumer's waits sleep on a condition the thread signals. It makes no driver
 call but those event queries (and the registration's release).
 
@@ -32,9 +32,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._core._device import ensure_any_context
+from .._core._context import ensure_any_context
 from .._core._errors import ClosedError
-from .._core._operands import pending_operands, reap_pending
+from .._core._inflight import pending_operands, reap_pending
 from .._core._resource import Transaction, account
 from ._registered import HostRegisterFlags, RegisteredHost, register_host
 from ._ring_worker import (

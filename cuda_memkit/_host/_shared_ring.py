@@ -9,7 +9,7 @@ no copy in between. :mod:`cuda_memkit._host._ring_core` serves the workers.
 A :class:`RingSlot` is a slot lent to the consumer, a buffer like every other:
 its ``close()`` (or collection) gives the slot back only when the
 asynchronous copies queued from it have finished (their events, through
-``_core._operands``) and its numpy views and DLPack consumers are gone, so no
+``_core._inflight``) and its numpy views and DLPack consumers are gone, so no
 worker overwrites a batch the GPU or the consumer still reads.
 """
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
-from .._core._device import StreamLike, ensure_context
+from .._core._context import ensure_context
+from .._core._host_registry import mark_pinned_class
 from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
-from .._core._operands import mark_pinned_class
 from .._core._resource import (
     Resource,
     Transaction,
@@ -34,6 +34,7 @@ from .._core._resource import (
     host_array,
     make_finalizer,
 )
+from .._core._stream import StreamLike
 from .._pools._pool import MemoryPool, PoolBuffer
 from ._ring_core import RingCore, close_ring, make_segment
 from ._ring_worker import RingHandle, check_timeout

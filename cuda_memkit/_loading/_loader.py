@@ -31,9 +31,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core._checks import as_index, positive
-from .._core._device import StreamLike, ensure_context, existing_ordinal, stream_handle
+from .._core._context import ensure_context
+from .._core._device import existing_ordinal
 from .._core._errors import ClosedError
 from .._core._resource import Resource, Transaction, make_finalizer
+from .._core._stream import StreamLike, stream_handle
 from .._host._ring_core import JOIN, WorkerError
 from .._host._ring_worker import RingHandle, check_timeout
 from .._host._shared_ring import (

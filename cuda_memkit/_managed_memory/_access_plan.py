@@ -35,11 +35,12 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._core import _device, _driver
+from .._core import _context, _driver
 from .._core._checks import as_index, span
 from .._core._constants import EVENT_DISABLE_TIMING
-from .._core._device import Location, Stream, StreamLike, stream_handle
 from .._core._interop import DL_CUDA, DeviceArrayView
+from .._core._location import Location
+from .._core._stream import Stream, StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import MemAdvice, issue_advise, query_range
 from ._prefetch_plan import PrefetchPlan
@@ -361,7 +362,7 @@ class AccessRun:
 def _walk(entries: list[_Entry], depth: int, user: Stream
           ) -> Generator[AccessChunk, None, None]:
     h = user.handle
-    _device.ensure_any_context()
+    _context.ensure_any_context()
     ordinal = int(_driver.call("cuStreamGetDevice", h))
     dev = Location.device(ordinal)
     undo: list[tuple[int, int, MemAdvice, Location | None]] = []
@@ -370,7 +371,7 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
     side: Stream | None = None
     try:
         _advise(entries, dev, undo)
-        with _device.primary_pushed(ordinal):  # the caller's current context is kept
+        with _context.primary_pushed(ordinal):  # the caller's current context is kept
             side = fill = Stream(ordinal, priority=HIGHEST_PRIORITY)
             ready = [_event(events) for _ in range(depth)]
             done = [_event(events) for _ in range(depth)]
@@ -444,7 +445,7 @@ def _kernel_copy(ordinal: int, dst: Any, dst_offset: int, src: Any, src_offset: 
     """Copy ``nbytes`` with the block-copy kernel of device ``ordinal`` on ``stream``."""
     from .._transfer._copy_batch import copy_batch
 
-    with _device.primary_pushed(ordinal):
+    with _context.primary_pushed(ordinal):
         copy_batch(dst, src, dst_offsets=[dst_offset], src_offsets=[src_offset], sizes=nbytes,
                    stream=stream, method="kernel")
 

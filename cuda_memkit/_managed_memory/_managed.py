@@ -20,14 +20,14 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any
 
-from .._core import _device, _driver
+from .._core import _context, _driver
 from .._core._buffer import MemoryKind, TypedBufferMixin
 from .._core._checks import check_dtype, check_shape, shape_nbytes, span
 from .._core._constants import LEGACY_STREAMS
-from .._core._device import StreamLike, stream_handle
+from .._core._inflight import keep_alive
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
-from .._core._operands import keep_alive
 from .._core._resource import Resource, account, array_protocol, host_array, make_finalizer
+from .._core._stream import StreamLike, stream_handle
 from . import _managed_ranges as _ranges
 from ._managed_ranges import MemAdvice, RangeInfo
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["AttachFlags", "ManagedBuffer"]
 
@@ -62,7 +62,7 @@ def _free_managed(ptr: int, ordinal: int) -> None:
     # Out of the ledger first (the address may be reused as soon as it is freed);
     # given up even if the driver refuses (the finalizer's warning says so).
     account("managed", ordinal).remove(ptr)
-    _device.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
+    _context.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
 def _attach_at_alloc(attach: object) -> AttachFlags:
@@ -112,7 +112,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         shp = check_shape(shape)
         flags = _attach_at_alloc(attach)
         nbytes = shape_nbytes(shp, dt)  # ValueError past MAX_NBYTES, like HostBuffer
-        ordinal = _device.ensure_context()
+        ordinal = _context.ensure_context()
         self = cls.__new__(cls)
         self._shape = shp
         self._dtype = dt
@@ -286,7 +286,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
                              "not a specific stream; pass a Stream")
         if self._nbytes == 0:
             raise ValueError("an empty ManagedBuffer has no memory to attach")
-        _device.ensure_context()
+        _context.ensure_context()
         _driver.call("cuStreamAttachMemAsync", h, self._ptr, 0, int(flag))
         self._attach_flags = flag
 
@@ -322,7 +322,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         adv = _ranges.as_advice(advice)
         ptr, n = self._range(offset, nbytes)
         loc = _ranges.advice_location(adv, location)
-        _device.ensure_context()
+        _context.ensure_context()
         _ranges.issue_advise(ptr, n, adv, loc)
 
     def prefetch(self, to: LocationLike, *, stream: StreamLike = None, offset: int = 0,
@@ -344,7 +344,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         ptr, n = self._range(offset, nbytes)
         loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
-        _device.ensure_context()
+        _context.ensure_context()
         _ranges.issue_prefetch(ptr, n, loc, h)
         keep_alive(h, (self,))  # queued: close() frees after it, as after a copy
 
@@ -369,7 +369,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         """
         ptr, n = self._range(offset, nbytes)
         h = stream_handle(stream)
-        _device.ensure_context()
+        _context.ensure_context()
         _ranges.issue_step("discard", [(ptr, n, None)], h)
         keep_alive(h, (self,))
 
@@ -390,7 +390,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         ptr, n = self._range(offset, nbytes)
         loc = _ranges.check_location(to, what="prefetch destination")
         h = stream_handle(stream)
-        _device.ensure_context()
+        _context.ensure_context()
         _ranges.issue_step("discard_and_prefetch", [(ptr, n, loc)], h)
         keep_alive(h, (self,))
 
@@ -405,5 +405,5 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
             Length of the range (default: to the end of the buffer).
         """
         ptr, n = self._range(offset, nbytes)
-        _device.ensure_context()
+        _context.ensure_context()
         return _ranges.query_range(ptr, n)

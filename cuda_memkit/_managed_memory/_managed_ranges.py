@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from cuda.bindings import driver as _cu
 
-from .._core import _device, _driver
+from .._core import _context, _device, _driver, _stream
 from .._core._checks import as_index, span
 from .._core._constants import LEGACY_STREAMS
-from .._core._device import Location, LocationType, as_location
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
+from .._core._location import Location, LocationType, as_location
 
 if TYPE_CHECKING:
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["MemAdvice", "RangeInfo"]
 
@@ -191,7 +191,7 @@ def raw_range(ptr: object, nbytes: object) -> tuple[int, int]:
 
 def _loc_for_ignored() -> _cu.CUmemLocation:
     """A valid location for advice that ignores it: the current device."""
-    return Location.device(_device.ensure_context()).to_cu()
+    return Location.device(_context.ensure_context()).to_cu()
 
 
 def issue_advise(ptr: int, nbytes: int, advice: MemAdvice, loc: Location | None) -> None:
@@ -210,13 +210,13 @@ def on_stream(stream: int, fn: Callable[[int], None]) -> None:
 
     The batch calls refuse the legacy default stream. For it, ``fn`` runs on a
     private stream forked from and joined back to it
-    (:func:`~cuda_memkit._core._device.forked_stream`), so the work is ordered
+    (:func:`~cuda_memkit._core._stream.forked_stream`), so the work is ordered
     exactly as if it had been issued on the legacy stream.
     """
     if stream not in LEGACY_STREAMS:
         fn(stream)
         return
-    with _device.forked_stream(stream) as private:
+    with _stream.forked_stream(stream) as private:
         fn(private)
 
 

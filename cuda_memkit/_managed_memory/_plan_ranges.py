@@ -13,7 +13,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from .._core._checks import INT64_MAX, int64_array
-from .._core._device import Location
+from .._core._location import Location
 
 if TYPE_CHECKING:
     import numpy as np

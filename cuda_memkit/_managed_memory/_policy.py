@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .._core import _device
+from .._core import _context, _device
 from .._core._checks import span
-from .._core._device import Location, LocationType, StreamLike, as_location, stream_handle
-from .._core._operands import keep_alive
+from .._core._inflight import keep_alive
+from .._core._location import Location, LocationType, as_location
+from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
     ACCESS_KINDS,
@@ -37,7 +38,7 @@ from ._managed_ranges import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["ManagedMemoryHints", "MigrationPolicy"]
 
@@ -327,7 +328,7 @@ class ManagedMemoryHints:
             self._buffer._check_open()
         else:
             raw_range(self._ptr, self._nbytes)
-        _device.ensure_context()
+        _context.ensure_context()
         return self._ptr, self._nbytes
 
     def _sub(self, offset: object, nbytes: object) -> tuple[int, int]:

@@ -20,11 +20,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._core import _device
+from .._core import _context, _device
 from .._core._checks import as_index, span, u64
-from .._core._device import Location, StreamLike, as_location, stream_handle
 from .._core._errors import ClosedError, CudaError
-from .._core._operands import keep_alive
+from .._core._inflight import keep_alive
+from .._core._location import Location, as_location
+from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
     BATCH_API,
@@ -46,7 +47,7 @@ from ._plan_ranges import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["MERGE_GAP", "PlanEntry", "PlannedCall", "PrefetchPlan"]
 
@@ -676,7 +677,7 @@ class PrefetchPlan:
         if not self._entries:
             return
         c = self._compiled_checked()
-        _device.ensure_context()
+        _context.ensure_context()
         for kind, ranges in c.steps:
             if not issue_step(kind, ranges, h, batch):
                 batch = False

@@ -19,7 +19,7 @@ import sys
 import weakref
 from typing import TextIO
 
-from .._core._operands import pending_operands, wait_pending
+from .._core._inflight import pending_operands, wait_pending
 from .._core._resource import LEDGER, Account, live_allocations
 from ._observe import Allocation, format_bytes, where
 from ._tracking import Tracker

@@ -49,7 +49,7 @@ Semantics of the cache
   when an allocation runs out of memory (every block goes back, the streams
   they were freed on are synchronized, the allocation is retried once); when
   S is closed or collected, before the stream is destroyed
-  (:data:`~cuda_memkit._core._device.stream_close_hooks`: its bins learn that
+  (:data:`~cuda_memkit._core._stream.stream_close_hooks`: its bins learn that
   S is gone, so a block given back later, on a stream named by its handle
   too, is freed after it); when the cache is closed (its pool is closed, or
   collected): everything it holds goes back, and so does every later give.
@@ -88,18 +88,10 @@ from typing import Any
 
 from .._core import _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
-from .._core._device import (
-    CONTEXT_ERRORS,
-    Stream,
-    StreamRef,
-    custream,
-    ensure_context,
-    primary_pushed,
-    stream_close_hooks,
-    stream_destroyed,
-)
+from .._core._context import CONTEXT_ERRORS, ensure_context, primary_pushed
 from .._core._errors import CudaOutOfMemoryError, MemkitWarning
 from .._core._resource import Account, Unshareable
+from .._core._stream import Stream, StreamRef, custream, stream_close_hooks, stream_destroyed
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "DEFAULT_MAX_BLOCK", "Bin", "BlockCache", "alloc_failed",
            "check_cache_limit", "destroy_unused", "destroy_when_unused", "driver_pair",

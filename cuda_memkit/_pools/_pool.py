@@ -60,23 +60,12 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._device import (
-    Device,
-    Location,
-    LocationLike,
-    LocationType,
-    Stream,
-    StreamLike,
-    StreamRef,
-    as_location,
-    buffer_stream,
-    check_ordinal,
-    device_count,
-    ensure_context,
-    peer_ordinals,
-)
+from .._core._access import Access
+from .._core._context import ensure_context
+from .._core._device import Device, check_ordinal, device_count, peer_ordinals
 from .._core._errors import CudaNotSupportedError, MemkitWarning
-from .._core._operands import releases_waiting, wait_pending
+from .._core._inflight import releases_waiting, wait_pending
+from .._core._location import Location, LocationLike, LocationType, as_location
 from .._core._resource import (
     CLOSED,
     LEDGER,
@@ -86,7 +75,7 @@ from .._core._resource import (
     forget_account,
     make_finalizer,
 )
-from .._virtual._vmm_base import Access
+from .._core._stream import Stream, StreamLike, StreamRef, buffer_stream
 from . import _cache, _pool_ipc
 from ._cache import (
     DEFAULT_CACHE_LIMIT,

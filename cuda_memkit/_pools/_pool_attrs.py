@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._device import LocationLike, as_location, check_exists
-from .._virtual._vmm_base import Access, access_descs
+from .._core._access import Access, access_descs
+from .._core._location import LocationLike, as_location, check_exists
 
 __all__ = ["PoolAttributes", "PoolStats"]
 

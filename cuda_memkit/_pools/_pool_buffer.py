@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .._core import _driver
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._device import Stream, StreamLike, StreamRef, custream, primary_pushed
+from .._core._context import primary_pushed
 from .._core._errors import ClosedError, CudaError, MemkitWarning
+from .._core._inflight import pending_operands, release_after_copies
 from .._core._interop import DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED, DeviceMemoryMixin
-from .._core._operands import pending_operands, release_after_copies
 from .._core._resource import EXITING, Resource, array_protocol, host_array
+from .._core._stream import Stream, StreamLike, StreamRef, custream
 from . import _pool_ipc
 from ._cache import Bin
 

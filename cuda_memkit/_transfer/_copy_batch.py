@@ -49,34 +49,21 @@ from .._core import _driver, _peer
 from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
-from .._core._device import (
-    StreamLike,
-    as_location,
-    check_exists,
-    ensure_any_context,
-    forked_stream,
-    stream_handle,
-)
+from .._core._context import ensure_any_context
 from .._core._errors import CudaDriverNotFoundError, CudaError
-from .._core._operands import (
-    DRIVER,
-    HOST,
-    PINNED,
-    RAW,
-    is_pinned_host,
-    keep_alive,
-    operand,
-    pending_operands,
-    reap_pending,
-)
+from .._core._host_registry import is_pinned_host
+from .._core._inflight import keep_alive, pending_operands, reap_pending
+from .._core._location import as_location, check_exists
+from .._core._operands import DRIVER, HOST, PINNED, RAW, operand
 from .._core._resource import Resource, State
+from .._core._stream import StreamLike, forked_stream, stream_handle
 from . import _kernels
 from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .._core._device import LocationLike
+    from .._core._location import LocationLike
 
 __all__ = ["CopyBatch", "copy_batch"]
 
@@ -185,14 +172,14 @@ def _check_bounds(off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any], limit: in
 
 def _check_wrap(op: Any, need: int, off: np.ndarray[Any, Any], sz: np.ndarray[Any, Any],
                 role: str) -> None:
-    """The blocks end below 2**64 from the operand's address ``op[0]``: none wraps around.
+    """The blocks end below 2**64 from the operand's address ``op.ptr``: none wraps around.
 
     ``need`` is the largest end offset of the blocks (known from the bounds
     pass): one comparison, and the block is named only when one fails.
     """
     import numpy as np
 
-    base = op[0]
+    base = op.ptr
     if base + need <= ADDRESS_END:
         return
     over = np.flatnonzero(off + sz > ADDRESS_END - base)  # < need <= 2**63 - 1: exact in int64
@@ -275,16 +262,16 @@ class _Group:
                 refuse_negative(s, "src_offsets")
         if one is not None and one > 0 and len(d):
             d1, s1 = int(d.max()) + one, int(s.max()) + one
-            lim_d, lim_s = self.dst_op[1], self.src_op[1]
+            lim_d, lim_s = self.dst_op.nbytes, self.src_op.nbytes
             if not (d1 <= (_I64_MAX if lim_d is None else lim_d)
                     and s1 <= (_I64_MAX if lim_s is None else lim_s)):
-                _check_bounds(d, z, self.dst_op[1], "destination")  # names the block
-                _check_bounds(s, z, self.src_op[1], "source")
+                _check_bounds(d, z, self.dst_op.nbytes, "destination")  # names the block
+                _check_bounds(s, z, self.src_op.nbytes, "source")
             span = (d0, d1, s0, s1)
             self.dst_need, self.src_need = d1, s1
         else:
-            _check_bounds(d, z, self.dst_op[1], "destination")
-            _check_bounds(s, z, self.src_op[1], "source")
+            _check_bounds(d, z, self.dst_op.nbytes, "destination")
+            _check_bounds(s, z, self.src_op.nbytes, "source")
             # The bytes each operand must have (checked again by refresh()).
             self.dst_need = int((d + z).max()) if len(z) else 0
             self.src_need = int((s + z).max()) if len(z) else 0
@@ -351,12 +338,12 @@ class _Group:
     def extents(self) -> tuple[int, int, int, int]:
         """``(dst start, dst end, src start, src end)``: the addresses the blocks span."""
         d0, d1, s0, s1 = self.offsets_span()
-        dp, sp = self.dst_op[0], self.src_op[0]
+        dp, sp = self.dst_op.ptr, self.src_op.ptr
         return dp + d0, dp + d1, sp + s0, sp + s1
 
     def _check_null(self) -> None:
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
-            if self.nbytes and op[0] == 0:
+            if self.nbytes and op.ptr == 0:
                 raise ValueError(f"the copy_batch {role} is a null pointer")
 
     def refresh(self) -> None:
@@ -370,18 +357,18 @@ class _Group:
         self.src_op = operand(self.src, False)
         for op, need, role in ((self.dst_op, self.dst_need, "destination"),
                                (self.src_op, self.src_need, "source")):
-            if op[1] is not None and need > op[1]:
+            if op.nbytes is not None and need > op.nbytes:
                 raise ValueError(
-                    f"the {role} now has {op[1]} bytes, but the batch's blocks reach byte "
+                    f"the {role} now has {op.nbytes} bytes, but the batch's blocks reach byte "
                     f"{need} of it (it was resized since they were added)")
-            if op[0] + need > ADDRESS_END:  # an object now at another address
+            if op.ptr + need > ADDRESS_END:  # an object now at another address
                 _check_wrap(op, need, self.d if role == "destination" else self.s, self.z,
                             role)
         self._check_null()
 
     def direction(self) -> int:
         """1: host to device, 2: device to host, 0: anything else (by operand kind)."""
-        d, s = self.dst_op[3], self.src_op[3]
+        d, s = self.dst_op.kind, self.src_op.kind
         if d == DRIVER and s in (HOST, PINNED):
             return 1
         if s == DRIVER and d in (HOST, PINNED):
@@ -391,7 +378,7 @@ class _Group:
     def pageable(self) -> str | None:
         """Which operand is pageable host memory ("destination"/"source"), if any."""
         for op, role in ((self.dst_op, "destination"), (self.src_op, "source")):
-            if op[3] == HOST and op[1] and not is_pinned_host(op[4]):
+            if op.kind == HOST and op.nbytes and not is_pinned_host(op.host_array):
                 return role
         return None
 
@@ -400,7 +387,7 @@ class _Group:
         import numpy as np
 
         u = np.uint64
-        return (self.d.astype(u) + u(self.dst_op[0]), self.s.astype(u) + u(self.src_op[0]))
+        return (self.d.astype(u) + u(self.dst_op.ptr), self.s.astype(u) + u(self.src_op.ptr))
 
 
 class _Scratch(threading.local):
@@ -695,7 +682,7 @@ def _issue_forked(main: list[_Group], side: list[_Group], stream: int) -> None:
     """``main`` on ``stream``, ``side`` on a private stream forked from and joined to it.
 
     The batch is ordered exactly as if every copy had gone to ``stream``
-    (:func:`~cuda_memkit._core._device.forked_stream`).
+    (:func:`~cuda_memkit._core._stream.forked_stream`).
     """
     with forked_stream(stream) as private:
         _issue_batch(side, private)  # a driver without the call: nothing issued
@@ -745,7 +732,7 @@ class _Memo:
         too; only the stream's device is asked again. Registered numpy arrays and
         int addresses are asked every time (a registration can be undone).
         """
-        if any(op[3] in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
+        if any(op.kind in (HOST, RAW) for g in groups for op in (g.dst_op, g.src_op)):
             return _kernels.kernel_groups(groups, method, stream)
         key = (ctx, method, stream, where, _peer.generation[0])  # (a disable: pick again)
         if key == self.pick_key and (not self.picked or int(
@@ -780,7 +767,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     if memo is None:
         _check_hazards(groups)
     else:
-        where = tuple(x for g in groups for x in (g.dst_op[0], g.src_op[0]))
+        where = tuple(x for g in groups for x in (g.dst_op.ptr, g.src_op.ptr))
         if memo.checked != where:
             memo.checked = None
             _check_hazards(groups)
@@ -795,7 +782,7 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
     # two devices' memory: peer access, grants (see _cross_device)
-    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op[3] == DRIVER == g.src_op[3]],
+    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op.kind == DRIVER == g.src_op.kind],
                   issue_on)
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
               else memo.pick(groups, method, issue_on, where, ctx))
@@ -837,7 +824,7 @@ def _settle(groups: list[_Group], stream: int, sync: bool, done: bool,
     report: a failure here is then dropped.
     """
     refs = tuple(x for g in groups for x, op in ((g.dst, g.dst_op), (g.src, g.src_op))
-                 if op[3] != RAW) + hold
+                 if op.kind != RAW) + hold
     try:
         if sync:
             _driver.call("cuStreamSynchronize", stream)

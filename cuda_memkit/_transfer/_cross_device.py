@@ -7,7 +7,7 @@ than E:
 
 * context memory (:class:`~cuda_memkit.DeviceBuffer`, ``cuMemAlloc``, arrays
   of other libraries): E's peer access to that device is enabled on first
-  use (:func:`~cuda_memkit._core._device.ensure_peer_access`, where
+  use (:func:`~cuda_memkit._core._peer.ensure_peer_access`, where
   :func:`~cuda_memkit.configure_peer_access` allows and the hardware can);
   without it the driver stages the copy through host memory, slower but
   correct;
@@ -33,8 +33,9 @@ from typing import Any
 from .._core import _driver
 from .._core._buffer import MemoryKind
 from .._core._constants import INVALID_VALUE
-from .._core._device import ensure_context, ensure_peer_access
+from .._core._context import ensure_context
 from .._core._errors import PeerAccessError
+from .._core._peer import ensure_peer_access
 
 __all__ = ["device_of", "prepare_batch", "prepare_copy"]
 

@@ -43,19 +43,12 @@ from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute
 
 from .._core import _driver
 from .._core._checks import ADDRESS_END
-from .._core._device import ensure_any_context, ensure_peer_access
+from .._core._context import ensure_any_context
 from .._core._errors import CudaError
-from .._core._operands import (
-    DRIVER,
-    HOST,
-    MEMORYTYPE_HOST,
-    PINNED,
-    RAW,
-    access_flags,
-    is_pinned_host,
-    memory_type,
-    owning_device,
-)
+from .._core._host_registry import is_pinned_host
+from .._core._operands import DRIVER, HOST, PINNED, RAW
+from .._core._peer import ensure_peer_access
+from .._core._pointers import MEMORYTYPE_HOST, access_flags, memory_type, owning_device
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -197,7 +190,7 @@ def check_method(method: Any) -> str:
 
 def threshold(group: Any) -> int:
     """The ``"auto"`` block-size threshold of a pair: by whether a side is host memory."""
-    host = any(op[3] in (HOST, PINNED) for op in (group.dst_op, group.src_op))
+    host = any(op.kind in (HOST, PINNED) for op in (group.dst_op, group.src_op))
     return KERNEL_THRESHOLD if host else KERNEL_THRESHOLD_D2D
 
 
@@ -215,7 +208,7 @@ def likely(group: Any, size: int, method: str | None) -> bool:
     if method != "auto":
         return False
     kinds = (DRIVER, PINNED)
-    return (group.dst_op[3] in kinds and group.src_op[3] in kinds
+    return (group.dst_op.kind in kinds and group.src_op.kind in kinds
             and size < threshold(group))
 
 
@@ -240,7 +233,7 @@ def kernel_groups(groups: Sequence[Any], method: str, stream: int
     if method == "driver" or not live:
         return []
     if method == "auto":
-        live = [g for g in live if g.dst_op[3] != RAW and g.src_op[3] != RAW
+        live = [g for g in live if g.dst_op.kind != RAW and g.src_op.kind != RAW
                 and g.nbytes < threshold(g) * g.given]
         if not live:
             return []
@@ -477,7 +470,7 @@ class Resident:
 
         ``ctx`` is the current context's handle. Unless ``sync`` (the caller
         waits for the stream), the caller holds the returned buffer until the
-        stream has run the launch (:func:`~cuda_memkit._core._operands.keep_alive`).
+        stream has run the launch (:func:`~cuda_memkit._core._inflight.keep_alive`).
         """
         from .._device_memory._device_buffer import DeviceBuffer
 

@@ -39,9 +39,10 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._checks import MAX_NBYTES
 from .._core._constants import EVENT_DISABLE_TIMING
-from .._core._device import Stream, StreamLike, ensure_context, stream_handle
+from .._core._context import ensure_context
 from .._core._errors import CudaError
-from .._core._operands import MEMORYTYPE_DEVICE, device_with_access, memory_type, owning_device
+from .._core._pointers import MEMORYTYPE_DEVICE, device_with_access, memory_type, owning_device
+from .._core._stream import Stream, StreamLike, stream_handle
 from .._host._pinned import HostBuffer
 
 if TYPE_CHECKING:

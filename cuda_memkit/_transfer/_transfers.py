@@ -20,7 +20,9 @@ from typing import Any
 
 from .._core import _buffer, _driver
 from .._core._checks import check_bool
-from .._core._device import StreamLike, ensure_any_context, primary_pushed, stream_handle
+from .._core._context import ensure_any_context, primary_pushed
+from .._core._host_registry import is_pinned_host
+from .._core._inflight import keep_alive, pending_operands, reap_pending
 from .._core._operands import (
     DRIVER,
     HOST,
@@ -28,13 +30,10 @@ from .._core._operands import (
     Operand,
     copy_size,
     copy_sync,
-    is_pinned_host,
-    keep_alive,
     operand,
-    pending_operands,
-    reap_pending,
     refuse_pageable,
 )
+from .._core._stream import StreamLike, stream_handle
 from ._cross_device import prepare_copy
 from ._staging import staged_copy, staging_wanted
 
@@ -128,7 +127,7 @@ def copy(
     n = copy_size(d, s, nbytes)
     if staged is not False and _staged(d, s, n, None):
         return dst
-    if d[3] == DRIVER == s[3] and n:
+    if d.kind == DRIVER == s.kind and n:
         runner = prepare_copy(dst, src, None)  # two devices' memory: see _cross_device
         if runner is not None:
             with primary_pushed(runner):
@@ -140,14 +139,14 @@ def copy(
 
 def _staged(d: Operand, s: Operand, n: int, stream: int | None) -> bool:
     """Run a pageable <-> device copy through the staging buffers, if it is one (and big)."""
-    if (d[3] == HOST) == (s[3] == HOST):
+    if (d.kind == HOST) == (s.kind == HOST):
         return False  # staging is for exactly one pageable side
-    host, dev = (d, s) if d[3] == HOST else (s, d)
-    if dev[3] != DRIVER or not staging_wanted(n) or is_pinned_host(host[4]):
+    host, dev = (d, s) if d.kind == HOST else (s, d)
+    if dev.kind != DRIVER or not staging_wanted(n) or is_pinned_host(host.host_array):
         return False  # (the settings first: the pinned test costs two driver calls)
     if host is d:
-        return staged_copy(host[4], dev[0], n, stream=stream)
-    return staged_copy(dev[0], host[4], n, stream=stream)
+        return staged_copy(host.host_array, dev.ptr, n, stream=stream)
+    return staged_copy(dev.ptr, host.host_array, n, stream=stream)
 
 
 def copy_async(
@@ -208,16 +207,16 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
     if not n:
         return
     if not allow_pageable:
-        if d[3] == HOST:
+        if d.kind == HOST:
             refuse_pageable(d, "destination")
-        if s[3] == HOST:
+        if s.kind == HOST:
             refuse_pageable(s, "source")
     elif staged is not False and _staged(d, s, n, stream):
         return  # complete already (pageable memory: the driver's path blocks the host too)
     if pending_operands:
         reap_pending()
     ensure_any_context()
-    if d[3] == DRIVER == s[3]:
+    if d.kind == DRIVER == s.kind:
         runner = prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
         if runner is not None:
             # issued in the stream's context, where keep_alive's event may go on the stream
@@ -229,8 +228,8 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
 
 def _issue(dst: Any, src: Any, d: Operand, s: Operand, n: int, stream: int) -> None:
     """``cuMemcpyAsync`` on ``stream``; the operands held until the stream is past it."""
-    _driver.call("cuMemcpyAsync", d[0], s[0], n, stream)
-    if s[3] != RAW or d[3] != RAW:
+    _driver.call("cuMemcpyAsync", d.ptr, s.ptr, n, stream)
+    if s.kind != RAW or d.kind != RAW:
         keep_alive(stream, (dst, src))
 
 

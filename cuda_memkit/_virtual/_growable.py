@@ -13,20 +13,15 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access, access_descs, as_access, as_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
-from .._core._device import (
-    Device,
-    Location,
-    LocationType,
-    check_ordinal,
-    existing_ordinal,
-    peer_ordinals,
-    primary_context,
-)
+from .._core._context import primary_context
+from .._core._device import Device, check_ordinal, existing_ordinal, peer_ordinals
 from .._core._errors import CudaError
+from .._core._inflight import wait_for_copies
 from .._core._interop import OneDeviceMixin
-from .._core._operands import wait_for_copies
+from .._core._location import Location, LocationType
 from .._core._resource import (
     Account,
     Resource,
@@ -37,13 +32,9 @@ from .._core._resource import (
 )
 from ._vmm_base import (
     LOCK,
-    Access,
     HandleType,
-    access_descs,
     alloc_prop,
-    as_access,
     as_handle_type,
-    as_targets,
     check_multiple,
     free_range,
     granularity,

@@ -43,12 +43,14 @@ from collections.abc import Callable, Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access, TargetLike, access_descs, as_access, as_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
-from .._core._device import Location, LocationType, as_location, check_exists, ensure_context
+from .._core._context import ensure_context
 from .._core._errors import ClosedError
+from .._core._inflight import pending_operands, release_after_copies
 from .._core._interop import OneDeviceMixin
-from .._core._operands import pending_operands, release_after_copies
+from .._core._location import Location, LocationType, as_location, check_exists
 from .._core._resource import (
     CLOSED,
     Account,
@@ -61,14 +63,9 @@ from .._core._resource import (
 )
 from ._vmm_base import (
     LOCK,
-    Access,
     HandleType,
-    TargetLike,
-    access_descs,
     alloc_prop,
-    as_access,
     as_handle_type,
-    as_targets,
     check_multiple,
     free_range,
     granularity,

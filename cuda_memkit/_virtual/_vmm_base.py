@@ -1,32 +1,26 @@
 """Virtual memory management: the shared vocabulary of ``_vmm`` and ``_growable``.
 
-The :class:`Access` and :class:`HandleType` enums, the argument checks of the
-VMM calls (sizes that must be multiples of the granularity, access targets,
-handle types), :func:`granularity`, the ``CUmemAllocationProp`` /
-``CUmemAccessDesc`` builders and the one-call release functions.
+The :class:`HandleType` enum, the argument checks of the VMM calls (sizes that
+must be multiples of the granularity, handle types), :func:`granularity`, the
+``CUmemAllocationProp`` builder and the one-call release functions. The access
+vocabulary (:class:`Access`, access targets and descriptors) is shared with
+pools and lives in ``_core._access``.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable
-from typing import Any, Union
 
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._device import (
-    Device,
-    Location,
-    LocationType,
-    as_location,
-    check_exists,
-    device_count,
-    ensure_context,
-)
+from .._core._access import TargetLike
+from .._core._context import ensure_context
+from .._core._device import device_count
+from .._core._location import Location, LocationType, as_location
 
-__all__ = ["Access", "HandleType", "granularity"]
+__all__ = ["HandleType", "granularity"]
 
 _PINNED = _cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
 _GRAN_MIN = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
@@ -34,14 +28,6 @@ _GRAN_REC = _cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMM
 
 #: One lock for every VMM bookkeeping change (finalizers may run on any thread).
 LOCK = threading.RLock()
-
-
-class Access(enum.IntEnum):
-    """Access a location has to a mapping (values of ``CUmemAccess_flags``)."""
-
-    NONE = 0
-    READ = 1
-    READWRITE = 3
 
 
 class HandleType(enum.IntEnum):
@@ -54,9 +40,6 @@ class HandleType(enum.IntEnum):
     POSIX_FD = 1
     FABRIC = 8
 
-
-TargetLike = Union[Location, Device, int]  # noqa: UP007 (a runtime alias)
-"""A device ordinal, :class:`Device` or :class:`Location`."""
 
 # -- argument checks ------------------------------------------------------------
 
@@ -87,46 +70,6 @@ def as_handle_type(value: object) -> HandleType:
         except ValueError:
             raise ValueError(f"unsupported handle type {value!r}") from None
     raise TypeError(f"handle_type must be a HandleType, not {type(value).__name__}")
-
-
-def as_access(value: object) -> Access:
-    if isinstance(value, Access):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, _cu.CUmemAccess_flags)):
-        raise TypeError(f"access must be an Access, not {type(value).__name__}")
-    try:
-        return Access(int(value))
-    except ValueError:
-        raise ValueError(f"invalid access {value!r}; use Access.NONE/READ/READWRITE") from None
-
-
-def as_targets(targets: TargetLike | Iterable[TargetLike]) -> list[Location]:
-    if isinstance(targets, (Location, Device, int)):
-        items: list[Any] = [targets]
-    elif isinstance(targets, (str, bytes)) or not isinstance(targets, Iterable):
-        raise TypeError(
-            "targets must be a device ordinal, Device, Location or an iterable of them, "
-            f"not {type(targets).__name__}"
-        )
-    else:
-        items = list(targets)
-    if not items:
-        raise ValueError("no target devices given")
-    out: dict[tuple[int, int], Location] = {}
-    for item in items:
-        loc = check_exists(as_location(item))  # ValueError for a device that does not exist
-        out[(int(loc.type), loc.id)] = loc
-    return list(out.values())
-
-
-def access_descs(locs: Iterable[Location], access: Access) -> list[_cu.CUmemAccessDesc]:
-    out = []
-    for loc in locs:
-        d = _cu.CUmemAccessDesc()
-        d.location = loc.to_cu()
-        d.flags = _cu.CUmemAccess_flags(int(access))
-        out.append(d)
-    return out
 
 
 def alloc_prop(loc: Location, handle_type: HandleType) -> _cu.CUmemAllocationProp:

@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 from cuda.bindings import driver as _cu
 
-from .._core._device import StreamRef
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
+from .._core._stream import StreamRef
 from .._host._pinned import HostBuffer
 from .._pools import _pool
 from .._pools._cache import round_size

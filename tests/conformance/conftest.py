@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuda_memkit._core._device import ensure_context
+from cuda_memkit._core._context import ensure_context
 
 
 @pytest.fixture

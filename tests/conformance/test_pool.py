@@ -505,7 +505,7 @@ def test_ipc_rules(pool: Any, stream: Any) -> None:
 
 
 def test_cumemfree_releases_a_pool_allocation() -> None:
-    from cuda_memkit._core._device import ensure_context
+    from cuda_memkit._core._context import ensure_context
 
     ensure_context(0)
     with cm.MemoryPool(0) as pool:
@@ -524,7 +524,7 @@ def test_cumemfree_releases_a_pool_allocation() -> None:
 
 
 def test_pointer_export_needs_the_pool_exported_first() -> None:
-    from cuda_memkit._core._device import ensure_context
+    from cuda_memkit._core._context import ensure_context
 
     ensure_context(0)
     with cm.MemoryPool(0, ipc=True) as pool:
@@ -546,7 +546,7 @@ def test_pointer_export_needs_the_pool_exported_first() -> None:
 
 
 def test_memset_of_pinned_pool_memory_is_refused() -> None:
-    from cuda_memkit._core._device import ensure_context
+    from cuda_memkit._core._context import ensure_context
 
     ensure_context(0)
     with cm.MemoryPool(0, location=cm.Location.host()) as pool:

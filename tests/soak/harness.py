@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 import cuda_memkit as cm
-from cuda_memkit._core import _device, _driver
+from cuda_memkit._core import _context, _driver
 
 from .._nothing import ledger
 
@@ -374,7 +374,7 @@ def _current_device() -> int:
 
 @contextlib.contextmanager
 def _main() -> Iterator[None]:
-    _device.ensure_context(0)
+    _context.ensure_context(0)
     yield
 
 
@@ -385,7 +385,7 @@ def _no_context() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _other_device() -> Iterator[None]:
-    _device.ensure_context(1)
+    _context.ensure_context(1)
     yield
 
 
@@ -428,7 +428,7 @@ def _device_free() -> dict[int, int]:
     out = {}
     prev = _driver.call("cuCtxGetCurrent")
     for d in range(cm.device_count()):
-        _device.ensure_context(d)
+        _context.ensure_context(d)
         _driver.call("cuCtxSynchronize")
         out[d] = int(_driver.call("cuMemGetInfo")[0])
     _driver.call("cuCtxSetCurrent", prev)
