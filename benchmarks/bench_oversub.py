@@ -59,7 +59,11 @@ LABELS = {"explicit": "explicit pinned double-buffer", "naive": "naive (page fau
           "AccessPlan": "AccessPlan (cuda_memkit)",
           "plan_rm": "  AccessPlan, mechanism='read_mostly'",
           "plan_prio0": "  AccessPlan, fill stream at the default priority",
-          "plan_look2": "  AccessPlan, lookahead 2", "plan_look4": "  AccessPlan, lookahead 4",
+          "plan_look2": "  AccessPlan, lookahead 2",
+          "plan_ctas2": "  AccessPlan, fill kernel at 2 CTAs per SM",
+          "plan_ctas1": "  AccessPlan, fill kernel at 1 CTA per SM",
+          "fill_ctas2": "  window fill alone, 2 CTAs per SM",
+          "plan_look4": "  AccessPlan, lookahead 4",
           "bound_fill": "bound: window fill from the mapping, no work",
           "bound_copy": "bound: explicit copies, no work"}
 
@@ -240,6 +244,19 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
         finally:
             _access_plan.HIGHEST_PRIORITY = saved
 
+    def with_ctas(per_sm: int, fn: Callable[[int, bool], None], reads: int,
+                  write: bool) -> None:
+        # The block-copy kernel's grid at per_sm CTAs per SM instead of a full device,
+        # leaving room on every SM for the work's kernels.
+        from cuda_memkit._transfer import _kernels
+
+        saved = _kernels.CTAS_PER_SM
+        _kernels.CTAS_PER_SM = per_sm
+        try:
+            fn(reads, write)
+        finally:
+            _kernels.CTAS_PER_SM = saved
+
     def way_plan_mechanism(mechanism: str, reads: int, write: bool) -> None:
         plan = cm.AccessPlan().chunks(buf, chunk, access="readwrite" if write else "read",
                                       reads=reads, mechanism=mechanism)
@@ -294,6 +311,9 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                 cases["plan_look2"] = partial(way_plan_lookahead, 2, reads, write)
                 cases["plan_look4"] = partial(way_plan_lookahead, 4, reads, write)
                 cases["plan_prio0"] = partial(way_plan_normal_priority, reads, write)
+                cases["plan_ctas2"] = partial(with_ctas, 2, way_plan, reads, write)
+                cases["plan_ctas1"] = partial(with_ctas, 1, way_plan, reads, write)
+                cases["fill_ctas2"] = partial(with_ctas, 2, bound_fill, reads, write)
             if (reads > 1 or write) and bounds:
                 cases["bound_fill"] = partial(bound_fill, reads, write)
             if bounds:
