@@ -259,3 +259,11 @@ def test_a_failure_while_setting_up_undoes_what_was_done(data: cm.ManagedBuffer,
     assert made and made[0].closed
     info = data.range_info()
     assert info.preferred_location is None and info.accessed_by == ()
+
+
+def test_the_legacy_default_stream_works_too(data: cm.ManagedBuffer) -> None:
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2)
+    with plan.run(None) as run:
+        for chunk in run:
+            first = chunk.offset // 4
+            np.testing.assert_array_equal(read_chunk(chunk), np.arange(first, first + CHUNK // 4))

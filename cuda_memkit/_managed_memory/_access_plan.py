@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._core import _context, _driver
-from .._core._checks import as_index, span
+from .._core._checks import one_of, positive, span
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._interop import DL_CUDA, DeviceArrayView
 from .._core._location import Location
@@ -119,30 +119,6 @@ class AccessChunk:
         return self.data.__cuda_array_interface__
 
 
-def _check_access(access: object) -> str:
-    if not isinstance(access, str):
-        raise TypeError(f"access must be 'read' or 'readwrite', not {type(access).__name__}")
-    if access not in ACCESS:
-        raise ValueError(f"access must be 'read' or 'readwrite', not {access!r}")
-    return access
-
-
-def _check_reads(reads: object) -> int:
-    n = as_index(reads, "reads")
-    if n < 1:
-        raise ValueError(f"reads must be >= 1, got {n}")
-    return n
-
-
-def _check_mechanism(mechanism: object) -> str:
-    if not isinstance(mechanism, str):
-        raise TypeError(f"mechanism must be a str, one of {MECHANISMS}, not "
-                        f"{type(mechanism).__name__}")
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism must be one of {MECHANISMS}, not {mechanism!r}")
-    return mechanism
-
-
 def _check_buffer(buffer: object) -> ManagedBuffer:
     if not isinstance(buffer, ManagedBuffer):
         raise TypeError(f"an AccessPlan walks a ManagedBuffer, not {type(buffer).__name__}")
@@ -183,10 +159,7 @@ class AccessPlan:
     __slots__ = ("_entries", "_lookahead")
 
     def __init__(self, *, lookahead: int = 3) -> None:
-        n = as_index(lookahead, "lookahead")
-        if n < 1:
-            raise ValueError(f"lookahead must be >= 1, got {n}")
-        self._lookahead = n
+        self._lookahead = positive("lookahead", lookahead)
         self._entries: list[_Entry] = []
 
     @property
@@ -228,9 +201,9 @@ class AccessPlan:
             outside it or not of whole elements, a bad access, reads or mechanism.
         """
         buf = _check_buffer(buffer)
-        acc = _check_access(access)
-        n_reads = _check_reads(reads)
-        mech = _check_mechanism(mechanism)
+        acc = one_of(access, "access", ACCESS)
+        n_reads = positive("reads", reads)
+        mech = one_of(mechanism, "mechanism", MECHANISMS)
         off, n = span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
         item = buf.dtype.itemsize
         if off % item or n % item:
@@ -254,16 +227,14 @@ class AccessPlan:
         ``chunk_bytes`` must be a positive multiple of the item size.
         """
         buf = _check_buffer(buffer)
-        step = as_index(chunk_bytes, "chunk_bytes")
-        if step <= 0:
-            raise ValueError(f"chunk_bytes must be > 0, got {step}")
+        step = positive("chunk_bytes", chunk_bytes)
         if step % buf.dtype.itemsize:
             raise ValueError(f"chunk_bytes must be a multiple of the item size "
                              f"({buf.dtype.itemsize} bytes), got {step}")
         off, n = span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
-        _check_access(access)
-        _check_reads(reads)
-        _check_mechanism(mechanism)
+        one_of(access, "access", ACCESS)
+        positive("reads", reads)
+        one_of(mechanism, "mechanism", MECHANISMS)
         before = len(self._entries)
         try:
             for start in range(off, off + n, step):

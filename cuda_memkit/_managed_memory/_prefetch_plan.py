@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core import _context, _device
-from .._core._checks import as_index, span, u64
+from .._core._checks import as_index, check_bool, span, u64
 from .._core._errors import ClosedError, CudaError
 from .._core._inflight import keep_alive
 from .._core._location import Location, as_location
@@ -222,8 +222,7 @@ class PrefetchPlan:
     MERGE_GAP: ClassVar[int] = MERGE_GAP
 
     def __init__(self, *, exact: bool = False) -> None:
-        if type(exact) is not bool:
-            raise TypeError(f"exact must be a bool, not {type(exact).__name__}")
+        check_bool(exact, "exact")
         # The largest gap closed between two prefetches of one destination.
         self._gap = 0 if exact else MERGE_GAP
         # One tuple per add(), one Ranges per add_ranges(), in the order added.
