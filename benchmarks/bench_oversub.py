@@ -349,15 +349,21 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                     row["target"] = f">= {bound}x explicit, >= 4x naive"
                     row["ok"] = (gbps[key] >= bound * gbps["explicit"]
                                  and gbps[key] >= 4 * gbps["naive"])
+                    verdict = "OK" if row["ok"] else "MISS"
                     if not row["ok"]:  # what bounds the row, measured above
-                        limit = gbps.get("bound_fill") if row["mechanism"] == "window" else (
-                            gbps["zero_copy"])
-                        if limit:
-                            row["note"] = (f"its mechanism alone ({row['mechanism']}) reaches "
-                                           f"{limit / gbps['explicit']:.2f}x explicit")
-                    target = (f"[{row['mechanism']}] {row['target']} "
-                              f"{'OK' if row['ok'] else 'MISS'}")
-                    if "note" in row:
+                        # the most any mechanism over the managed memory reached here
+                        # (the window mechanism: its fill alone)
+                        tried = {k: gbps[k] for k in ("bound_fill", "zero_copy", "read_mostly",
+                                                      "plan_rm") if k in gbps}
+                        best = max(tried, key=tried.__getitem__)
+                        share = tried[best] / gbps["explicit"]
+                        row["note"] = (f"the best mechanism over managed memory here "
+                                       f"({LABELS[best].strip()}) reaches {share:.2f}x explicit")
+                        if share < bound and gbps[key] >= 4 * gbps["naive"]:
+                            row["target"] += f"; BLOCKED: {row['note']}"
+                            verdict = "BLOCKED"
+                    target = f"[{row['mechanism']}] {row['target']} {verdict}"
+                    if "note" in row and verdict != "BLOCKED":
                         target += f"; {row['note']}"
                 rows.append(row)
                 out(f"{case:62} {row['gbps']:7.2f} {row['vs_explicit']:10.2f}x "
