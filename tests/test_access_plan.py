@@ -267,3 +267,15 @@ def test_the_legacy_default_stream_works_too(data: cm.ManagedBuffer) -> None:
         for chunk in run:
             first = chunk.offset // 4
             np.testing.assert_array_equal(read_chunk(chunk), np.arange(first, first + CHUNK // 4))
+
+
+def test_a_buffer_closed_before_the_walk_is_named(stream: cm.Stream) -> None:
+    buf = cm.ManagedBuffer.zeros(4 * CHUNK, "float32")
+    keep = cm.ManagedBuffer.zeros(4 * CHUNK, "float32")
+    plan = cm.AccessPlan().chunks(keep, CHUNK, reads=2).chunks(buf, CHUNK, reads=2)
+    buf.close()
+    with pytest.raises(cm.ClosedError), plan.run(stream) as run:
+        list(run)
+    info = keep.range_info()  # the advice given to the first buffer was taken back
+    assert info.preferred_location is None and info.accessed_by == ()
+    keep.close()
