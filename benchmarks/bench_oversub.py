@@ -63,6 +63,8 @@ LABELS = {"explicit": "explicit pinned double-buffer", "naive": "naive (page fau
           "plan_ctas2": "  AccessPlan, fill kernel at 2 CTAs per SM",
           "plan_ctas1": "  AccessPlan, fill kernel at 1 CTA per SM",
           "fill_ctas2": "  window fill alone, 2 CTAs per SM",
+          "plan_dma": "  AccessPlan, windows filled by cuMemcpyBatchAsync (host hint)",
+          "fill_dma": "  window fill alone by cuMemcpyBatchAsync (host hint)",
           "plan_look4": "  AccessPlan, lookahead 4",
           "bound_fill": "bound: window fill from the mapping, no work",
           "bound_copy": "bound: explicit copies, no work"}
@@ -244,6 +246,17 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
         finally:
             _access_plan.HIGHEST_PRIORITY = saved
 
+    def with_driver_fill(fn: Callable[[int, bool], None], reads: int, write: bool) -> None:
+        # The windows filled by the copy engines (cuMemcpyBatchAsync, location hint: host).
+        from cuda_memkit._managed_memory import _access_plan
+
+        saved = _access_plan.FILL_METHOD
+        _access_plan.FILL_METHOD = "driver"
+        try:
+            fn(reads, write)
+        finally:
+            _access_plan.FILL_METHOD = saved
+
     def with_ctas(per_sm: int, fn: Callable[[int, bool], None], reads: int,
                   write: bool) -> None:
         # The block-copy kernel's grid at per_sm CTAs per SM instead of a full device,
@@ -314,6 +327,8 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                 cases["plan_ctas2"] = partial(with_ctas, 2, way_plan, reads, write)
                 cases["plan_ctas1"] = partial(with_ctas, 1, way_plan, reads, write)
                 cases["fill_ctas2"] = partial(with_ctas, 2, bound_fill, reads, write)
+                cases["plan_dma"] = partial(with_driver_fill, way_plan, reads, write)
+                cases["fill_dma"] = partial(with_driver_fill, bound_fill, reads, write)
             if (reads > 1 or write) and bounds:
                 cases["bound_fill"] = partial(bound_fill, reads, write)
             if bounds:

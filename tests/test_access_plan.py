@@ -190,7 +190,7 @@ def test_fills_and_work_are_ordered_by_events(data: cm.ManagedBuffer, stream: cm
     from cuda_memkit._managed_memory import _access_plan
 
     log: list[tuple[Any, ...]] = []
-    real_call, real_copy = _driver.call, _access_plan._kernel_copy
+    real_call, real_copy = _driver.call, _access_plan._window_copy
 
     def call(api: str, *args: Any) -> Any:
         if api in ("cuEventRecord", "cuStreamWaitEvent"):
@@ -203,7 +203,7 @@ def test_fills_and_work_are_ordered_by_events(data: cm.ManagedBuffer, stream: cm
         real_copy(ordinal, dst, dst_off, src, src_off, n, on)
 
     monkeypatch.setattr(_driver, "call", call)
-    monkeypatch.setattr(_access_plan, "_kernel_copy", copy)
+    monkeypatch.setattr(_access_plan, "_window_copy", copy)
     user, lookahead = stream.handle, 2
     plan = cm.AccessPlan(lookahead=lookahead).chunks(data, CHUNK, reads=2)
     windows = {}

@@ -57,6 +57,9 @@ MECHANISMS = ("auto", "zero_copy", "window", "read_mostly")
 #: The fill stream's priority: the driver clamps it to the device's highest, so that
 #: the fills' blocks are scheduled before the work's.
 HIGHEST_PRIORITY = -1024
+#: How the windows are filled and emptied: the block-copy kernel reading the mapping
+#: (``copy_batch``'s ``method``; the copy engines read a host-preferred managed range slowly).
+FILL_METHOD = "kernel"
 #: Values of ``access=``.
 ACCESS = ("read", "readwrite")
 
@@ -363,7 +366,7 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
             if used[slot]:
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
             if e.mechanism == "window":
-                _kernel_copy(ordinal, windows[slot], 0, e.buffer, e.offset, e.nbytes, fill)
+                _window_copy(ordinal, windows[slot], 0, e.buffer, e.offset, e.nbytes, fill)
             else:
                 PrefetchPlan().add(e.buffer, dev, offset=e.offset,
                                    nbytes=e.nbytes).execute(fill)
@@ -393,7 +396,7 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
             used[slot] = True
             if e.mechanism == "window" and e.access == "readwrite":
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
-                _kernel_copy(ordinal, e.buffer, e.offset, windows[slot], 0, e.nbytes, fill)
+                _window_copy(ordinal, e.buffer, e.offset, windows[slot], 0, e.nbytes, fill)
                 used[slot] = False  # the side stream is already after the work
             if nxt < count:
                 prepare(nxt)
@@ -411,14 +414,22 @@ def _event(events: list[int]) -> int:
     return ev
 
 
-def _kernel_copy(ordinal: int, dst: Any, dst_offset: int, src: Any, src_offset: int,
+def _window_copy(ordinal: int, dst: Any, dst_offset: int, src: Any, src_offset: int,
                  nbytes: int, stream: Stream) -> None:
-    """Copy ``nbytes`` with the block-copy kernel of device ``ordinal`` on ``stream``."""
+    """Copy ``nbytes`` between a window and the managed range on ``stream``.
+
+    With the block-copy kernel of device ``ordinal`` (:data:`FILL_METHOD`); the managed
+    side's location hint (the host) is given for the driver's path.
+    """
     from .._transfer._copy_batch import copy_batch
 
+    host = Location.host()
+    managed_src = isinstance(src, ManagedBuffer)
     with _context.primary_pushed(ordinal):
         copy_batch(dst, src, dst_offsets=[dst_offset], src_offsets=[src_offset], sizes=nbytes,
-                   stream=stream, method="kernel")
+                   stream=stream, method=FILL_METHOD,
+                   src_location=host if managed_src else None,
+                   dst_location=None if managed_src else host)
 
 
 def _advise(entries: list[_Entry], dev: Location, undo: list[tuple[int, int, MemAdvice,
