@@ -61,11 +61,9 @@ LABELS = {"explicit": "explicit pinned double-buffer", "naive": "naive (page fau
           "plan_prio0": "  AccessPlan, fill stream at the default priority",
           "plan_look2": "  AccessPlan, lookahead 2",
           "plan_ctas2": "  AccessPlan, fill kernel at 2 CTAs per SM",
-          "plan_ctas1": "  AccessPlan, fill kernel at 1 CTA per SM",
           "fill_ctas2": "  window fill alone, 2 CTAs per SM",
           "plan_dma": "  AccessPlan, windows filled by cuMemcpyBatchAsync (host hint)",
           "fill_dma": "  window fill alone by cuMemcpyBatchAsync (host hint)",
-          "plan_look4": "  AccessPlan, lookahead 4",
           "bound_fill": "bound: window fill from the mapping, no work",
           "bound_copy": "bound: explicit copies, no work"}
 
@@ -322,10 +320,8 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
             if reads > 1 and bounds:
                 cases["plan_rm"] = partial(way_plan_mechanism, "read_mostly", reads, write)
                 cases["plan_look2"] = partial(way_plan_lookahead, 2, reads, write)
-                cases["plan_look4"] = partial(way_plan_lookahead, 4, reads, write)
                 cases["plan_prio0"] = partial(way_plan_normal_priority, reads, write)
                 cases["plan_ctas2"] = partial(with_ctas, 2, way_plan, reads, write)
-                cases["plan_ctas1"] = partial(with_ctas, 1, way_plan, reads, write)
                 cases["fill_ctas2"] = partial(with_ctas, 2, bound_fill, reads, write)
                 cases["plan_dma"] = partial(with_driver_fill, way_plan, reads, write)
                 cases["fill_dma"] = partial(with_driver_fill, bound_fill, reads, write)
