@@ -279,3 +279,43 @@ def test_a_buffer_closed_before_the_walk_is_named(stream: cm.Stream) -> None:
     info = keep.range_info()  # the advice given to the first buffer was taken back
     assert info.preferred_location is None and info.accessed_by == ()
     keep.close()
+
+
+@pytest.mark.parametrize("reads", [1, 3])
+def test_on_a_numa_host_the_pages_go_to_the_devices_node_first(
+        data: cm.ManagedBuffer, stream: cm.Stream, monkeypatch: pytest.MonkeyPatch,
+        reads: int) -> None:
+    from cuda_memkit._managed_memory import _access_plan
+
+    node = cm.Location.host_numa(0)
+    monkeypatch.setattr(_access_plan, "near_host", lambda ordinal: node)
+    placed: list[tuple[int, int]] = []
+    real = _access_plan.PrefetchPlan.add
+
+    def add(self: Any, target: Any, to: Any, **kw: Any) -> Any:
+        if to == node:
+            placed.append((kw["offset"], kw["nbytes"]))
+        return real(self, target, to, **kw)
+
+    monkeypatch.setattr(_access_plan.PrefetchPlan, "add", add)
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=reads)
+    with plan.run(stream) as run:
+        for chunk in run:
+            assert placed[chunk.index] == (chunk.offset, chunk.nbytes)  # placed before use
+            first = chunk.offset // 4
+            np.testing.assert_array_equal(read_chunk(chunk), np.arange(first, first + CHUNK // 4))
+    assert len(placed) == N * 4 // CHUNK
+    info = data.range_info()
+    assert info.preferred_location is None and info.accessed_by == ()
+
+
+def test_near_host_is_the_host_on_one_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda_memkit._managed_memory import _access_plan
+
+    monkeypatch.setattr(_access_plan, "host_numa_nodes", lambda: frozenset({0}))
+    assert _access_plan.near_host(0) == cm.Location.host()
+    monkeypatch.setattr(_access_plan, "host_numa_nodes", lambda: frozenset({0, 1}))
+    from cuda.bindings.driver import CUdevice_attribute
+
+    node = cm.Device(0).attribute(CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+    assert _access_plan.near_host(0) == cm.Location.host_numa(node)

@@ -12,7 +12,9 @@ The mechanism is chosen per entry (see :data:`MECHANISMS`):
 * ``"zero_copy"`` (data read, or read and written, once): the range is
   advised to stay on the host with the device mapping it (preferred location
   host, accessed by the device); the kernel reads and writes the managed
-  pointer over the link, with no page migration and no eviction.
+  pointer over the link, with no page migration and no eviction. Where the
+  host has several NUMA nodes, the host memory is the device's own node's
+  (:func:`near_host`), and each chunk's pages are prefetched there ahead of use.
 * ``"window"`` (data read several times): the same advice, and a device
   window per look-ahead slot, filled by the block-copy kernel from the
   mapping on a stream of its own (and, for ``"readwrite"``, copied back the
@@ -35,14 +37,18 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cuda.bindings.driver import CUdevice_attribute
+
 from .._core import _context, _driver
 from .._core._checks import one_of, positive, span
 from .._core._constants import EVENT_DISABLE_TIMING
+from .._core._device import Device
+from .._core._errors import CudaError
 from .._core._interop import DL_CUDA, DeviceArrayView
-from .._core._location import Location
+from .._core._location import Location, LocationType
 from .._core._stream import Stream, StreamLike, stream_handle
 from ._managed import ManagedBuffer
-from ._managed_ranges import MemAdvice, issue_advise, query_range
+from ._managed_ranges import MemAdvice, host_numa_nodes, issue_advise, query_range
 from ._prefetch_plan import PrefetchPlan
 
 if TYPE_CHECKING:
@@ -343,8 +349,10 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
     events: list[int] = []
     windows: list[DeviceBuffer] = []
     side: Stream | None = None
+    near = near_host(ordinal)
+    place = near.type is LocationType.HOST_NUMA  # pages moved to the device's node first
     try:
-        _advise(entries, dev, undo)
+        _advise(entries, dev, near, undo)
         with _context.primary_pushed(ordinal):  # the caller's current context is kept
             side = fill = Stream(ordinal, priority=HIGHEST_PRIORITY)
             ready = [_event(events) for _ in range(depth)]
@@ -361,13 +369,16 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
 
         def prepare(i: int) -> None:
             e, slot = entries[i], i % depth
-            if e.mechanism == "zero_copy":
+            if e.mechanism == "zero_copy" and not place:
                 return
             if used[slot]:
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
+            if place and e.mechanism != "read_mostly":
+                PrefetchPlan().add(e.buffer, near, offset=e.offset,
+                                   nbytes=e.nbytes).execute(fill)
             if e.mechanism == "window":
                 _window_copy(ordinal, windows[slot], 0, e.buffer, e.offset, e.nbytes, fill)
-            else:
+            elif e.mechanism == "read_mostly":
                 PrefetchPlan().add(e.buffer, dev, offset=e.offset,
                                    nbytes=e.nbytes).execute(fill)
             _driver.call("cuEventRecord", ready[slot], fill.handle)
@@ -378,6 +389,8 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
         for i, e in enumerate(entries):
             slot = i % depth
             if e.mechanism == "zero_copy":
+                if place:
+                    _driver.call("cuStreamWaitEvent", h, ready[slot], 0)
                 ptr = e.buffer.ptr + e.offset
                 owner: object = e.buffer
                 dl = e.buffer._dl_device()
@@ -432,10 +445,26 @@ def _window_copy(ordinal: int, dst: Any, dst_offset: int, src: Any, src_offset: 
                    dst_location=None if managed_src else host)
 
 
-def _advise(entries: list[_Entry], dev: Location, undo: list[tuple[int, int, MemAdvice,
-                                                                       Location | None]]) -> None:
+def near_host(ordinal: int) -> Location:
+    """The host memory nearest device ``ordinal``: its NUMA node, where the host has several.
+
+    The device's reads through the mapping are latency-bound: from the other socket's
+    memory they are several times slower than from its own node's.
+    """
+    nodes = host_numa_nodes()
+    if len(nodes) > 1:
+        try:
+            node = Device(ordinal).attribute(CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+        except CudaError:  # a driver that does not know the attribute
+            return Location.host()
+        if node in nodes:
+            return Location.host_numa(node)
+    return Location.host()
+
+
+def _advise(entries: list[_Entry], dev: Location, host: Location,
+            undo: list[tuple[int, int, MemAdvice, Location | None]]) -> None:
     """Give each entry's advice, recording in ``undo`` how to restore what was there."""
-    host = Location.host()
     seen: set[tuple[int, int]] = set()
     for e in entries:
         ptr, n = e.buffer.ptr + e.offset, e.nbytes
