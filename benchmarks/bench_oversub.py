@@ -65,7 +65,8 @@ LABELS = {"explicit": "explicit pinned double-buffer", "naive": "naive (page fau
           "plan_dma": "  AccessPlan, windows filled by cuMemcpyBatchAsync (host hint)",
           "fill_dma": "  window fill alone by cuMemcpyBatchAsync (host hint)",
           "bound_fill": "bound: window fill from the mapping, no work",
-          "bound_copy": "bound: explicit copies, no work"}
+          "bound_copy": "bound: explicit copies, no work",
+          "bound_pinned": "bound: the copy kernel reading pinned memory, no work"}
 
 
 def main() -> None:
@@ -268,6 +269,13 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
         finally:
             _kernels.CTAS_PER_SM = saved
 
+    def bound_pinned_kernel(reads: int, write: bool) -> None:
+        # The block-copy kernel reading pinned memory into the two device buffers: what
+        # the device's own reads of host memory reach on this machine.
+        for i in range(nchunks):
+            cm.copy_batch(dbufs[i % 2], pinned, dst_offsets=[0], src_offsets=[i * chunk],
+                          sizes=chunk, stream=copy_s, method="kernel")
+
     def way_plan_mechanism(mechanism: str, reads: int, write: bool) -> None:
         plan = cm.AccessPlan().chunks(buf, chunk, access="readwrite" if write else "read",
                                       reads=reads, mechanism=mechanism)
@@ -301,6 +309,7 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
           f"free (room {room / GiB:.2f} GiB); chunks {chunk // MiB} MiB; kernel: "
           f"{'CuPy sum / x += 1' if cupy is not None else 'block-copy kernel (no CuPy)'}; "
           f"median of {repeats}")
+    out(numa_line(dev, buf, pinned))
     for note in notes:
         out(f"note: {note}")
     out(f"{'pattern: way':62} {'GB/s':>7} {'vs explicit':>11} {'vs naive':>9}  target")
@@ -329,6 +338,8 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                 cases["bound_fill"] = partial(bound_fill, reads, write)
             if bounds:
                 cases["bound_copy"] = partial(way_explicit, reads, write, work=False)
+            if bounds and reads == 1 and not write:
+                cases["bound_pinned"] = partial(bound_pinned_kernel, reads, write)
             times: dict[str, list[float]] = {k: [] for k in cases}
             warm = 0 if quick else 1
             for rep in range(repeats + warm):  # the first round warms up
@@ -380,6 +391,7 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
                 out(f"{case:62} {row['gbps']:7.2f} {row['vs_explicit']:10.2f}x "
                       f"{row['vs_naive']:8.2f}x  {target}")
         elapsed = time.perf_counter() - t_start
+        out("after: " + numa_line(dev, buf, pinned))
         ok_data = True
         if cupy is not None:  # every write pass of the managed array added 1
             sample = buf.array[:: max(1, data // 4 // 4096)]
@@ -407,6 +419,63 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
             "data": data, "chunk": chunk, "repeats": repeats,
             "kernel": "cupy" if cupy is not None else "block-copy", "data_ok": ok_data,
             "notes": notes, "rows": rows}
+
+
+def numa_line(dev: Any, buf: Any, pinned: Any) -> str:
+    """Where the host memory is: the GPU's NUMA node, this process's, the arrays' pages'."""
+    import os
+
+    from cuda.bindings.driver import CUdevice_attribute
+
+    import cuda_memkit as cm
+
+    try:
+        gpu: object = dev.attribute(CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
+    except cm.CudaError as exc:  # a driver without the attribute: say so in the line
+        gpu = f"? ({exc.name})"
+    nodes = sorted(n for n in os.listdir("/sys/devices/system/node")
+                   if n.startswith("node")) if os.path.isdir("/sys/devices/system/node") else []
+    return (f"NUMA: host nodes {len(nodes) or '?'}, the GPU's node {gpu}, this process on CPU "
+            f"{_cpu()} (node {_node_of_cpu(_cpu())}); pages of the managed array on nodes "
+            f"{_page_nodes(buf.ptr, buf.nbytes)}, of the pinned copy on "
+            f"{_page_nodes(pinned.ptr, pinned.nbytes)}")
+
+
+def _cpu() -> int:
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _node_of_cpu(cpu: int) -> int:
+    import glob
+
+    for path in glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/node*"):
+        return int(path.rsplit("node", 1)[1])
+    return -1
+
+
+def _page_nodes(ptr: int, nbytes: int, samples: int = 32) -> dict[int, int]:
+    """``{node: pages}`` of pages sampled across ``[ptr, ptr + nbytes)`` (move_pages(2))."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64" or not nbytes:
+        return {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = 4096
+    addrs = sorted({(ptr + k * nbytes // samples) // page * page for k in range(samples)})
+    pages = (ctypes.c_void_p * len(addrs))(*addrs)
+    status = (ctypes.c_int * len(addrs))()
+    # SYS_move_pages on x86_64 with nodes NULL: only reports each page's node
+    if libc.syscall(279, 0, len(addrs), pages, None, status, 0) != 0:
+        return {}
+    out: dict[int, int] = {}
+    for st in status:
+        out[st] = out.get(st, 0) + 1  # a negative value: -errno (e.g. not present)
+    return out
 
 
 def _say(text: str) -> None:
