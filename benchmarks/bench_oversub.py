@@ -140,10 +140,18 @@ def run(room_gib: float = 4.0, chunk_mib: int = 256, repeats: int = 3, quick: bo
     dev_loc = cm.Location.device(0)
     rw_passes = 0
 
+    def cupy_stream(h: int) -> Any:
+        """CuPy's stream object over handle ``h`` (``from_external`` where CuPy has it)."""
+        assert cupy is not None
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        if from_external is None:
+            return cupy.cuda.ExternalStream(h)
+        return from_external(cm.Stream.from_handle(h))
+
     def kernel(view: Any, h: int, reads: int, write: bool) -> None:
         """The user's kernel on one chunk: sums (reads) or x += 1 (write), on stream h."""
         if cupy is not None:
-            with cupy.cuda.ExternalStream(h):
+            with cupy_stream(h):
                 x = cupy.asarray(view)
                 if write:
                     x += 1
