@@ -70,8 +70,8 @@ def test_every_chunk_holds_its_bytes_in_order(data: cm.ManagedBuffer, stream: cm
 
 def test_a_window_is_device_memory_and_zero_copy_the_managed_range(
         data: cm.ManagedBuffer, stream: cm.Stream) -> None:
-    plan = (cm.AccessPlan().add(data, offset=0, nbytes=CHUNK, reads=3)
-            .add(data, offset=CHUNK, nbytes=CHUNK))
+    plan = (cm.AccessPlan().add(data, offset=0, nbytes=CHUNK, reads=3, mechanism="window")
+            .add(data, offset=CHUNK, nbytes=CHUNK, mechanism="zero_copy"))
     with plan.run(stream) as run:
         it = iter(run)
         window = next(it)
@@ -119,7 +119,7 @@ def test_the_advice_is_undone(data: cm.ManagedBuffer, stream: cm.Stream,
 
 def test_an_exception_in_the_loop_frees_everything(data: cm.ManagedBuffer,
                                                    stream: cm.Stream) -> None:
-    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2)
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2, mechanism="window")
     with pytest.raises(KeyError), plan.run(stream) as run:
         for chunk in run:
             if chunk.index == 3:
@@ -131,7 +131,7 @@ def test_an_exception_in_the_loop_frees_everything(data: cm.ManagedBuffer,
 
 def test_break_without_with_frees_the_windows(data: cm.ManagedBuffer,
                                               stream: cm.Stream) -> None:
-    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2)
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2, mechanism="window")
     for chunk in plan.run(stream):
         if chunk.index == 1:
             break
@@ -162,8 +162,8 @@ def test_chunks_of_a_range_and_a_short_last_chunk(data: cm.ManagedBuffer) -> Non
 @pytest.mark.usefixtures("two_devices")
 def test_two_devices_each_walk_their_half(data: cm.ManagedBuffer) -> None:
     half = N * 2
-    plans = [cm.AccessPlan().chunks(data, CHUNK, offset=d * half, nbytes=half, reads=2)
-             for d in (0, 1)]
+    plans = [cm.AccessPlan().chunks(data, CHUNK, offset=d * half, nbytes=half, reads=2,
+                                    mechanism="window") for d in (0, 1)]
     streams = [cm.Stream(d) for d in (0, 1)]
     cm.Device(0).set_current()
     try:
@@ -205,7 +205,7 @@ def test_fills_and_work_are_ordered_by_events(data: cm.ManagedBuffer, stream: cm
     monkeypatch.setattr(_driver, "call", call)
     monkeypatch.setattr(_access_plan, "_window_copy", copy)
     user, lookahead = stream.handle, 2
-    plan = cm.AccessPlan(lookahead=lookahead).chunks(data, CHUNK, reads=2)
+    plan = cm.AccessPlan(lookahead=lookahead).chunks(data, CHUNK, reads=2, mechanism="window")
     windows = {}
     with plan.run(stream) as run:
         for chunk in run:
@@ -252,7 +252,7 @@ def test_a_failure_while_setting_up_undoes_what_was_done(data: cm.ManagedBuffer,
         return made[-1]
 
     monkeypatch.setattr(_device_buffer.DeviceBuffer, "empty", classmethod(second_fails))
-    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2)
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2, mechanism="window")
     with pytest.raises(cm.CudaOutOfMemoryError), plan.run(stream) as run:
         for _chunk in run:
             pass
@@ -281,10 +281,10 @@ def test_a_buffer_closed_before_the_walk_is_named(stream: cm.Stream) -> None:
     keep.close()
 
 
-@pytest.mark.parametrize("reads", [1, 3])
+@pytest.mark.parametrize("mechanism", ["zero_copy", "window"])
 def test_on_a_numa_host_the_pages_go_to_the_devices_node_first(
         data: cm.ManagedBuffer, stream: cm.Stream, monkeypatch: pytest.MonkeyPatch,
-        reads: int) -> None:
+        mechanism: str) -> None:
     from cuda_memkit._managed_memory import _access_plan
 
     node = cm.Location.host_numa(0)
@@ -298,7 +298,7 @@ def test_on_a_numa_host_the_pages_go_to_the_devices_node_first(
         return real(self, target, to, **kw)
 
     monkeypatch.setattr(_access_plan.PrefetchPlan, "add", add)
-    plan = cm.AccessPlan().chunks(data, CHUNK, reads=reads)
+    plan = cm.AccessPlan().chunks(data, CHUNK, reads=2, mechanism=mechanism)
     with plan.run(stream) as run:
         for chunk in run:
             assert placed[chunk.index] == (chunk.offset, chunk.nbytes)  # placed before use
@@ -319,3 +319,40 @@ def test_near_host_is_the_host_on_one_node(monkeypatch: pytest.MonkeyPatch) -> N
 
     node = cm.Device(0).attribute(CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
     assert _access_plan.near_host(0) == cm.Location.host_numa(node)
+
+
+@pytest.mark.parametrize(("access", "reads", "used"), [
+    ("read", 1, "migrate"), ("read", 4, "read_mostly"), ("readwrite", 1, "migrate"),
+    ("readwrite", 3, "migrate")])
+def test_auto_falls_back_where_the_mapping_is_slow(data: cm.ManagedBuffer, stream: cm.Stream,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   access: str, reads: int, used: str) -> None:
+    from cuda_memkit._managed_memory import _access_plan
+
+    monkeypatch.setattr(_access_plan, "mapped_reads_fast", lambda ordinal, near: False)
+    plan = cm.AccessPlan().chunks(data, CHUNK, access=access, reads=reads)
+    chosen = cm.AccessPlan().chunks(data, CHUNK, access=access, reads=reads,
+                                    mechanism="window")
+    with plan.run(stream) as run:
+        for chunk in run:
+            assert chunk.mechanism == used
+            values = read_chunk(chunk)
+            first = chunk.offset // 4
+            np.testing.assert_array_equal(values, np.arange(first, first + CHUNK // 4))
+    with chosen.run(stream) as run:  # a mechanism the user chose is kept
+        assert {chunk.mechanism for chunk in run} == {"window"}
+    info = data.range_info()
+    assert (info.read_mostly, info.preferred_location, info.accessed_by) == (False, None, ())
+
+
+def test_the_probe_frees_what_it_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuda_memkit._core import _driver
+    from cuda_memkit._managed_memory import _access_plan
+
+    monkeypatch.setattr(_access_plan, "_FAST", {})
+    if _driver.backend_name() == "sim":
+        assert _access_plan.mapped_reads_fast(0, cm.Location.host()) is True  # no timings
+        monkeypatch.setattr(_driver, "backend_name", lambda: "cuda")  # run it anyway
+    answer = _access_plan.mapped_reads_fast(0, cm.Location.host())
+    assert _access_plan._FAST == {0: answer}  # measured once per device
+    assert _access_plan.mapped_reads_fast(0, cm.Location.host()) is answer

@@ -19,6 +19,8 @@ The mechanism is chosen per entry (see :data:`MECHANISMS`):
   window per look-ahead slot, filled by the block-copy kernel from the
   mapping on a stream of its own (and, for ``"readwrite"``, copied back the
   same way after the chunk is done); repeated reads then hit device memory.
+* ``"migrate"``: no advice; the kernel reads the managed range and the driver
+  migrates the pages it touches (and evicts to make room).
 * ``"read_mostly"``: read-mostly advice and a :class:`PrefetchPlan` of the
   next chunks on a stream of its own; the driver drops the device's copies
   without a write-back when it needs the room.
@@ -34,7 +36,7 @@ and the windows, the stream and the events are freed.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from cuda.bindings.driver import CUdevice_attribute
@@ -59,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["MECHANISMS", "AccessChunk", "AccessPlan", "AccessRun"]
 
 #: The mechanisms an :class:`AccessPlan` entry can use (``"auto"`` picks one per entry).
-MECHANISMS = ("auto", "zero_copy", "window", "read_mostly")
+MECHANISMS = ("auto", "zero_copy", "window", "read_mostly", "migrate")
 #: The fill stream's priority: the driver clamps it to the device's highest, so that
 #: the fills' blocks are scheduled before the work's.
 HIGHEST_PRIORITY = -1024
@@ -81,6 +83,92 @@ def choose(access: str, reads: int) -> str:
     return "zero_copy" if reads == 1 else "window"
 
 
+#: The mechanisms that read host memory through the device's mapping.
+MAPPED = ("zero_copy", "window")
+
+
+def fallback(entry: _Entry) -> str:
+    """What ``"auto"`` uses instead of the mapping where the device reads it slowly.
+
+    Data read several times: read-mostly copies, prefetched; data used once, or
+    written: the driver's own migration on access (no advice).
+    """
+    return "read_mostly" if entry.access == "read" and entry.reads > 1 else "migrate"
+
+
+#: The mapping is used where the device's reads through it reach this share of a
+#: DMA copy's rate (:func:`mapped_reads_fast`).
+MAPPED_SHARE = 0.7
+#: The bytes each side of the probe moves.
+PROBE_BYTES = 64 << 20
+_FAST: dict[int, bool] = {}
+
+
+def mapped_reads_fast(ordinal: int, near: Location) -> bool:
+    """Whether device ``ordinal`` reads managed host memory through the mapping fast.
+
+    Measured once per device and process: the block-copy kernel reading
+    :data:`PROBE_BYTES` of managed memory advised as ``"zero_copy"`` advises it
+    (placed at ``near``), against a DMA copy of as many bytes from pinned
+    memory; fast means at least :data:`MAPPED_SHARE` of the DMA's rate. How
+    fast the device's own reads of host memory are depends on the machine
+    (the host's NUMA layout, how the pages are mapped). The simulator, which
+    has no timings, answers ``True``.
+    """
+    known = _FAST.get(ordinal)
+    if known is not None:
+        return known
+    if _driver.backend_name() == "sim":
+        return True
+    from .._device_memory._device_buffer import DeviceBuffer
+    from .._host._pinned import HostBuffer
+    from .._transfer._copy_batch import copy_batch
+
+    made: list[Any] = []
+    events: list[int] = []
+    n = PROBE_BYTES
+    try:
+        with _context.primary_pushed(ordinal):
+            managed = ManagedBuffer.empty(n)
+            made.append(managed)
+            managed.array[:] = 0  # host pages, as data filled on the host
+            dev_buf = DeviceBuffer.empty(n, device=ordinal)
+            made.append(dev_buf)
+            pinned = HostBuffer.empty(n)
+            made.append(pinned)
+            stream = Stream(ordinal)
+            made.append(stream)
+            issue_advise(managed.ptr, n, MemAdvice.SET_PREFERRED_LOCATION, near)
+            issue_advise(managed.ptr, n, MemAdvice.SET_ACCESSED_BY, Location.device(ordinal))
+            if near.type is LocationType.HOST_NUMA:
+                managed.prefetch(near, stream=stream)
+            start, end = (int(_driver.call("cuEventCreate", 0)) for _ in range(2))
+            events += [start, end]
+
+            def timed(src: Any, method: str) -> float:
+                for _ in range(2):  # the first loads the kernel, maps the pages
+                    _driver.call("cuEventRecord", start, stream.handle)
+                    copy_batch(dev_buf, src, dst_offsets=[0], src_offsets=[0], sizes=n,
+                               stream=stream, method=method)
+                    _driver.call("cuEventRecord", end, stream.handle)
+                    _driver.call("cuEventSynchronize", end)
+                return float(_driver.call("cuEventElapsedTime", start, end))
+
+            fast = timed(managed, "kernel") * MAPPED_SHARE <= timed(pinned, "driver")
+    except CudaError:  # a probe that cannot run: keep the mapping (the plan's choice)
+        fast = True
+    finally:
+        for obj in reversed(made):
+            if isinstance(obj, Stream):
+                obj.synchronize()
+        for ev in events:
+            _driver.call("cuEventDestroy", ev)
+        for obj in reversed(made):
+            obj.close()
+    _FAST[ordinal] = fast
+    return fast
+
+
 @dataclass(frozen=True)
 class _Entry:
     buffer: ManagedBuffer
@@ -89,6 +177,7 @@ class _Entry:
     access: str
     reads: int
     mechanism: str
+    auto: bool = False  # chosen by "auto": the walk may fall back (see mapped_reads_fast)
 
 
 @dataclass(frozen=True)
@@ -112,7 +201,8 @@ class AccessChunk:
     stream : Stream
         The stream to order the work on (the run's stream).
     mechanism : str
-        How the chunk got there: ``"zero_copy"``, ``"window"`` or ``"read_mostly"``.
+        How the chunk got there: ``"zero_copy"``, ``"window"``, ``"read_mostly"``
+        or ``"migrate"``.
     """
 
     index: int
@@ -194,8 +284,10 @@ class AccessPlan:
             Whether the work writes the range.
         reads : int, default 1
             How many times the work reads each byte of the range.
-        mechanism : {"auto", "zero_copy", "window", "read_mostly"}, default "auto"
-            ``"auto"`` chooses from ``access`` and ``reads``;
+        mechanism : {"auto", "zero_copy", "window", "read_mostly", "migrate"}, default "auto"
+            ``"auto"`` chooses from ``access`` and ``reads`` (and, where the
+            device reads host memory through the mapping slowly, falls back
+            at run time: see :func:`mapped_reads_fast`);
             ``"read_mostly"`` needs ``access="read"``.
 
         Returns
@@ -221,9 +313,10 @@ class AccessPlan:
         if mech == "read_mostly" and acc != "read":
             raise ValueError("mechanism='read_mostly' is for data that is only read "
                              "(access='read')")
-        if mech == "auto":
+        auto = mech == "auto"
+        if auto:
             mech = choose(acc, n_reads)
-        self._entries.append(_Entry(buf, off, n, acc, n_reads, mech))
+        self._entries.append(_Entry(buf, off, n, acc, n_reads, mech, auto))
         return self
 
     def chunks(self, buffer: ManagedBuffer, chunk_bytes: int, *, offset: int = 0,
@@ -255,7 +348,12 @@ class AccessPlan:
         return self
 
     def mechanisms(self) -> list[str]:
-        """The mechanism of each entry, in order (``"auto"`` resolved)."""
+        """The mechanism of each entry, in order (``"auto"`` resolved).
+
+        An entry left to ``"auto"`` may still fall back when the walk starts, on a
+        device that reads host memory through the mapping slowly
+        (:func:`mapped_reads_fast`); each chunk's ``mechanism`` says what was used.
+        """
         return [e.mechanism for e in self._entries]
 
     def run(self, stream: StreamLike) -> AccessRun:
@@ -352,6 +450,10 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
     near = near_host(ordinal)
     place = near.type is LocationType.HOST_NUMA  # pages moved to the device's node first
     try:
+        if any(e.auto and e.mechanism in MAPPED for e in entries) and not mapped_reads_fast(
+                ordinal, near):
+            entries = [replace(e, mechanism=fallback(e)) if e.auto and e.mechanism in MAPPED
+                       else e for e in entries]
         _advise(entries, dev, near, undo)
         with _context.primary_pushed(ordinal):  # the caller's current context is kept
             side = fill = Stream(ordinal, priority=HIGHEST_PRIORITY)
@@ -369,11 +471,11 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
 
         def prepare(i: int) -> None:
             e, slot = entries[i], i % depth
-            if e.mechanism == "zero_copy" and not place:
+            if e.mechanism == "migrate" or (e.mechanism == "zero_copy" and not place):
                 return
             if used[slot]:
                 _driver.call("cuStreamWaitEvent", fill.handle, done[slot], 0)
-            if place and e.mechanism != "read_mostly":
+            if place and e.mechanism in MAPPED:
                 PrefetchPlan().add(e.buffer, near, offset=e.offset,
                                    nbytes=e.nbytes).execute(fill)
             if e.mechanism == "window":
@@ -388,8 +490,8 @@ def _walk(entries: list[_Entry], depth: int, user: Stream
             nxt += 1
         for i, e in enumerate(entries):
             slot = i % depth
-            if e.mechanism == "zero_copy":
-                if place:
+            if e.mechanism in ("zero_copy", "migrate"):
+                if place and e.mechanism == "zero_copy":
                     _driver.call("cuStreamWaitEvent", h, ready[slot], 0)
                 ptr = e.buffer.ptr + e.offset
                 owner: object = e.buffer
@@ -472,6 +574,8 @@ def _advise(entries: list[_Entry], dev: Location, host: Location,
             continue
         seen.add((ptr, n))
         before = query_range(ptr, n)
+        if e.mechanism == "migrate":
+            continue
         if e.mechanism == "read_mostly":
             if not before.read_mostly:
                 issue_advise(ptr, n, MemAdvice.SET_READ_MOSTLY, None)
