@@ -2,7 +2,7 @@
 
     python benchmarks/bench_driver.py [--json PATH] [--quick]
 
-Targets (issue 2): <= 0.3 us added per call; ``import cuda_memkit`` <= 1.2x
+Targets: <= 0.3 us added per call; ``import cuda_memkit`` <= 1.2x
 ``import cuda.bindings.driver``.
 """
 

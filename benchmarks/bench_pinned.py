@@ -14,7 +14,7 @@ One table, every row measured in this run:
 * ``HostBuffer.empty(n).close()`` against raw ``cuMemHostAlloc`` +
   ``cuMemFreeHost`` (median time per pair).
 
-Targets (issue 3): copies >= 0.97x raw pinned bandwidth both ways; allocation
+Targets: copies >= 0.97x raw pinned bandwidth both ways; allocation
 overhead within 5 % of raw. On the simulator backend the numbers are the
 simulator's (``--quick`` uses small sizes there).
 """

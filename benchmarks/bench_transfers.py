@@ -33,9 +33,9 @@ an OK/MISS verdict on each target row:
   arrays (``add_ranges``) and executed, against the whole-range prefetch and
   4096 ``add()`` calls; each sample first sends the pages back to the host.
 
-Targets (issue 14): 4096 x 64 KiB copy_batch >= 2.0x the raw loop and
+Targets: 4096 x 64 KiB copy_batch >= 2.0x the raw loop and
 >= 0.95x the prebuilt raw single batch call; 1024 x 256 KiB copy_batch
->= 0.85x contiguous; (issue 23) copy_batch of 65536 x 4 KiB >= 0.8x
+>= 0.85x contiguous; copy_batch of 65536 x 4 KiB >= 0.8x
 contiguous both ways and device to device, of 16384 x 16 KiB >= 0.85x;
 pageable copies, both directions: memkit ahead of every torch row in every
 round and >= 2.5x the driver's pageable path (median); PrefetchPlan

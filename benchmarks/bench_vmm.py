@@ -15,7 +15,7 @@ chunk that brings it to S:
   S - 32 MiB + ``cuMemFree(old)`` + synchronize. Sizes whose old+new
   buffers would exceed the memory budget (10 GiB) are skipped.
 
-Targets (issue 5): GrowableBuffer <= 1.2x raw per chunk, flat in buffer size.
+Targets: GrowableBuffer <= 1.2x raw per chunk, flat in buffer size.
 Peak device memory: about 8 GiB. On the simulator (``--quick``: sizes up to
 256 MiB) the numbers are the simulator's, not a GPU's.
 """

@@ -1,6 +1,6 @@
 """bench_transfers' small-block section: the kernel path against the driver and the peers.
 
-Shapes and targets (issue 23, contiguous copy of the same bytes = 1.0):
+Shapes and targets (contiguous copy of the same bytes = 1.0):
 
 * 65536 x 4 KiB pinned->device and device->pinned, scattered on both sides
   (the blocks are permutations of the whole 256 MiB on each side): >= 0.8x;

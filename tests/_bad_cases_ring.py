@@ -14,7 +14,7 @@ import numpy as np
 
 import cuda_memkit as cm
 
-from ._bad_cases_b import CLOSED
+from ._bad_cases_closed import CLOSED
 from ._bad_input_table import N, case
 
 SHAPE = (N // 4,)

@@ -7,7 +7,7 @@ import mmap
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cuda_memkit._core import _driver
+from cuda_memkit._pools import _cache
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +25,51 @@ Calls = list[tuple[str, tuple[Any, ...]]]
 #: The calls that apply managed-memory hints or move pages.
 ISSUING = {"cuMemAdvise", "cuMemPrefetchAsync", "cuMemPrefetchBatchAsync",
            "cuMemDiscardBatchAsync", "cuMemDiscardAndPrefetchBatchAsync"}
+
+
+@contextlib.contextmanager
+def driver_spy(monkeypatch: pytest.MonkeyPatch,
+               record: Callable[[str, tuple[Any, ...], bool], object]) -> Iterator[None]:
+    """Every driver call the library makes inside, told to ``record(api, args, succeeded)``.
+
+    It sees the calls through ``_driver.call``, through the functions
+    ``_driver.function`` hands out, and through the block cache's pre-resolved
+    ``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync`` (``_cache.ALLOC`` / ``FREE``),
+    which a spy of the gateway alone misses.
+    """
+    real_call, real_function = _driver.call, _driver.function
+
+    def call(api: str, *args: Any) -> Any:
+        try:
+            out = real_call(api, *args)
+        except BaseException:
+            record(api, args, False)
+            raise
+        record(api, args, True)
+        return out
+
+    def spied(api: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def raw(*args: Any) -> Any:
+            res = fn(*args)
+            record(api, args, not res[0])
+            return res
+        return raw
+
+    alloc, free = _cache.driver_pair()
+    with monkeypatch.context() as m:
+        m.setattr(_driver, "call", call)
+        m.setattr(_driver, "function", lambda api: spied(api, real_function(api)))
+        m.setattr(_cache, "ALLOC", spied("cuMemAllocFromPoolAsync", alloc))
+        m.setattr(_cache, "FREE", spied("cuMemFreeAsync", free))
+        yield
+
+
+@contextlib.contextmanager
+def all_driver_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
+    """Every driver call made inside (:func:`driver_spy`), as ``(api, args)``."""
+    calls: Calls = []
+    with driver_spy(monkeypatch, lambda api, args, ok: calls.append((api, args))):
+        yield calls
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuda_memkit._core import _context, _driver
+from cuda_memkit._core import _context, _dlpack, _driver
 from cuda_memkit._host import _pinned_pool
 from cuda_memkit._transfer import _kernels
 
@@ -57,6 +57,17 @@ def _size(value: Any) -> int | None:
         return None
 
 
+def live_exports() -> int:
+    """Tensors exported through DLPack and not yet released by their consumer."""
+    return len(_dlpack._registry)
+
+
+def _default_pinned_stream() -> int:
+    """1 once the default pinned pool's cache (and so its stream) has been made, else 0."""
+    cache = _pinned_pool._default_cache
+    return int(cache is not None and cache.stream is not None)
+
+
 def snapshot() -> Snapshot:
     snap = Snapshot()
     if _driver.backend_name() == "sim":
@@ -66,7 +77,7 @@ def snapshot() -> Snapshot:
         m = machine()
         # The default pinned pool and its cache's stream are made on first use and
         # kept for the process, like a context (copy_batch's kernel path uses them).
-        default = _pinned_pool.default_exists()
+        default = _default_pinned_stream()
         snap.counts["allocations"] = len(m.allocs)
         snap.counts["streams"] = len(m.streams) - default
         snap.counts["events"] = len(m.events)
@@ -76,7 +87,7 @@ def snapshot() -> Snapshot:
             n = _size(value)
             if n is not None:
                 if key == KERNEL_MODULES:  # loaded once per context and kept, like the context
-                    n -= _kernels.loaded_modules()
+                    n -= len(_kernels._loaded)
                 elif key == "pool.pools":
                     n -= default
                 snap.counts[f"sim.{key}"] = n

@@ -12,8 +12,8 @@
 * where the library provides allocation statistics (``cuda_memkit.memory_stats()``,
   planned), it compares their *current* entries too.
 
-Hot paths that resolved their driver function before the block (pool
-allocation) escape the call spy; the ledger catches what they allocate.
+The spy sees the block cache's pre-resolved pool allocation and free too; the
+ledger catches anything else.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import cuda_memkit as cm
 from cuda_memkit._core import _driver
 
 from . import _leaks
-from ._helpers import ISSUING
+from ._helpers import ISSUING, driver_spy
 
 #: Driver calls that create something (memory, registrations, mappings, handles).
 ALLOCATING = frozenset({
@@ -114,32 +114,9 @@ def ledger() -> Ledger:
 
 @contextlib.contextmanager
 def record_api_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bool]]]:
-    """The driver calls made inside, as ``(name, succeeded)`` (``call`` and ``function``)."""
+    """The driver calls made inside, as ``(name, succeeded)`` (all of them: :func:`driver_spy`)."""
     calls: list[tuple[str, bool]] = []
-    real_call, real_function = _driver.call, _driver.function
-
-    def call(api: str, *args: Any) -> Any:
-        try:
-            out = real_call(api, *args)
-        except BaseException:
-            calls.append((api, False))
-            raise
-        calls.append((api, True))
-        return out
-
-    def function(api: str) -> Any:
-        fn = real_function(api)
-
-        def spied(*args: Any) -> Any:
-            res = fn(*args)
-            calls.append((api, not res[0]))
-            return res
-
-        return spied
-
-    with monkeypatch.context() as m:
-        m.setattr(_driver, "call", call)
-        m.setattr(_driver, "function", function)
+    with driver_spy(monkeypatch, lambda api, args, ok: calls.append((api, ok))):
         yield calls
 
 

@@ -277,3 +277,21 @@ def test_private_names_stay_in_their_module() -> None:
                     and not node.attr.startswith("__")):
                 bad.append(f"{path.name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not bad, "private names used across modules: " + ", ".join(bad)
+
+
+def test_a_backend_reset_reaches_the_library_only_through_the_gateway() -> None:
+    """The simulator imports no library module but the gateway, and only the gateway knows the
+    simulator: a reset reaches the library through ``_driver.reset_hooks``, which the
+    modules that keep per-machine state fill."""
+    bad = []
+    for path in PKG.rglob("*.py"):
+        me = _module_name(path)
+        if me.split(".")[0] == "sim":
+            bad += [f"{me}:{line} imports {mod}" for mod, line in _imports(path)
+                    if mod.split(".")[0] != "sim" and mod not in GATEWAY]
+        elif me not in GATEWAY:
+            bad += [f"{me}:{line} imports {mod}" for mod, line in _imports(path)
+                    if mod.split(".")[0] == "sim"]
+            if re.search(r"['\"]cuda_memkit\.sim\b", path.read_text()):
+                bad.append(f"{me} names the simulator's modules")
+    assert not bad, "the simulator and the library reach each other: " + "; ".join(bad)

@@ -27,14 +27,19 @@ import pytest
 
 import cuda_memkit as cm
 
-from . import (  # noqa: F401
-    _bad_cases_a,
-    _bad_cases_b,
-    _bad_cases_c,
+from . import (  # noqa: F401  (each registers its cases)
+    _bad_cases_buffers,
+    _bad_cases_devices,
+    _bad_cases_host,
+    _bad_cases_managed,
+    _bad_cases_observing,
     _bad_cases_oversub,
+    _bad_cases_pools,
     _bad_cases_ring,
+    _bad_cases_transfers,
+    _bad_cases_vmm,
 )
-from ._bad_cases_b import CLOSED
+from ._bad_cases_closed import CLOSED
 from ._bad_cases_ring import closed_ring_objects, ring_objects
 from ._bad_input_table import CASES, Case, N, closed_fd
 from ._helpers import page_aligned_zeros

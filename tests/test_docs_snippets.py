@@ -10,7 +10,6 @@ page is fixed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -44,16 +43,6 @@ print("\n__memkit_left__ " + json.dumps(live))
 
 BLOCKS = _snippets.all_blocks()
 
-#: Failing blocks of pages that other branches are rewriting now, so that no marker can go in
-#: them yet: (page, sha1 of the block's text) -> why. A strict xfail while the text is the
-#: same; once it changes the block runs as any other (add its marker in the page then).
-UNMARKED_KNOWN_FAILING: dict[tuple[str, str], str] = {}
-
-
-def _digest(block: Block) -> str:
-    return hashlib.sha1(block.source.encode()).hexdigest()[:12]
-
-
 #: Needs met on the real driver only (the simulator's memory is in-process, CPU-side).
 GPU_ONLY = {"cupy", "torch", "numba", "processes=2"}
 
@@ -82,10 +71,8 @@ def _params() -> list[object]:
         marks = []
         if block.skip:
             marks.append(pytest.mark.skip(reason=f"not meant to run: {block.skip}"))
-        reason = block.xfail or UNMARKED_KNOWN_FAILING.get(
-            (_snippets.page_name(block.page), _digest(block)))
-        if reason:
-            marks.append(pytest.mark.xfail(reason=f"known failing, to fix: {reason}",
+        if block.xfail:
+            marks.append(pytest.mark.xfail(reason=f"known failing, to fix: {block.xfail}",
                                            strict=True))
         params.append(pytest.param(block, id=block.name, marks=marks))
     return params
@@ -114,13 +101,6 @@ def test_snippet_runs(block: Block, tmp_path: Path) -> None:
 
 
 # -- the mechanism itself --------------------------------------------------------------------
-
-
-def test_unmarked_known_failing_blocks_exist() -> None:
-    """Each entry still names a block as it is (a stale entry would hide nothing, but mislead)."""
-    here = {(_snippets.page_name(b.page), _digest(b)) for b in BLOCKS}
-    stale = set(UNMARKED_KNOWN_FAILING) - here
-    assert not stale, f"remove these entries, their blocks changed: {sorted(stale)}"
 
 
 def test_pages_have_python_blocks() -> None:

@@ -21,8 +21,6 @@ import pytest
 
 import cuda_memkit as cm
 
-#: qualified name (without the module) -> why it fails today. Strict: a fixed one must leave.
-KNOWN_FAILING: dict[str, str] = {}
 #: Examples of modules that import a framework at load or in their examples: run where it is
 #: installed.
 NEEDS_MODULE = {"cuda_memkit.allocators.numba": "numba", "cuda_memkit.allocators._cupy": "cupy"}
@@ -49,15 +47,10 @@ def _examples() -> list[object]:
     seen = set()
     for mod in _modules():
         for test in finder.find(mod, mod.__name__):
-            short = test.name[len(mod.__name__) + 1:]
             if not test.examples or test.name in seen:
                 continue
             seen.add(test.name)
-            marks = []
-            if short.rsplit(".", 1)[-1] in KNOWN_FAILING and short.count(".") == 0:
-                marks.append(pytest.mark.xfail(
-                    reason=f"known failing, to fix: {KNOWN_FAILING[short]}", strict=True))
-            params.append(pytest.param(test, id=test.name, marks=marks))
+            params.append(pytest.param(test, id=test.name))
     return params
 
 
@@ -66,8 +59,6 @@ EXAMPLES = _examples()
 
 def test_there_are_docstring_examples() -> None:
     assert len(EXAMPLES) >= 10
-    names = {p.id.rsplit(".", 1)[-1] for p in EXAMPLES}  # type: ignore[attr-defined]
-    assert set(KNOWN_FAILING) <= names  # the list names only examples that exist
 
 
 @pytest.mark.parametrize("test", EXAMPLES)

@@ -6,16 +6,12 @@ that was destroyed (by another thread, or by a library's failure path) and left
 current. Every kind must still release its memory, raise nothing, warn nothing,
 and leave the thread's current context as it was.
 
-Defect D1 (issue 15, seen on the H100): pool buffers collected after a CuPy
-cuFFT failure warned ``freeing pool buffer ... failed: cuMemFreeAsync:
-CUDA_ERROR_INVALID_CONTEXT`` and their memory stayed allocated. The release
-paths retry with the owning device's context only when *no* context is current
-(``_pool._free_failed``, ``_pinned._free_pinned``), or not at all
-(``_memory._free_device``, ``_managed._free_managed``, ``_pinned._unregister``,
-the VMM finalizers, ``MemoryPool``/``Stream`` destruction). The cases with a
-destroyed context current fail today under the simulator's provisional model of
-that situation (``cuda_memkit/sim/_state.py``: ``STALE_CONTEXT_*``; the H100's
-answers come from ``scripts/probes/invalid_context_probe.py``).
+A release that the driver refuses for want of a usable context
+(``CUDA_ERROR_INVALID_CONTEXT``, ``CUDA_ERROR_CONTEXT_IS_DESTROYED``) is retried
+with the owning device's primary context pushed and popped again
+(``_context.context_retry``). The simulator models a destroyed context left
+current as the H100 answered it (``cuda_memkit/sim/_state.py``:
+``STALE_CONTEXT_*``; ``scripts/probes/invalid_context_probe.py``).
 """
 
 from __future__ import annotations
@@ -118,11 +114,10 @@ def _run(situation: Callable[[], Any], obj: list[Any], how: str
 @pytest.mark.parametrize("situation", list(SITUATIONS))
 def test_release_with_any_current_context(situation: str, kind: str, how: str,
                                           env: Env) -> None:
-    """Defect D1: a release with a destroyed (or other) context current must still free.
+    """A release with a destroyed (or another) context current still frees.
 
-    Expected: the memory is gone (exact on the simulator), no exception and no
-    MemkitWarning. Where the release needs the owning device's context, the
-    fix pushes its primary context, retries and pops it again.
+    The memory is gone (exact on the simulator), with no exception and no
+    MemkitWarning.
     """
     before = _settled_snapshot(env)
     obj = [KINDS[kind](env)]
@@ -161,15 +156,12 @@ def _no_context() -> Any:
 @pytest.mark.parametrize("kind", KIND_IDS)
 @pytest.mark.parametrize("situation", ["no context", *SITUATIONS])
 def test_release_leaves_the_current_context_alone(situation: str, kind: str, env: Env) -> None:
-    """Defect D3: a finalizer must not change the collecting thread's current context.
+    """A release leaves the releasing thread's current context as it was.
 
     Garbage collection runs finalizers on whatever thread allocates at that
-    moment; a release that makes a context current there (``ensure_context``
-    in ``_memory._free_device``, ``_managed._free_managed``,
-    ``_pinned._unregister``, ``_pool._free_failed``) changes that thread's
-    CUDA state behind its back: a thread that had no context silently gets
-    device 0's, one with its own context loses it. Expected: the context
-    current before the release is current after it (push/pop around a retry).
+    moment: a thread that had no context must not get device 0's, one with its
+    own context must not lose it. The context current before the release is
+    current after it.
     """
     obj = [KINDS[kind](env)]
     if situation == "no context":
@@ -183,18 +175,16 @@ def test_release_leaves_the_current_context_alone(situation: str, kind: str, env
 @pytest.mark.sim_only
 @pytest.mark.parametrize("how", ["close", "gc"])
 def test_pool_buffer_whose_stream_handle_was_destroyed(how: str) -> None:
-    """Defect D2: a pool buffer allocated on an int stream handle outlives the stream.
+    """A pool buffer allocated on an int stream handle that was destroyed is still freed.
 
     A buffer keeps a :class:`Stream` object alive, but not a stream given as an
     int handle (what an allocator adaptor gets from CuPy's ``.ptr``). Once its
     owner destroys the stream, ``cuMemFreeAsync`` on it answers
     ``CUDA_ERROR_INVALID_CONTEXT`` (the H100, ``E_free_async_destroyed_stream``)
-    with a context current, and today the buffer warns
-    ``freeing pool buffer ... failed: cuMemFreeAsync: CUDA_ERROR_INVALID_CONTEXT``
-    and stays allocated: the message seen on the H100 in issue 15. Expected:
-    the memory is freed (after synchronizing the pool's device, on the legacy
-    stream); at most one MemkitWarning, no exception. Simulator only: the real
-    driver must never see a destroyed stream handle in a test.
+    with a context current. The memory is freed (after synchronizing the
+    pool's device, on the legacy stream), with at most one MemkitWarning and no
+    exception. Simulator only: the real driver must never see a destroyed
+    stream handle in a test.
     """
     s = cm.Stream()
     handle = s.handle

@@ -12,6 +12,8 @@ from cuda_memkit._core._context import ensure_context
 from cuda_memkit._core._interop import DL_CUDA, DeviceArrayView, DeviceMemoryMixin
 from cuda_memkit._core._resource import Resource, driver_release, make_finalizer
 
+from ._leaks import live_exports
+
 
 class RawDeviceMemory(DeviceMemoryMixin, Resource):
     """Minimal device allocation to exercise the protocols."""
@@ -83,9 +85,9 @@ def _read_capsule(capsule: object) -> _dlpack.DLManagedTensor:
 
 
 def test_dlpack_capsule_fields_and_release(mem: RawDeviceMemory) -> None:
-    before = _dlpack.live_exports()
+    before = live_exports()
     cap = mem.as_array(np.int16, (4, 8)).__dlpack__()
-    assert _dlpack.live_exports() == before + 1
+    assert live_exports() == before + 1
     t = _read_capsule(cap).dl_tensor
     assert t.data == mem.ptr
     assert (t.device.device_type, t.device.device_id) == (DL_CUDA, 0)
@@ -94,7 +96,7 @@ def test_dlpack_capsule_fields_and_release(mem: RawDeviceMemory) -> None:
     assert not t.strides
     del cap, t
     gc.collect()
-    assert _dlpack.live_exports() == before
+    assert live_exports() == before
 
 
 def test_dlpack_device_and_bad_requests(mem: RawDeviceMemory) -> None:

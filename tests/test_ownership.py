@@ -1,14 +1,14 @@
-"""One owner, one free; no export reads freed memory (issue 21: the eleven holes).
+"""One owner, one free; no export reads freed memory.
 
-Each test guards one hole of issue 21 (the table in ``docs/reliability.md``
-names them): copies and pickles refused, exports keeping memory alive past
-``close()`` and freeing it when the last one goes, stale views refused by
-every copy path, a racing ``free()`` claimed once, atomic file writes, typed
-DLPack of managed memory, plans refusing freed buffers, numpy 2's
-``__array__`` contract, integers past 64 bits, and a failed ``free()``
-leaving the buffer allocated. The random sequences are in
-``tests/test_ownership_stateful.py``; what only a GPU can tell (CuPy and
-torch as DLPack consumers) in ``tests/test_ownership_gpu.py``.
+Each test guards one way memory could be freed twice or read after its free
+(the table in ``docs/reliability.md`` names them): copies and pickles refused,
+exports keeping memory alive past ``close()`` and freeing it when the last one
+goes, stale views refused by every copy path, a racing ``free()`` claimed
+once, atomic file writes, typed DLPack of managed memory, plans refusing freed
+buffers, numpy 2's ``__array__`` contract, integers past 64 bits, and a failed
+``free()`` leaving the buffer allocated. The random sequences are in
+``tests/test_ownership_stateful.py``; what only a GPU can tell (CuPy and torch
+as DLPack consumers) in ``tests/test_ownership_gpu.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import pytest
 import cuda_memkit as cm
 from cuda_memkit._core import _driver, _resource
 
+from ._helpers import all_driver_calls
 from ._kinds import KINDS, Env, close_all, kind_params
 from ._nothing import nothing_allocated
 
@@ -255,19 +256,16 @@ def test_close_after_a_racing_free_frees_nothing(cached: bool, stream: cm.Stream
     release with an entry already gone: it must free nothing (no second
     cuMemFreeAsync, no block put back in the cache twice).
     """
-    from cuda_memkit._pools import _cache
-
     pool = cm.MemoryPool(0, cache=cached)
     try:
         buf = pool.allocate(4096, stream=stream)
         d, sref, b = buf._dptr, buf._sref, buf._bin
         buf.free()  # the winner: claims the entry, frees (or caches) the block
-        calls: list[object] = []
-        real = _cache.FREE
-        monkeypatch.setattr(_cache, "FREE", lambda *a: calls.append(a) or real(*a))
         cached_before = pool.cached_bytes
-        b.give(d, sref)  # the loser
-        assert calls == [] and pool.cached_bytes == cached_before
+        with all_driver_calls(monkeypatch) as calls:
+            b.give(d, sref)  # the loser
+        assert [c for c in calls if c[0] == "cuMemFreeAsync"] == []
+        assert pool.cached_bytes == cached_before
         assert d not in b.account.live
     finally:
         stream.synchronize()

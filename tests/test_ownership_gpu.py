@@ -1,4 +1,4 @@
-"""DLPack consumers keep memory alive past ``close()`` (issue 21), on a real GPU.
+"""DLPack consumers keep memory alive past ``close()``, on a real GPU.
 
 What the simulator cannot decide: numpy, CuPy and torch consume DLPack
 capsules of every exporting kind; after the buffer's ``close()`` (or a pool

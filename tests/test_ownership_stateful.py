@@ -1,4 +1,4 @@
-"""Random sequences over owners and their views (issue 21): one owner, one free.
+"""Random sequences over owners and their views: one owner, one free.
 
 A Hypothesis state machine allocates buffers of every kind, makes views of
 them (numpy ``.array`` and slices of it, DLPack consumed by numpy or a

@@ -248,6 +248,49 @@ def test_a_growable_peer_without_a_path_is_refused_before_anything_is_made(
         cm.GrowableBuffer(1 << 22, device=1, peers=[0])
 
 
+@pytest.mark.sim_only
+def test_every_grant_to_a_device_without_a_path_is_refused_before_the_driver(
+        no_path: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One can-access rule for every way of granting access to a device's memory."""
+    pool = cm.MemoryPool(0)
+    grow = cm.GrowableBuffer(1 << 22, device=0)
+    phys = cm.PhysicalMemory.create(cm.granularity(0), device=0)
+    vrange = cm.AddressRange.reserve(cm.granularity(0))
+    mapping = vrange.map(phys)
+    try:
+        grants = {
+            "MemoryPool.set_access": lambda: pool.set_access(1, cm.Access.READWRITE),
+            "MemoryPool.set_access(READ)": lambda: pool.set_access([1], cm.Access.READ),
+            "GrowableBuffer.set_access": lambda: grow.set_access(1),
+            "GrowableBuffer.grant_access": lambda: grow.grant_access([1]),
+            "Mapping.set_access": lambda: mapping.set_access(cm.Device(1)),
+        }
+        for name, grant in grants.items():
+            with nothing_allocated(monkeypatch, driver_may_refuse=True), \
+                    pytest.raises(cm.CudaPeerAccessUnsupportedError,
+                                  match="device 1 cannot access device 0"):
+                grant()
+            assert grow.access(1) is cm.Access.NONE, name
+        assert pool.access(1) is cm.Access.NONE
+        assert mapping.access(1) is cm.Access.NONE
+    finally:
+        mapping.close()
+        vrange.close()
+        phys.close()
+        grow.close()
+        pool.close()
+
+
+def test_can_access_peer_asks_the_driver_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    if cm.device_count() < 2:
+        pytest.skip("needs two devices")
+    first = cm.Device(0).can_access_peer(1)
+    with record_calls(monkeypatch) as calls:
+        assert cm.Device(0).can_access_peer(cm.Device(1)) is first
+        assert cm.Device(0).can_access_peer(1) is first
+    assert "cuDeviceCanAccessPeer" not in [api for api, _ in calls]
+
+
 def test_grants_of_a_closed_pool_or_buffer_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = cm.MemoryPool(1, peers=[0])
     assert pool.access(0) is cm.Access.READWRITE  # granted at creation

@@ -10,7 +10,7 @@ block back in the pool's cache.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,8 @@ from cuda_memkit._core import _resource
 from cuda_memkit._core._constants import STREAM_LEGACY, STREAM_PER_THREAD
 from cuda_memkit._host import _pinned_pool
 from cuda_memkit._pools import _cache, _pool
+
+from ._helpers import driver_spy
 
 MiB = 1 << 20
 
@@ -41,19 +43,12 @@ def host_pool() -> Iterator[cm.MemoryPool]:
 
 
 @pytest.fixture
-def frees(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every cuMemFreeAsync the pool module makes, by address (pools made later included)."""
+def frees(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Every cuMemFreeAsync the library makes, by address (pools made later included)."""
     calls: list[int] = []
-
-    def counting(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def free(dptr: Any, cus: Any) -> Any:
-            calls.append(int(dptr))
-            return fn(dptr, cus)
-        return free
-
-    _pool.resolve()
-    monkeypatch.setattr(_cache, "FREE", counting(_cache.FREE))
-    return calls
+    with driver_spy(monkeypatch, lambda api, args, ok: api == "cuMemFreeAsync"
+                    and calls.append(int(args[0]))):
+        yield calls
 
 
 def used(pool: cm.MemoryPool) -> int:

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import cuda_memkit as cm
-from cuda_memkit._core import _dlpack
+
+from ._leaks import live_exports
 
 SHAPE = (64, 32)
 F32 = np.dtype(np.float32)
@@ -262,7 +263,7 @@ def test_a_dlpack_capsule_keeps_the_slot_lent() -> None:
         assert _no_grant(w)
         del capsule
         gc.collect()
-        assert _dlpack.live_exports() == 0
+        assert live_exports() == 0
         w.acquire(timeout=10).fail("done")
         w.close()
 

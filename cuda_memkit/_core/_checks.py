@@ -27,6 +27,7 @@ __all__ = [
     "check_bool",
     "check_dtype",
     "check_flags",
+    "check_int",
     "check_shape",
     "int64_array",
     "integer_array",
@@ -57,6 +58,18 @@ def as_index(value: object, what: str) -> int:
 MAX_U64 = (1 << 64) - 1
 #: One past the last 64-bit address: a range of memory ends at most here (never wraps).
 ADDRESS_END = MAX_U64 + 1
+
+
+def check_int(value: object, what: str, expected: str = "an int") -> int:
+    """``value`` if it is an ``int`` (a subclass too), never a bool; else ``TypeError``.
+
+    Stricter than :func:`as_index`: objects with ``__index__`` that are not ints
+    (numpy integers) are refused. ``expected`` completes the message
+    "``what`` must be ``expected``".
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be {expected}, not {type(value).__name__}")
+    return value
 
 
 def u64(value: object, what: str) -> int:
@@ -145,8 +158,7 @@ def span(offset: object, nbytes: object, total: int, what: str = "buffer") -> tu
 
 def check_flags(flags: object, cls: type[enum.IntFlag], known: int) -> int:
     """Validate a flags argument of type ``cls`` (or a plain int) and return it as an int."""
-    if isinstance(flags, bool) or not isinstance(flags, int):
-        raise TypeError(f"flags must be {cls.__name__} or int, not {type(flags).__name__}")
+    flags = check_int(flags, "flags", f"{cls.__name__} or int")
     if isinstance(flags, enum.Enum) and not isinstance(flags, cls):
         raise TypeError(f"flags must be {cls.__name__}, not {type(flags).__name__}")
     value = int(flags)

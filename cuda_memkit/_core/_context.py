@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from . import _driver
 from ._constants import CONTEXT_IS_DESTROYED, INVALID_CONTEXT
 from ._errors import CudaError
 
+T = TypeVar("T")
+
 __all__ = [
     "CONTEXT_ERRORS",
+    "context_retry",
     "ensure_any_context",
     "ensure_context",
     "forget_contexts",
@@ -31,6 +34,9 @@ def forget_contexts() -> None:
     """Forget the retained primary contexts (the simulated machine was replaced)."""
     with _ctx_lock:
         _primary.clear()
+
+
+_driver.reset_hooks.append(forget_contexts)
 
 
 def retained_context(ordinal: int) -> int | None:
@@ -73,22 +79,43 @@ def primary_pushed(ordinal: int) -> Iterator[None]:
         _driver.call("cuCtxPopCurrent")
 
 
+def context_retry(ordinal: int | None, call: Callable[..., T], *args: Any,
+                  failed: CudaError | None = None) -> T:
+    """``call(*args)``, made once more with a primary context pushed after a context error.
+
+    The one place of the rule "no usable context: push the primary context and
+    retry". ``call`` raises :class:`CudaError` for a failed driver call
+    (:func:`_driver.call <cuda_memkit._core._driver.call>`, or a raw function
+    checked). After :data:`CONTEXT_ERRORS` the call is retried once with the
+    primary context of device ``ordinal`` (device 0 for host memory) pushed,
+    and the thread's own context restored; other errors propagate.
+
+    Parameters
+    ----------
+    failed : CudaError, optional
+        The error a first try, made by the caller, already raised: the call
+        is not tried again unpushed.
+    """
+    if failed is None:
+        try:
+            return call(*args)
+        except CudaError as exc:
+            failed = exc
+    if failed.code not in CONTEXT_ERRORS:
+        raise failed
+    with primary_pushed(ordinal or 0):
+        return call(*args)
+
+
 def release_call(ordinal: int | None, api: str, *args: Any) -> None:
     """Make release call ``api(*args)``, whatever context is current on this thread.
 
-    Tried as it is first (most releases need no context on the H100); after
-    :data:`CONTEXT_ERRORS` it is retried once with the primary context of device
-    ``ordinal`` (device 0 for host memory) pushed, and the thread's own context
-    restored. Other errors propagate.
+    Tried as it is first (most releases need no context on the H100), then as
+    :func:`context_retry` says: after :data:`CONTEXT_ERRORS`, once more with
+    the primary context of device ``ordinal`` (device 0 for host memory)
+    pushed, the thread's own context restored. Other errors propagate.
     """
-    try:
-        _driver.call(api, *args)
-        return
-    except CudaError as exc:
-        if exc.code not in CONTEXT_ERRORS:
-            raise
-    with primary_pushed(ordinal or 0):
-        _driver.call(api, *args)
+    context_retry(ordinal, _driver.call, api, *args)
 
 
 def ensure_any_context() -> int:

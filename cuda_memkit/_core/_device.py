@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._constants import PEER_ACCESS_UNSUPPORTED
+from ._checks import check_int
 from ._context import ensure_context
-from ._errors import CudaError, CudaPeerAccessUnsupportedError
+from ._errors import CudaError
 from ._peer import can_reach, disable_peer, enable_peer, peer_enabled
 from ._resource import warn_exit_failed
 
@@ -38,10 +38,9 @@ MAX_ORDINAL = (1 << 31) - 1
 
 
 def check_ordinal(ordinal: object, what: str = "device") -> int:
-    if isinstance(ordinal, bool) or not isinstance(ordinal, int):
-        if isinstance(ordinal, Device):
-            return ordinal.ordinal
-        raise TypeError(f"{what} must be an int ordinal or a Device, not {type(ordinal).__name__}")
+    if isinstance(ordinal, Device):
+        return ordinal.ordinal
+    ordinal = check_int(ordinal, what, "an int ordinal or a Device")
     if ordinal < 0:
         raise ValueError(f"{what} ordinal must be >= 0, got {ordinal}")
     if ordinal > MAX_ORDINAL:  # never an OverflowError from the bindings
@@ -59,7 +58,7 @@ def existing_ordinal(ordinal: object, what: str = "device") -> int:
     return o
 
 
-# -- arguments naming peers (the state and the driver calls are in _peer) -----------------
+# -- a peer argument (the state and the driver calls are in _peer) -------------------------
 
 
 def peer_ordinal(device: int, peer: object) -> int:
@@ -69,39 +68,6 @@ def peer_ordinal(device: int, peer: object) -> int:
         raise ValueError(f"device {device} is not a peer of itself: a device always accesses "
                          "its own memory")
     return other
-
-
-def peer_ordinals(peers: object, device: int | None) -> list[int]:
-    """A ``peers=`` argument checked: the existing devices other than ``device``, in order.
-
-    ``device`` ``None`` (memory of no one device, which no ``peers=`` applies to): the
-    ordinals given, checked for their type only, so that the caller refuses the argument
-    itself whatever devices it names.
-
-    Raises
-    ------
-    TypeError
-        If ``peers`` is not an iterable of ints or Devices (one int is refused too).
-    ValueError
-        For a device that does not exist.
-    CudaPeerAccessUnsupportedError
-        For a device that cannot access ``device``'s memory.
-    """
-    if isinstance(peers, (str, bytes)) or not isinstance(peers, Iterable):
-        raise TypeError(f"peers must be an iterable of devices (ints or Devices), not "
-                        f"{type(peers).__name__}; for one peer pass peers=[n]")
-    out: list[int] = []
-    for p in peers:
-        o = existing_ordinal(p, "peer") if device is not None else check_ordinal(p, "peer")
-        if o != device and o not in out:
-            out.append(o)
-    for o in out:
-        if device is not None and not can_reach(o, device):
-            raise CudaPeerAccessUnsupportedError(
-                PEER_ACCESS_UNSUPPORTED, "cuDeviceCanAccessPeer",
-                "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
-                f"device {o} cannot access device {device}'s memory, so it cannot be a peer")
-    return out
 
 
 #: Called after ``Stream.synchronize()`` and ``Device.synchronize()``: the copy operands
@@ -199,10 +165,8 @@ class Device:
         TypeError
             If ``attr`` is not a ``CUdevice_attribute`` or an int.
         """
-        if isinstance(attr, bool) or not isinstance(attr, (int, _A)):
-            raise TypeError(f"attr must be a CUdevice_attribute or an int, not "
-                            f"{type(attr).__name__}")
-        key = int(attr)
+        key = int(attr) if isinstance(attr, _A) else check_int(
+            attr, "attr", "a CUdevice_attribute or an int")
         value = self._attrs.get(key)
         if value is None:
             value = int(_driver.call("cuDeviceGetAttribute", _A(key), self._handle))
@@ -300,10 +264,11 @@ class Device:
         Parameters
         ----------
         peer : int or Device
-            The device whose memory would be accessed (``cuDeviceCanAccessPeer``).
+            The device whose memory would be accessed (``cuDeviceCanAccessPeer``,
+            asked once per pair: the answer never changes).
         """
         other = Device(peer) if not isinstance(peer, Device) else peer
-        return bool(_driver.call("cuDeviceCanAccessPeer", self._handle, other._handle))
+        return can_reach(self._ordinal, other._ordinal)
 
     def enable_peer_access(self, peer: Device | int) -> None:
         """Let this device access device ``peer``'s memory directly (``cuCtxEnablePeerAccess``).

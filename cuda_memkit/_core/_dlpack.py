@@ -137,6 +137,3 @@ def make_capsule(owner: object, ptr: int, shape: tuple[int, ...], dtype: np.dtyp
                         ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 
 
-def live_exports() -> int:
-    """Number of exported tensors not yet released by their consumer (for tests)."""
-    return len(_registry)

@@ -249,28 +249,19 @@ def function(api: str) -> Callable[..., Any]:
     return fn
 
 
-def has_function(api: str) -> bool:
-    """Return whether the backend has function ``api``.
-
-    For the real driver this says the bindings know the function; a driver
-    older than the bindings still raises :class:`CudaDriverNotFoundError` on
-    the first call, which callers with a fallback catch.
-    """
-    try:
-        function(api)
-    except CudaDriverNotFoundError:
-        return False
-    return True
+#: Called, in registration order, when the machine behind the backend is replaced: the
+#: backend forgotten (:func:`reset_backend`) or the simulated machine made anew
+#: (``sim.reset()``). Library modules that keep something of one machine (retained
+#: contexts, peer access, loaded kernel modules, default pools and their caches)
+#: register the function that forgets it, so that neither this layer nor the simulator
+#: imports them (a plug-in point, like ``_stream.stream_close_hooks``).
+reset_hooks: list[Callable[[], None]] = []
 
 
-def error_name(code: int) -> str:
-    """Return the ``CUresult`` name of ``code`` without a driver call."""
-    from cuda.bindings.driver import CUresult
-
-    try:
-        return str(CUresult(code).name)
-    except ValueError:
-        return f"CUresult({code})"
+def machine_replaced() -> None:
+    """Run the :data:`reset_hooks`: what the library kept of the old machine is forgotten."""
+    for hook in list(reset_hooks):
+        hook()
 
 
 def reset_backend() -> None:
@@ -281,4 +272,5 @@ def reset_backend() -> None:
         _mod = None
         _chosen = None
         _fns.clear()
+    machine_replaced()
 

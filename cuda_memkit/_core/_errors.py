@@ -145,7 +145,7 @@ class PeerAccessError(CudaInvalidValueError):
     allowed to read (and, for a destination, write) the other's pool or VMM
     memory: ``MemoryPool(..., peers=[...])`` or :meth:`MemoryPool.set_access
     <cuda_memkit.MemoryPool.set_access>`, ``GrowableBuffer(..., peers=[...])``
-    or :meth:`GrowableBuffer.grant_access <cuda_memkit.GrowableBuffer.grant_access>`,
+    or :meth:`GrowableBuffer.set_access <cuda_memkit.GrowableBuffer.set_access>`,
     :meth:`Mapping.set_access <cuda_memkit.Mapping.set_access>`. The driver
     answers such a copy with ``CUDA_ERROR_INVALID_VALUE``, which is this
     error's code; the message names the memory, the device and the call that

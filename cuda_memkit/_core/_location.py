@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cuda.bindings import driver as _cu
 
+from ._checks import check_int
 from ._device import MAX_ORDINAL, Device, check_ordinal, existing_ordinal
 
 __all__ = ["Location", "LocationLike", "LocationType", "as_location", "check_exists"]
@@ -36,16 +37,14 @@ class Location:
     def __post_init__(self) -> None:
         t = self.type
         if type(t) is not LocationType:
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise TypeError(f"Location type must be a LocationType, not {type(t).__name__}")
+            check_int(t, "Location type", "a LocationType")
             try:
                 t = LocationType(t)
             except ValueError:
                 raise ValueError(f"unknown location type {t!r}; use a LocationType") from None
             object.__setattr__(self, "type", t)  # frozen
         i = self.id
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise TypeError(f"Location id must be an int, not {type(i).__name__}")
+        check_int(i, "Location id")
         if i < 0:
             raise ValueError(f"Location id must be >= 0, got {i}")
         if i > MAX_ORDINAL:  # CUmemLocation.id is a C int: never an OverflowError later

@@ -2,15 +2,15 @@
 
 A device reads and writes another device's context memory (``cuMemAlloc``,
 :class:`~cuda_memkit.DeviceBuffer`) directly only once peer access is enabled
-from its context to the other's (``cuCtxEnablePeerAccess``, one direction at
-a time); until then the driver copies between the two through host memory,
-an order of magnitude slower (two NVLink H200s: 38 against 380 GB/s, see
-docs/decisions.md). The driver has no query for it, so this module keeps
-what was enabled, per ordered pair of devices, with the two primary contexts
-it was enabled between: a primary context reset by another library makes the
-entry stale, and the next use enables it again. This module holds that state
-and makes the driver calls that change it; :class:`~cuda_memkit.Device`'s peer
-methods and the copies call them.
+from its context to the other's (``cuCtxEnablePeerAccess``, one direction at a
+time); until then the driver copies between the two through host memory, an
+order of magnitude slower on two NVLink H200s (docs/decisions.md). The driver
+has no query for it, so this module keeps what was enabled, per ordered pair
+of devices, with the two primary contexts it was enabled between: a primary
+context reset by another library makes the entry stale, and the next use
+enables it again. This module holds that state and makes the driver calls that
+change it; :class:`~cuda_memkit.Device`'s peer methods and the copies call
+them.
 
 Pool and mapped (VMM) memory follow their own grants (``cuMemPoolSetAccess``,
 ``cuMemSetAccess``), never this state.
@@ -137,6 +137,9 @@ def forget() -> None:
         enabled.clear()
         reachable.clear()
         generation[0] += 1
+
+
+_driver.reset_hooks.append(forget)
 
 
 def can_reach(device: int, peer: int) -> bool:

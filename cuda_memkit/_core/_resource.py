@@ -50,7 +50,8 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-# Module constants: an enum member lookup costs ~120 ns on hot paths.
+# Module constants: an enum member lookup on a hot path costs more than a global load
+# (docs/decisions.md, "Measurements behind code comments").
 OPEN = State.OPEN
 CLOSED = State.CLOSED
 
@@ -402,9 +403,9 @@ class Transaction:
 # atomic, and the ``+=`` updates run without a call between their load and
 # store, so CPython does not switch threads or run a finalizer inside them
 # (the eval loop only does that at calls and backward jumps; int arithmetic
-# does not trigger the garbage collector). The two method calls cost about
-# 50 ns per pool pair (CPython 3.11, stub driver): under 5 % of a real pair,
-# so the hot paths call them too.
+# does not trigger the garbage collector). The two method calls are a small
+# part of a real pool pair (docs/decisions.md, "Measurements behind code
+# comments"), so the hot paths call them too.
 
 #: The memory kinds, in reporting order: ledger account kind -> what it holds.
 KINDS: dict[str, str] = {

@@ -10,7 +10,7 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._checks import MAX_U64, u64
+from ._checks import MAX_U64, check_int, u64
 from ._constants import EVENT_DISABLE_TIMING, STREAM_LEGACY, STREAM_NON_BLOCKING
 from ._context import ensure_context
 from ._device import Device, check_ordinal, sync_hooks
@@ -105,8 +105,7 @@ class Stream(Resource):
     ) -> None:
         if not isinstance(non_blocking, bool):
             raise TypeError("non_blocking must be a bool")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError("priority must be an int")
+        check_int(priority, "priority")
         ordinal = ensure_context(None if device is None else check_ordinal(device))
         flags = 1 if non_blocking else 0
         handle = int(_driver.call("cuStreamCreateWithPriority", flags, priority))
@@ -128,9 +127,7 @@ class Stream(Resource):
             ``CU_STREAM_PER_THREAD`` included); closing the wrapper never
             destroys it.
         """
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TypeError(f"a stream handle must be an int, not {type(handle).__name__}")
-        handle = u64(handle, "a stream handle")
+        handle = u64(check_int(handle, "a stream handle"), "a stream handle")
         self = cls.__new__(cls)
         self._handle = handle
         self.release_lock = threading.Lock()

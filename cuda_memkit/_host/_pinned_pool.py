@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 
+from .._core import _driver
 from .._core._constants import MEMHOSTALLOC_PORTABLE as _PORTABLE
 from .._core._errors import ClosedError, CudaError
 from .._core._resource import EXITING, Unshareable, account
@@ -200,15 +201,13 @@ def _refresh_default() -> HostCache:
     return cache
 
 
-def default_exists() -> bool:
-    """Whether the default pinned pool's cache (and so its stream) has been made."""
-    return _default_cache is not None and _default_cache.stream is not None
-
-
 def forget_default() -> None:
     """Drop the default pool's cache (the simulated machine it lives on was replaced)."""
     global _default_cache
     _default_cache = _pinned.default_bins = None
+
+
+_driver.reset_hooks.append(forget_default)
 
 
 def _bin_of(pool: object, nbytes: int, flags: int = 0) -> HostBin | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._core._checks import check_int
 from .._core._device import Device, check_ordinal
 from .._core._resource import KINDS, LEDGER, Account
 from ._observe import format_bytes, where
@@ -220,10 +221,7 @@ class MemoryStats:
         A pool that never allocated gives zeros. For a pool that was closed,
         pass the handle it had (a closed pool has no ``handle``).
         """
-        handle = getattr(pool, "handle", pool)
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TypeError(f"pool must be a MemoryPool or its int handle, not "
-                            f"{type(pool).__name__}")
+        handle = check_int(getattr(pool, "handle", pool), "pool", "a MemoryPool or its int handle")
         device = getattr(pool, "device", _ANY)  # a handle alone: any device
         for s in self.accounts:
             if s.kind == "pool" and s.pool == handle and device in (_ANY, s.device):

@@ -88,8 +88,8 @@ from typing import Any
 
 from .._core import _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
-from .._core._context import CONTEXT_ERRORS, ensure_context, primary_pushed
-from .._core._errors import CudaOutOfMemoryError, MemkitWarning
+from .._core._context import context_retry, ensure_context, primary_pushed
+from .._core._errors import CudaError, CudaOutOfMemoryError, MemkitWarning
 from .._core._resource import Account, Unshareable
 from .._core._stream import Stream, StreamRef, custream, stream_close_hooks, stream_destroyed
 
@@ -203,27 +203,32 @@ def free_failed(res: Any, dptr: Any, cus: Any, device: int | None,
       named): then the error is raised and the memory stays allocated.
     * Anything else raises the driver's error.
     """
-    code = int(res[0])
-    if code in CONTEXT_ERRORS:
-        with primary_pushed(device or 0):
-            res = FREE(dptr, cus)
-            if not res[0]:
-                return cus
-            if (recover_stream and int(res[0]) == INVALID_CONTEXT
-                    and int(cus) not in LEGACY_STREAMS):
-                _driver.call("cuCtxSynchronize")
-                legacy = custream(STREAM_LEGACY)
-                res = FREE(dptr, legacy)
-                if not res[0]:
-                    warnings.warn(
-                        f"cuda_memkit: pool memory 0x{int(dptr):x} outlived its stream "
-                        f"0x{int(cus):x} (destroyed while the memory was in use): freed on "
-                        "the legacy stream after synchronizing the device. Keep a stream "
-                        "alive while memory allocated on it is (pass the Stream object, not "
-                        "its handle)", MemkitWarning, stacklevel=5)
-                    return legacy
-    _driver.check("cuMemFreeAsync", res)
-    return cus  # pragma: no cover - check() raised
+    try:
+        _driver.check("cuMemFreeAsync", res)
+    except CudaError as first:
+        try:
+            context_retry(device, _free, dptr, cus, failed=first)
+            return cus
+        except CudaError as exc:
+            if (exc is first or not recover_stream or exc.code != INVALID_CONTEXT
+                    or int(cus) in LEGACY_STREAMS):
+                raise
+        res, legacy = free_after_stream(dptr, device)
+        if not res[0]:
+            warnings.warn(
+                f"cuda_memkit: pool memory 0x{int(dptr):x} outlived its stream "
+                f"0x{int(cus):x} (destroyed while the memory was in use): freed on "
+                "the legacy stream after synchronizing the device. Keep a stream "
+                "alive while memory allocated on it is (pass the Stream object, not "
+                "its handle)", MemkitWarning, stacklevel=5)
+            return legacy
+        _driver.check("cuMemFreeAsync", res)
+    return cus  # pragma: no cover - the result was a failure
+
+
+def _free(dptr: Any, cus: Any) -> None:
+    """``cuMemFreeAsync`` through the pre-resolved function, raising for a failure."""
+    _driver.check("cuMemFreeAsync", FREE(dptr, cus))
 
 
 def free_after_stream(dptr: Any, device: int | None) -> tuple[Any, Any]:

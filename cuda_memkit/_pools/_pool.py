@@ -50,7 +50,6 @@ synchronize and free on the legacy default stream, ``free()`` refuses.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import warnings
 import weakref
@@ -60,9 +59,10 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access
+from .._core._access import Access, check_peers
+from .._core._checks import as_index, check_bool
 from .._core._context import ensure_context
-from .._core._device import Device, check_ordinal, device_count, peer_ordinals
+from .._core._device import Device, check_ordinal, device_count
 from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._inflight import releases_waiting, wait_pending
 from .._core._location import Location, LocationLike, LocationType, as_location
@@ -86,13 +86,12 @@ from ._cache import (
     destroy_when_unused,
     pending_pools,
 )
-from ._pool_attrs import PoolAttributes, PoolStats, size_arg, threshold_arg
+from ._pool_attrs import PoolAttributes, PoolStats, check_threshold, size_arg
 from ._pool_buffer import PoolBufferBase, new_buffer
 
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
 
 _A = _cu.CUmemPool_attribute
-_new_object = object.__new__
 #: Granularity in which the H100 maps memory into a pool.
 POOL_CHUNK = 32 << 20
 #: Release threshold of :meth:`MemoryPool.default_pinned`.
@@ -238,7 +237,6 @@ class MemoryPool(PoolAttributes, Resource):
                    "export() with MemoryPool.import_(), and its buffers from "
                    "PoolBuffer.export() with import_pointer()")
 
-    _gen: object = None  # default_pinned(): the simulated machine it was made on
     _cache: BlockCache | None  # the cache allocate() lends from (cache=True)
     _acct: Account  # the ledger account of its buffers
     _bin: Bin  # the bin of allocations without a cache (every stream)
@@ -258,17 +256,16 @@ class MemoryPool(PoolAttributes, Resource):
     ) -> None:
         ordinal = check_ordinal(device)
         loc = None if location is None else as_location(location)
-        if not isinstance(managed, bool) or not isinstance(ipc, bool):
-            raise TypeError("managed and ipc must be bools")
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+        check_bool(managed, "managed")
+        check_bool(ipc, "ipc")
+        check_bool(cache, "cache")
         limit = DEFAULT_CACHE_LIMIT if cache_limit is None else check_cache_limit(cache_limit)
         if cache_limit is not None and not cache:
             raise ValueError("cache_limit needs cache=True")
-        max_size = size_arg(max_size, "max_size")
+        max_size = as_index(max_size, "max_size")
         if not 0 <= max_size < 1 << 64:
             raise ValueError(f"max_size must be in [0, 2**64), got {max_size}")
-        threshold = None if release_threshold is None else threshold_arg(release_threshold)
+        threshold = None if release_threshold is None else check_threshold(release_threshold)
         if loc is not None and loc.type is LocationType.HOST_NUMA_CURRENT:
             raise ValueError("a pool needs a fixed location; use Location.host_numa(n)")
         if managed:
@@ -280,7 +277,7 @@ class MemoryPool(PoolAttributes, Resource):
             raise ValueError("Location.host() pools cannot be shared (ipc); use host_numa(n)")
         device_pool = loc is not None and loc.type is LocationType.DEVICE and not managed
         pool_device = loc.id if device_pool and loc is not None else None
-        grant = peer_ordinals(peers, pool_device)
+        grant = check_peers(peers, pool_device)
         if grant and pool_device is None:
             raise ValueError("peers= is for device pools; give devices access to a host "
                              "pool's memory with set_access()")
@@ -314,8 +311,8 @@ class MemoryPool(PoolAttributes, Resource):
             try:
                 if threshold is not None:
                     self.release_threshold = threshold
-                if grant:
-                    self.set_access(grant, Access.READWRITE)
+                if grant:  # checked above, once
+                    self._grant([Location.device(d) for d in grant], Access.READWRITE)
             except BaseException:
                 self.close()
                 raise
@@ -600,7 +597,7 @@ class MemoryPool(PoolAttributes, Resource):
             The mapping; free it before the exporter frees the original.
         """
         raw = _pool_ipc.check_pointer_data(data)
-        size = None if nbytes is None else size_arg(nbytes, "nbytes")
+        size = None if nbytes is None else as_index(nbytes, "nbytes")
         if size is not None and size <= 0:
             raise ValueError(f"nbytes must be > 0, got {size}")
         sref = buffer_stream(stream)
@@ -684,18 +681,18 @@ class MemoryPool(PoolAttributes, Resource):
 # -- the caches in front of the devices' default pools (the adaptors') -----------------------
 
 _default_lock = threading.Lock()
-#: device -> (the caches list of the default pool, the pool handle, the simulated machine)
-_defaults: dict[int, tuple[list[Any], int, object]] = {}
+#: device -> (the caches list of the default pool, the pool handle)
+_defaults: dict[int, tuple[list[Any], int]] = {}
 
 
 def _default_caches(ordinal: int, cupool: Any) -> list[Any]:
     """The caches list shared by every :meth:`MemoryPool.default` object of a device."""
     entry = _defaults.get(ordinal)
-    if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
+    if entry is None or entry[1] != int(cupool):
         with _default_lock:
             entry = _defaults.get(ordinal)
-            if entry is None or entry[1] != int(cupool) or entry[2] is not _generation():
-                entry = _defaults[ordinal] = ([], int(cupool), _generation())
+            if entry is None or entry[1] != int(cupool):
+                entry = _defaults[ordinal] = ([], int(cupool))
     return entry[0]
 
 
@@ -769,21 +766,27 @@ _pinned_lock = threading.Lock()
 _pinned_default: MemoryPool | None = None
 
 
-def _generation() -> object:
-    """The simulated machine (replaced by ``sim.reset()``), or None on a GPU."""
-    state = sys.modules.get("cuda_memkit.sim._state")
-    return getattr(state, "MACHINE", None) if state is not None else None
+def _forget_defaults() -> None:
+    """Forget the default pools' caches and the pinned pool: their machine was replaced."""
+    global _pinned_default
+    with _default_lock:
+        _defaults.clear()
+    with _pinned_lock:
+        _pinned_default = None
+
+
+_driver.reset_hooks.append(_forget_defaults)
 
 
 def default_pinned() -> MemoryPool:
     """:meth:`MemoryPool.default_pinned`: made on first use (again after a simulator reset)."""
     global _pinned_default
     pool = _pinned_default
-    if pool is not None and (pool._gen is None or pool._gen is _generation()):
+    if pool is not None:
         return pool
     with _pinned_lock:
         pool = _pinned_default
-        if pool is not None and (pool._gen is None or pool._gen is _generation()):
+        if pool is not None:
             return pool
         pool = MemoryPool(location=Location.host(),
                           release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
@@ -792,6 +795,5 @@ def default_pinned() -> MemoryPool:
         except BaseException:
             pool.close()
             raise
-        pool._gen = _generation()  # after the first driver call loaded the backend
         _pinned_default = pool
         return pool

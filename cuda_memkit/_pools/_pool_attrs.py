@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, access_descs
-from .._core._location import LocationLike, as_location, check_exists
+from .._core._access import Access, access_descs, check_access, check_targets
+from .._core._checks import as_index
+from .._core._location import Location, LocationLike, as_location, check_exists
 
 __all__ = ["PoolAttributes", "PoolStats"]
 
@@ -24,11 +25,8 @@ _A = _cu.CUmemPool_attribute
 _U64_MAX = (1 << 64) - 1
 
 
-def size_arg(value: object, what: str) -> int:
-    """Validate a byte count (an int or ``__index__``, not a bool) and return it."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    return int(value.__index__())
+#: The byte-count check of ``MemoryPool.allocate``'s slow path: :func:`as_index`.
+size_arg = as_index
 
 
 class PoolStats(NamedTuple):
@@ -47,26 +45,12 @@ class PoolStats(NamedTuple):
 
 
 
-def threshold_arg(value: object) -> int:
+def check_threshold(value: object) -> int:
     """A release threshold: an int in ``[0, 2**64)``."""
-    v = size_arg(value, "release_threshold")
+    v = as_index(value, "release_threshold")
     if not 0 <= v <= _U64_MAX:
         raise ValueError(f"release_threshold must be in [0, 2**64), got {v}")
     return v
-
-
-def access_arg(access: object) -> Access:
-    """An :class:`Access` value (or ``CUmemAccess_flags``, or its int), checked."""
-    if isinstance(access, _cu.CUmemAccess_flags):
-        access = int(access)
-    if isinstance(access, bool) or not isinstance(access, int):
-        raise TypeError(f"access must be an Access value, not {type(access).__name__}")
-    try:
-        return Access(int(access))
-    except ValueError:
-        raise ValueError(f"{access!r} is not an Access value (NONE, READ, READWRITE)") from None
-
-
 
 
 class PoolAttributes:
@@ -75,6 +59,7 @@ class PoolAttributes:
     _cu: Any  # the CUmemoryPool
     _caches: list[Any]  # caches in front of the pool: cleared by trim()
     _max_size: int  # as requested, rounded up to whole chunks
+    _device: int | None  # the device holding the memory (None: host, managed, imported)
 
     if TYPE_CHECKING:
         def _check_open(self) -> None: ...  # Resource's
@@ -99,7 +84,7 @@ class PoolAttributes:
 
     @release_threshold.setter
     def release_threshold(self, value: int) -> None:
-        self._set(_A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _cu.cuuint64_t(threshold_arg(value)))
+        self._set(_A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _cu.cuuint64_t(check_threshold(value)))
 
     def _set_flag(self, attr: _cu.CUmemPool_attribute, value: object) -> None:
         if not isinstance(value, (bool, int)) or value not in (0, 1):
@@ -183,7 +168,7 @@ class PoolAttributes:
         ClosedError
             If the pool is closed.
         """
-        keep = size_arg(keep_bytes, "keep_bytes")
+        keep = as_index(keep_bytes, "keep_bytes")
         if not 0 <= keep < 1 << 64:
             raise ValueError(f"keep_bytes must be in [0, 2**64), got {keep}")
         self._check_open()
@@ -210,13 +195,17 @@ class PoolAttributes:
         TypeError, ValueError
             For a bad location or access, or a device that does not exist
             (before the driver call).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access a device pool's memory
+            (``cuDeviceCanAccessPeer``), before the driver call.
         """
-        flags = access_arg(access)
-        items = list(device) if isinstance(device, Iterable) else [device]
-        if not items:
-            raise ValueError("no device given")
-        locs = [check_exists(as_location(d)) for d in items]
+        flags = check_access(access)
+        locs = check_targets(device, flags, self._device, "device")
         self._check_open()
+        self._grant(locs, flags)
+
+    def _grant(self, locs: list[Location], flags: Access) -> None:
+        """``cuMemPoolSetAccess`` for ``locs``, checked by the caller."""
         descs = access_descs(locs, flags)
         _driver.call("cuMemPoolSetAccess", self._cu, descs, len(descs))
 
@@ -241,5 +230,5 @@ class PoolAttributes:
         loc = check_exists(as_location(device))
         self._check_open()
         flags = int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu()))
-        return access_arg(flags)
+        return Access(flags)
 

@@ -19,6 +19,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._checks import check_int
 
 __all__ = [
     "EXPORT_DATA_SIZE",
@@ -62,8 +63,7 @@ def forget(handle: int) -> None:
 
 def check_fd(fd: object) -> int:
     """A file descriptor argument: a non-negative int."""
-    if isinstance(fd, bool) or not isinstance(fd, int):
-        raise TypeError(f"fd must be an int file descriptor, not {type(fd).__name__}")
+    fd = check_int(fd, "fd", "an int file descriptor")
     if fd < 0:
         raise ValueError(f"invalid file descriptor {fd}")
     return fd

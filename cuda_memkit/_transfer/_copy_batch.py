@@ -25,8 +25,8 @@
   finished it, as :func:`copy_async` does.
 * Small blocks between pinned host and device memory, or device to device,
   go to a block-copy kernel instead (:mod:`cuda_memkit._transfer._kernels`): the driver
-  spends ~1.6 us per copy whatever its size, the kernel moves them at PCIe
-  speed. ``method="auto"`` picks it below ``KERNEL_THRESHOLD`` bytes per block
+  spends a fixed time per copy whatever its size, the kernel moves them at PCIe
+  speed (docs/decisions.md). ``method="auto"`` picks it below ``KERNEL_THRESHOLD`` bytes per block
   (``KERNEL_THRESHOLD_D2D`` within device memory).
 
 **What reaches the driver.** The driver checks each entry as it walks the
@@ -394,7 +394,7 @@ class _Scratch(threading.local):
     """Per-thread work arrays of the checks, reused from call to call.
 
     A fresh temporary of 65536 int64 is new memory the kernel faults in page
-    by page at every call (~10 ns per block); a reused one is already mapped.
+    by page at every call (docs/decisions.md); a reused one is already mapped.
     """
 
     #: Arrays above this many entries are not kept (a huge batch frees its own).

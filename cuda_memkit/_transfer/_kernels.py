@@ -96,15 +96,13 @@ def ptx_image() -> bytes:
     return _ptx[0]
 
 
-def loaded_modules() -> int:
-    """Number of contexts with the module loaded (the leak check allows these)."""
-    return len(_loaded)
-
-
 def forget() -> None:
     """Drop the caches without unloading (the simulated machine was replaced)."""
     with _lock:
         _loaded.clear()
+
+
+_driver.reset_hooks.append(forget)
 
 
 def copy_function(ctx: int | None = None) -> tuple[Any, int]:
@@ -174,7 +172,7 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
     if flags & need != need:
         return None, (f"the {role} is pool or mapped memory that the current context's "
                       f"device {device} was given no {'write' if need == 3 else 'read'} "
-                      "access to (MemoryPool.set_access, GrowableBuffer.grant_access or "
+                      "access to (MemoryPool.set_access, GrowableBuffer.set_access or "
                       "Mapping.set_access grants it)"), False
     return ptr, "", False
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._checks import MAX_NBYTES
+from .._core._checks import MAX_NBYTES, check_int
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._context import ensure_context
 from .._core._errors import CudaError
@@ -117,8 +117,7 @@ class StagingSettings:
             raise TypeError("enabled must be a bool")
         for name in ("threshold", "chunk", "buffers", "threads", "streams"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+            check_int(v, name)
             if v < (0 if name == "threshold" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'threshold' else 1}, got {v}")
             if v > _LIMITS[name]:
@@ -452,8 +451,7 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     h2d = isinstance(src, np.ndarray)
     arr = _flat_bytes(src if h2d else dst, dst=not h2d)
     ptr = dst if h2d else src
-    if isinstance(ptr, bool) or not isinstance(ptr, int):
-        raise TypeError("the device side of a staged copy is an int address")
+    check_int(ptr, "the device side of a staged copy", "an int address")
     n = arr.nbytes if nbytes is None else nbytes
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= arr.nbytes:
         raise ValueError(f"nbytes must be an int in [0, {arr.nbytes}], got {n!r}")

@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, access_descs, as_access, as_targets
+from .._core._access import Access, access_descs, check_access, check_peers, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import primary_context
-from .._core._device import Device, check_ordinal, existing_ordinal, peer_ordinals
+from .._core._device import Device, check_ordinal
 from .._core._errors import CudaError
 from .._core._inflight import wait_for_copies
 from .._core._interop import OneDeviceMixin
@@ -34,7 +34,7 @@ from ._vmm_base import (
     LOCK,
     HandleType,
     alloc_prop,
-    as_handle_type,
+    check_handle_type,
     check_multiple,
     free_range,
     granularity,
@@ -109,7 +109,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
     chunks of physical memory at the end (contents are preserved) or unmaps
     chunks past the new size. Every chunk, including chunks added later, is
     accessible to ``device`` and to every device given in ``peers`` or
-    :meth:`grant_access`.
+    :meth:`set_access`.
 
     Parameters
     ----------
@@ -143,8 +143,8 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
         max_size = positive("max_size", max_size)
         ordinal = check_ordinal(device)
-        ht = as_handle_type(handle_type)
-        peer_list = peer_ordinals(peers, ordinal)
+        ht = check_handle_type(handle_type)
+        peer_list = check_peers(peers, ordinal)
         gran = granularity(ordinal, handle_type=ht)
         # the reservation is aligned to the recommended granularity (NCCL registers
         # only memory whose address is)
@@ -357,8 +357,8 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
             gs.handles.extend(new)
             gs.mapped()
 
-    def grant_access(self, devices: Device | int | Iterable[Device | int],
-                     access: Access = Access.READWRITE) -> None:
+    def set_access(self, devices: Device | int | Iterable[Device | int],
+                   access: Access = Access.READWRITE) -> None:
         """Give ``devices`` ``access`` to every chunk, now and for chunks added later.
 
         ``Access.NONE`` revokes. The owning device always keeps READWRITE.
@@ -376,17 +376,19 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         ValueError
             For a host location, a device that does not exist, or for
             changing the owning device's access (nothing is changed).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access this buffer's device's
+            memory (``cuDeviceCanAccessPeer``), before any driver call.
         CudaError
-            From the driver (e.g. a device that cannot access this one's memory).
+            From the driver.
         """
         self._check_open()
-        acc = as_access(access)
-        locs = as_targets(devices)
+        acc = check_access(access)
+        locs = check_targets(devices, acc, self._device, "devices")
         ordinals = []
         for loc in locs:
             if loc.type is not LocationType.DEVICE:
-                raise ValueError(f"grant_access takes devices, not {loc}")
-            existing_ordinal(loc.id)
+                raise ValueError(f"set_access takes devices, not {loc}")
             if loc.id == self._device and acc is not Access.READWRITE:
                 raise ValueError("the owning device always keeps READWRITE access")
             ordinals.append(loc.id)
@@ -403,6 +405,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
             for d in ordinals:
                 self._access[d] = acc
             self._descs = self._makeaccess_descs()
+
+    def grant_access(self, devices: Device | int | Iterable[Device | int],
+                     access: Access = Access.READWRITE) -> None:
+        """:meth:`set_access` under its earlier name: the same call, the same checks."""
+        self.set_access(devices, access)
 
     def _restore_access(self, addr: int, old: dict[int, Access]) -> None:
         descs = []

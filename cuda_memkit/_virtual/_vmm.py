@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, TargetLike, access_descs, as_access, as_targets
+from .._core._access import Access, TargetLike, access_descs, check_access, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
 from .._core._checks import nonneg, positive
 from .._core._context import ensure_context
@@ -65,7 +65,7 @@ from ._vmm_base import (
     LOCK,
     HandleType,
     alloc_prop,
-    as_handle_type,
+    check_handle_type,
     check_multiple,
     free_range,
     granularity,
@@ -418,7 +418,7 @@ class PhysicalMemory(Resource):
             ``CudaNotSupportedError`` for an unsupported location).
         """
         size = positive("nbytes", nbytes)
-        ht = as_handle_type(handle_type)
+        ht = check_handle_type(handle_type)
         loc = as_location(location if location is not None else device)
         gran = granularity(loc, handle_type=ht)
         check_multiple("nbytes", size, gran)
@@ -453,7 +453,7 @@ class PhysicalMemory(Resource):
         """
         fd = nonneg("fd", fd)
         size = positive("nbytes", nbytes)
-        ht = as_handle_type(handle_type)
+        ht = check_handle_type(handle_type)
         if ht is not HandleType.POSIX_FD:
             raise ValueError("only HandleType.POSIX_FD can be imported")
         try:
@@ -471,7 +471,7 @@ class PhysicalMemory(Resource):
             if loc is None:
                 loc = Location.device(0)
             # The H100 reports no handle types for an imported handle.
-            own = as_handle_type(int(prop.requestedHandleTypes))
+            own = check_handle_type(int(prop.requestedHandleTypes))
             gran = granularity(loc, handle_type=own)
             check_multiple("nbytes", size, gran)
             return cls._wrap(handle, size, loc, own, gran)
@@ -555,7 +555,7 @@ class PhysicalMemory(Resource):
             If closed.
         """
         self._check_open()
-        ht = self._handle_type if handle_type is None else as_handle_type(handle_type)
+        ht = self._handle_type if handle_type is None else check_handle_type(handle_type)
         if ht is HandleType.NONE or not int(self._handle_type) & int(ht):
             raise ValueError(
                 "this memory was created without an export handle type; create it with "
@@ -676,12 +676,15 @@ class Mapping(BufferMixin, OneDeviceMixin, Resource):
         TypeError, ValueError
             For bad targets (including a device that does not exist) or
             access (before the driver call).
+        CudaPeerAccessUnsupportedError
+            Granting a device that cannot access the device memory mapped
+            (``cuDeviceCanAccessPeer``), before the driver call.
         CudaError
-            From the driver (e.g. a device without peer access).
+            From the driver.
         """
         self._check_open()
-        acc = as_access(access)
-        descs = access_descs(as_targets(targets), acc)
+        acc = check_access(access)
+        descs = access_descs(check_targets(targets, acc, self._physical.device), acc)
         _driver.call("cuMemSetAccess", self._ms.ptr, self._ms.size, descs, len(descs))
 
     def access(self, device: TargetLike | None = None) -> Access:

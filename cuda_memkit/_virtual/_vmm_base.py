@@ -52,7 +52,7 @@ def check_multiple(name: str, value: int, gran: int) -> None:
         )
 
 
-def as_handle_type(value: object) -> HandleType:
+def check_handle_type(value: object) -> HandleType:
     if value is None:
         return HandleType.NONE
     if isinstance(value, HandleType):
@@ -124,7 +124,7 @@ def granularity(
     if not isinstance(recommended, bool):
         raise TypeError("recommended must be a bool")
     loc = as_location(device)
-    ht = as_handle_type(handle_type)
+    ht = check_handle_type(handle_type)
     key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
     g = _gran_cache.get(key)
     if g is None:

@@ -14,8 +14,6 @@ make other contexts current, or leave a destroyed one current on a thread
 
 from __future__ import annotations
 
-import sys
-
 from ._state import GiB, Machine, machine
 
 __all__ = ["GiB", "Machine", "machine", "reset"]
@@ -45,17 +43,11 @@ def reset(
         Whether the batch calls exist: prefetch/discard (CUDA >= 13.0) and
         ``cuMemcpyBatchAsync``.
     """
-    from .._core import _context, _peer
-    from .._transfer import _kernels
+    from .._core import _driver
     from . import _state
 
     was_initialized = _state.MACHINE.initialized
     m = _state.reset(devices, memory, host_memory, batch_calls)
     m.initialized = was_initialized
-    _context.forget_contexts()
-    _peer.forget()  # peer access was enabled between those contexts
-    _kernels.forget()  # its modules were loaded into the old machine
-    pinned_pool = sys.modules.get("cuda_memkit._host._pinned_pool")
-    if pinned_pool is not None:  # its default pool's cache lived on the old machine
-        pinned_pool.forget_default()
+    _driver.machine_replaced()  # the library forgets what it kept of the old machine
     return m

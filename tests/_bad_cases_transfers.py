@@ -1,4 +1,4 @@
-"""Bad-input cases, part 3: batched copies and the staging settings."""
+"""Bad-input cases: copies, batched copies and the staging settings."""
 
 from __future__ import annotations
 
@@ -17,6 +17,61 @@ def _batch(o, **kw):  # type: ignore[no-untyped-def]
     args.update(kw)
     return cm.copy_batch(o.dev, o.host, **args)
 
+# == copy / copy_async ===================================================================
+
+case("copy(object(), host)", lambda o: cm.copy(object(), o.host), TypeError,
+     "destination|copy to")
+case("copy(host, object())", lambda o: cm.copy(o.host, object()), TypeError,
+     "source|copy from")
+case("copy(None, host)", lambda o: cm.copy(None, o.host), TypeError, "destination")
+case("copy(host, True)", lambda o: cm.copy(o.host, True), TypeError, "source")
+case("copy(-5, host)", lambda o: cm.copy(-5, o.host), ValueError, "pointer|negative")
+case("copy(4 KiB, 16 KiB)", lambda o: cm.copy(o.host, np.zeros(4 * N, np.uint8)), ValueError,
+     "size")
+case("copy(float32, uint8 same bytes)", lambda o: cm.copy(o.host_f32, o.host), ValueError,
+     "dtype")
+case("copy(nbytes=-1)", lambda o: cm.copy(o.dev, o.host, nbytes=-1), ValueError, "nbytes")
+case("copy(nbytes='1')", lambda o: cm.copy(o.dev, o.host, nbytes="1"), TypeError, "nbytes")
+case("copy(nbytes=1.5)", lambda o: cm.copy(o.dev, o.host, nbytes=1.5), TypeError, "nbytes")
+case("copy(nbytes=True)", lambda o: cm.copy(o.dev, o.host, nbytes=True), TypeError, "nbytes")
+case("copy(nbytes > destination)", lambda o: cm.copy(o.dev, o.host, nbytes=N + 1),
+     ValueError, "nbytes")
+case("copy(nbytes > source)", lambda o: cm.copy(o.dev, o.host_f32, nbytes=2 * N),
+     ValueError, "nbytes")
+case("copy(int, int)", lambda o: cm.copy(o.dev.ptr, o.host.ptr), ValueError, "nbytes")
+case("copy(strided source)", lambda o: cm.copy(o.dev, np.zeros(2 * N, np.uint8)[::2]),
+     ValueError, "contiguous")
+case("copy(read-only destination)", lambda o: cm.copy(o.ro_array, o.dev), ValueError,
+     "read-only")
+case("copy(READ_ONLY registration as destination)", lambda o: cm.copy(o.reg_ro, o.dev),
+     ValueError, "READ_ONLY")
+case("copy(object array)", lambda o: cm.copy(o.dev, np.array([object()] * N)), TypeError,
+     "object")
+case("copy(stream='s')", lambda o: cm.copy(o.dev, o.host, stream="s"), TypeError, "stream")
+case("copy(stream=-1)", lambda o: cm.copy(o.dev, o.host, stream=-1), ValueError, "stream")
+case("copy(stream=1.5)", lambda o: cm.copy(o.dev, o.host, stream=1.5), TypeError, "stream")
+case("copy(stream=True)", lambda o: cm.copy(o.dev, o.host, stream=True), TypeError, "stream")
+case("copy(stream=closed Stream)", lambda o: cm.copy(o.dev, o.host, stream=o.closed.Stream),
+     cm.ClosedError, "closed")
+case("copy_async(pageable source)",
+     lambda o: cm.copy_async(o.dev, o.page, stream=o.stream), ValueError, "pageable")
+case("copy_async(pageable destination)",
+     lambda o: cm.copy_async(o.page, o.dev, stream=o.stream), ValueError, "pageable")
+case("copy_async(no stream)", lambda o: cm.copy_async(o.dev, o.host), TypeError, "stream")
+case("copy_async(stream=object())",
+     lambda o: cm.copy_async(o.dev, o.host, stream=object()), TypeError, "stream")
+case("copy_async(size mismatch)",
+     lambda o: cm.copy_async(o.dev, o.managed0, stream=o.stream), ValueError, "size")
+
+
+class _BadCAI:
+    def __init__(self) -> None:
+        self.__cuda_array_interface__ = {"data": (0x1000, False), "shape": (4, 4),
+                                         "typestr": "<f4", "strides": (4, 16), "version": 3}
+
+
+case("copy(strided __cuda_array_interface__)", lambda o: cm.copy(_BadCAI(), o.host_f32),
+     ValueError, "contiguous")
 
 # == copy_batch / CopyBatch =============================================================
 
@@ -134,121 +189,3 @@ case("StagingSettings(threshold=-1)", lambda o: cm.StagingSettings(threshold=-1)
      "threshold")
 case("copy(staged='yes')", lambda o: cm.copy(o.dev, o.host, staged="yes"), TypeError,
      "staged")
-
-# == statistics and tracking =============================================================
-
-case("memory_stats(device='0')", lambda o: cm.memory_stats("0"), TypeError, "device")
-case("memory_stats(device=-1)", lambda o: cm.memory_stats(-1), ValueError, "device")
-case("memory_stats(device=True)", lambda o: cm.memory_stats(True), TypeError, "device")
-case("reset_peak_stats(device=1.0)", lambda o: cm.reset_peak_stats(1.0), TypeError, "device")
-case("reset_peak_stats(device=-2)", lambda o: cm.reset_peak_stats(-2), ValueError, "device")
-case("track(stacks='yes')", lambda o: cm.track("yes"), TypeError, "stacks")
-case("track(threads='mine')", lambda o: cm.track(threads="mine"), ValueError, "threads")
-case("track(threads=1)", lambda o: cm.track(threads=1), TypeError, "threads")
-
-
-def _reentered(o):  # type: ignore[no-untyped-def]
-    t = cm.track()
-    with t:
-        pass
-    with t:  # a tracker records once
-        pass
-
-
-case("Tracker re-entered", _reentered, RuntimeError, "track")
-case("Tracker.save(unwritable path)",
-     lambda o: cm.track().save("/nonexistent-dir/x/track.json"), FileNotFoundError,
-     "nonexistent|track")
-
-# == the buffer contract, on every live kind =============================================
-
-BUFFERS = {"HostBuffer": "host", "HostBuffer(float32)": "host_f32", "RegisteredHost": "reg",
-           "DeviceBuffer": "dev", "ManagedBuffer": "managed", "PoolBuffer": "pool_buf",
-           "Mapping": "mapping", "GrowableBuffer": "grow"}
-for _name, _attr in BUFFERS.items():
-    def _b(o, a=_attr):  # type: ignore[no-untyped-def]
-        return getattr(o, a)
-
-    for _bad, _exc, _rx in [("a", TypeError, "value"), (True, TypeError, "value"),
-                            (None, TypeError, "value"),
-                            (np.complex128(1 + 2j), ValueError, "pattern"),
-                            (np.datetime64(1, "s"), ValueError, "numbers")]:
-        case(f"{_name}.fill({_bad!r})", lambda o, b=_b, v=_bad: b(o).fill(v), _exc, _rx)
-    case(f"{_name}.fill(stream='s')", lambda o, b=_b: b(o).fill(np.uint8(0), stream="s"),
-         TypeError, "stream")
-    case(f"{_name}.to_numpy(object)", lambda o, b=_b: b(o).to_numpy(object), TypeError,
-         "object")
-    case(f"{_name}.to_numpy(shape too big)", lambda o, b=_b: b(o).to_numpy("u1", 1 << 40),
-         ValueError, "needs|bytes")
-    case(f"{_name}.to_numpy(shape=-1)", lambda o, b=_b: b(o).to_numpy("u1", -1), ValueError,
-         "shape")
-    case(f"{_name}.copy_from(3 bytes)", lambda o, b=_b: b(o).copy_from(np.zeros(3, np.uint8)),
-         ValueError, "mismatch")
-    case(f"{_name}.copy_to(3 bytes)", lambda o, b=_b: b(o).copy_to(np.zeros(3, np.uint8)),
-         ValueError, "mismatch")
-    case(f"{_name}.copy_to(read-only)", lambda o, b=_b: b(o).copy_to(o.ro_array), ValueError,
-         "read-only")
-    case(f"{_name}.copy_from(object array)",
-         lambda o, b=_b: b(o).copy_from(np.array([object()] * 4)), TypeError, "object")
-    case(f"{_name}.copy_from(stream='s')", lambda o, b=_b: b(o).copy_from(o.dev, stream="s"),
-         TypeError, "stream")
-    case(f"{_name}.copy_to(stream='s')", lambda o, b=_b: b(o).copy_to(o.dev, stream="s"),
-         TypeError, "stream")
-
-case("HostBuffer.fill(256)", lambda o: o.host.fill(256), ValueError, "value")
-case("HostBuffer(float32).fill(np.float64(0.1))", lambda o: o.host_f32.fill(np.float64(0.1)),
-     ValueError, "pattern")
-case("HostBuffer(0-d, 1 byte).fill(np.uint32(1))",
-     lambda o: o.host0d.fill(np.uint32(1)), ValueError, "elements")
-case("RegisteredHost.fill (READ_ONLY)", lambda o: o.reg_ro.fill(0), ValueError, "READ_ONLY")
-case("RegisteredHost.copy_from (READ_ONLY)", lambda o: o.reg_ro.copy_from(o.dev), ValueError,
-     "READ_ONLY")
-for _bad, _exc, _rx in [("1", TypeError, "shape"), (-1, ValueError, "shape"),
-                        ((2, 2), TypeError, "shape"), (None, TypeError, "shape")]:
-    case(f"DeviceBuffer.zeros({_bad!r})", lambda o, b=_bad: cm.DeviceBuffer.zeros(b), _exc, _rx)
-case("DeviceBuffer.empty((2, -1), float32)",
-     lambda o: cm.DeviceBuffer.empty((2, -1), np.float32), ValueError, "shape|>= 0")
-case("DeviceBuffer.empty(4, object)", lambda o: cm.DeviceBuffer.empty(4, object), TypeError,
-     "object")
-case("DeviceBuffer.zeros(4, 'V0')", lambda o: cm.DeviceBuffer.zeros(4, "V0"), TypeError, "size")
-case("DeviceBuffer.zeros(device='0')", lambda o: cm.DeviceBuffer.zeros(4, device="0"),
-     TypeError, "device")
-case("DeviceBuffer.empty(float32, overflow)",
-     lambda o: cm.DeviceBuffer.empty((1 << 62, 4), np.float32), ValueError, "bytes")
-
-# == peer access between devices ======================================================
-
-case("configure_peer_access(auto=1)", lambda o: cm.configure_peer_access(auto=1), TypeError,
-     "auto")
-case("configure_peer_access(auto=None)", lambda o: cm.configure_peer_access(auto=None),
-     TypeError, "auto")
-case("PeerAccessSettings(auto='yes')", lambda o: cm.PeerAccessSettings(auto="yes"), TypeError,
-     "auto")
-for _m in ("enable_peer_access", "disable_peer_access", "peer_access_enabled"):
-    for _bad, _exc, _rx in [(0, ValueError, "not a peer of itself"),
-                            (99, ValueError, "peer 99 does not exist"),
-                            ("1", TypeError, "peer must be"), (True, TypeError, "peer must be"),
-                            (-1, ValueError, "peer ordinal")]:
-        case(f"Device.{_m}({_bad!r})",
-             lambda o, m=_m, b=_bad: getattr(cm.Device(0), m)(b), _exc, _rx)
-for _bad, _exc, _rx in [(1, TypeError, "peers must be an iterable"),
-                        ("1", TypeError, "peers must be an iterable"),
-                        ([99], ValueError, "peer 99 does not exist"),
-                        (["1"], TypeError, "peer must be"), ([-1], ValueError, "peer ordinal")]:
-    case(f"MemoryPool(peers={_bad!r})", lambda o, b=_bad: cm.MemoryPool(0, peers=b), _exc, _rx)
-case("MemoryPool(Location.host(), peers=[0])",
-     lambda o: cm.MemoryPool(location=cm.Location.host(), peers=[0]), ValueError, "peers=")
-case("MemoryPool(managed=True, peers=[1])",
-     lambda o: cm.MemoryPool(managed=True, peers=[1]), ValueError, "peers=")
-for _bad, _exc, _rx in [(0, ValueError, "nbytes"), ("1", TypeError, "nbytes"),
-                        (-5, ValueError, "nbytes")]:
-    case(f"GrowableBuffer.registrable({_bad!r})",
-         lambda o, b=_bad: cm.GrowableBuffer.registrable(b), _exc, _rx)
-case("GrowableBuffer.registrable(device='0')",
-     lambda o: cm.GrowableBuffer.registrable(1 << 20, device="0"), TypeError, "device")
-case("GrowableBuffer.registrable(peers=1)",
-     lambda o: cm.GrowableBuffer.registrable(1 << 20, peers=1), TypeError, "peers")
-case("GrowableBuffer(handle_type='bogus')",
-     lambda o: cm.GrowableBuffer(1 << 21, handle_type="bogus"), ValueError, "handle type")
-case("GrowableBuffer(handle_type=True)",
-     lambda o: cm.GrowableBuffer(1 << 21, handle_type=True), TypeError, "handle_type")
