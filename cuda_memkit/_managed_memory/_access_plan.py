@@ -25,6 +25,11 @@ The mechanism is chosen per entry (see :data:`MECHANISMS`):
   next chunks on a stream of its own; the driver drops the device's copies
   without a write-back when it needs the room.
 
+``"auto"`` picks zero-copy for data used once and a window for data read
+again, unless the device reads host memory through the mapping slowly
+(:func:`mapped_reads_fast`, measured once per device): then read-mostly for
+data read again and migration otherwise.
+
 Events order the fills with the work: the work on a chunk waits for its fill,
 and the refill of a window waits for the work on the chunk it held. At the
 end (or on any exception, in the loop or in the library) both streams are
@@ -234,8 +239,12 @@ class AccessPlan:
     in equal chunks) and :meth:`add` (one range); each call returns the plan.
     :meth:`run` then yields an :class:`AccessChunk` per entry: the memory the
     kernel reads (``chunk.data``: the managed range or a device window) and
-    the stream to work on. See the module notes for the mechanisms and their
-    choice (:meth:`mechanisms` shows it without running).
+    the stream to work on. The mechanism follows the pattern: zero-copy for
+    data used once, a device window filled by the block-copy kernel for data
+    read again, with fallbacks (read-mostly prefetches, the driver's own
+    migration) where the device reads host memory through the mapping slowly;
+    :meth:`mechanisms` shows the choice without running, and the guide page
+    "Data larger than the GPU" says why.
 
     Parameters
     ----------
