@@ -1,6 +1,7 @@
 """Two GPUs: peer copies, scattered blocks between devices, NCCL on cuda_memkit memory.
 
     python benchmarks/bench_multigpu.py [--json PATH] [--quick] [--only SECTIONS]
+                                        [--growable-chunks 32,whole,mapping]
 
 (SECTIONS: a comma-separated subset of copies,blocks,sizes,nccl.) One table,
 every row measured in this run (interleaved ABBA samples, medians; a sample
@@ -15,7 +16,12 @@ devices), with an OK/MISS verdict on each target row:
   directions at once, ``copy_async`` on a stream of each device, against one
   direction (target >= 1.8x); for information the copy with peer access
   disabled (the driver stages it through host memory) and ``cuMemcpyPeerAsync``
-  of a pool's memory that granted the other device nothing.
+  of a pool's memory that granted the other device nothing. With
+  ``--growable-chunks`` (MiB, ``whole``, ``mapping``), also the copy into
+  growable buffers of those chunk sizes and into one ``Mapping``, each beside
+  a raw ``cuMemcpyAsync`` into the same memory (and into the default
+  growable buffer), for information: whether the number of mappings or
+  cuda_memkit's path costs the growable row.
 * blocks: ``copy_batch`` of 65536 x 4 KiB from device 0 to device 1 (an
   expert-parallel token shuffle: both sides permuted), the kernel path on a
   stream of device 1 reading device 0's memory (target >= 0.8x one contiguous
@@ -71,6 +77,8 @@ class Bench:
         self.cm, self.raw, self.table, self.quick, self.repeat = cm, raw, table, quick, repeat
         self.torch = None if quick else torch_or_none()
         self.big = 4 * MiB if quick else 256 * MiB
+        #: --growable-chunks: chunk sizes (bytes) and "mapping" for extra copies rows
+        self.growable_chunks: list[str] = []
 
     def sync(self) -> None:
         for d in (0, 1):
@@ -102,6 +110,7 @@ def copies(b: Bench) -> None:
         s.synchronize()
     gdst = cm.GrowableBuffer(n, device=1, peers=[0])
     gdst.resize(n)
+    mapped = growable_variants(b, n, keep)
     back_src = cm.DeviceBuffer.from_array(np.ones(n, np.uint8), device=1)
     back_dst = cm.DeviceBuffer.empty(n, np.uint8, device=0)
     s0, s1 = cm.Stream(0), cm.Stream(1)
@@ -117,14 +126,20 @@ def copies(b: Bench) -> None:
 
     cases: Cases = {"DeviceBuffer": memkit(dst), "PoolBuffer": memkit(pdst),
                     "GrowableBuffer": memkit(gdst)}
+    cases.update({label: memkit(m) for label, m in mapped.items()})
     with cm.Device(0):
         cm.Device(0).enable_peer_access(1)
         raw_copy, h0 = b.raw.cuMemcpyAsync, s0.handle
 
-        def raw() -> None:
-            for _ in range(reps):
-                check(raw_copy(dst.ptr, src.ptr, n, h0))
-        cases["raw"] = raw
+        def raw_into(ptr: int) -> Callable[[], None]:
+            def run() -> None:
+                for _ in range(reps):
+                    check(raw_copy(ptr, src.ptr, n, h0))
+            return run
+        cases["raw"] = raw_into(dst.ptr)
+        if b.growable_chunks:  # the driver's own copy into the same mappings
+            cases["raw GrowableBuffer"] = raw_into(gdst.ptr)
+            cases.update({f"raw {label}": raw_into(m.ptr) for label, m in mapped.items()})
     if torch is not None:
         x = torch.ones(n, dtype=torch.uint8, device="cuda:0")
         y = torch.empty(n, dtype=torch.uint8, device="cuda:1")
@@ -158,6 +173,12 @@ def copies(b: Bench) -> None:
         b.row(f"{tag}: cm.copy {kind}{what}", reps * n, res[kind], base,
               "torch" if base else "", 0.95 if base else None,
               note="" if base else "no torch: no verdict")
+    for label in mapped:
+        b.row(f"{tag}: cm.copy {label}", reps * n, res[label], base, "torch" if base else "")
+    if b.growable_chunks:
+        for label in ("GrowableBuffer", *mapped):
+            b.row(f"{tag}: raw cuMemcpyAsync into {label}", reps * n, res[f"raw {label}"],
+                  base, "torch" if base else "")
     b.row(f"{tag}: copy_async one direction", n, res["one way"])
     b.row(f"{tag}: both directions at once, two streams", 2 * n, res["both ways"] / 2,
           res["one way"], "one way", 1.8)
@@ -166,6 +187,27 @@ def copies(b: Bench) -> None:
     s1.synchronize()
     for obj in reversed(keep):
         obj.close()
+
+
+def growable_variants(b: Bench, n: int, keep: list[Any]) -> dict[str, Any]:
+    """Device 1's memory for ``--growable-chunks``: growable buffers of other chunk sizes, and
+    ``mapping`` (one ``Mapping`` of the whole copy: one physical allocation, one mapping)."""
+    cm, out = b.cm, {}
+    for spec in b.growable_chunks:
+        if spec == "mapping":
+            phys = cm.PhysicalMemory.create(n, device=1)
+            rng = cm.AddressRange.reserve(n)
+            m = rng.map(phys)
+            m.set_access([1, 0])
+            keep += [phys, rng, m]
+            out["Mapping (one mapping)"] = m
+            continue
+        chunk = int(spec)
+        g = cm.GrowableBuffer(n, device=1, peers=[0], chunk=chunk)
+        g.resize(n)
+        keep.append(g)
+        out[f"GrowableBuffer chunk={chunk >> 20} MiB ({-(-n // chunk)} mappings)"] = g
+    return out
 
 
 def staged_and_ungranted(b: Bench, src: Any, dst: Any, n: int) -> None:
@@ -484,6 +526,10 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     ap.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    ap.add_argument("--growable-chunks", default="",
+                    help="copies section: also copy into GrowableBuffers of these chunk sizes "
+                         "(MiB, comma-separated; 'whole' = one chunk for the whole copy) and "
+                         "'mapping' (one Mapping), each beside the driver's own copy into it")
     args = ap.parse_args()
 
     import cuda_memkit as cm
@@ -496,6 +542,14 @@ def main() -> None:
     repeat = 3 if quick else 9
     table = Table()
     bench = Bench(cm, raw, table, quick, repeat)
+    for spec in filter(None, args.growable_chunks.split(",")):
+        spec = spec.strip()
+        if spec == "mapping":
+            bench.growable_chunks.append(spec)
+        elif spec == "whole":
+            bench.growable_chunks.append(str(bench.big))
+        else:
+            bench.growable_chunks.append(str(max(2, int(spec)) * MiB))
     t0 = time.perf_counter()
     for name in args.only.split(","):
         SECTIONS[name](bench)

@@ -38,6 +38,7 @@ from . import (  # noqa: F401  (each registers its cases)
     _bad_cases_ring,
     _bad_cases_transfers,
     _bad_cases_vmm,
+    _bad_cases_xdev,
 )
 from ._bad_cases_closed import CLOSED
 from ._bad_cases_ring import closed_ring_objects, ring_objects

@@ -193,24 +193,30 @@ def test_kernel_and_another_devices_pool_memory(host: cm.HostBuffer, perm: np.nd
                                                 two_devices: None) -> None:
     # Pool memory has no context: whether device 0's kernel may write device 1's pool
     # memory is the pool's access for device 0 (none by default; read-write once granted).
-    with cm.Device(0):
+    # On a stream of device 0 the batch runs there; a synchronous one runs on device 1,
+    # whose memory it is.
+    def check(buf: cm.PoolBuffer) -> None:
+        got = buf.to_numpy()
+        for i, slot in enumerate(perm):
+            assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+
+    with cm.Device(0), cm.Stream(0) as s0:
         pool = cm.MemoryPool(1)
         buf = pool.allocate(N * B, stream=None)
         try:
-            with pytest.raises(ValueError, match="no write access"):
-                copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
-                           sizes=B, method="kernel")
-            # "auto" leaves it to the driver, which refuses a device without access too
-            with pytest.raises(cm.CudaInvalidValueError):
-                copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
-                           sizes=B)
+            for method in ("kernel", "auto"):
+                with pytest.raises(cm.PeerAccessError, match="no write access"):
+                    copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                               sizes=B, method=method, stream=s0)
+            copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
+                       sizes=B, method="kernel")
+            check(buf)
             pool.set_access([0], cm.Access.READWRITE)
             buf.fill(0)
             copy_batch(buf, host, dst_offsets=perm * B, src_offsets=np.arange(N) * B,
-                       sizes=B, method="kernel")
-            got = buf.to_numpy()
-            for i, slot in enumerate(perm):
-                assert (got[slot * B: (slot + 1) * B] == host.array[i * B: (i + 1) * B]).all()
+                       sizes=B, method="kernel", stream=s0)
+            s0.synchronize()
+            check(buf)
         finally:
             buf.close()
             pool.close()

@@ -265,35 +265,39 @@ def test_kernel_refuses_another_devices_memory_without_peer_access(host: cm.Host
         pytest.skip("needs two devices")
     with cm.Device(0), no_peer_access(auto=False):  # the caller's context comes back at the end
         other = cm.DeviceBuffer.empty(N * B, device=1)
+        s0 = cm.Stream(0)
         try:
-            with cm.Device(0):
+            with cm.Device(0):  # device 0's stream runs the batch; device 1's memory
                 with pytest.raises(ValueError, match="device 1"):
                     copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B,
-                               method="kernel")
-                copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B)  # driver
+                               method="kernel", stream=s0)
+                copy_batch(other, host, dst_offsets=[0], src_offsets=[0], sizes=B,
+                           stream=s0)  # the driver's path
+                s0.synchronize()
             assert (other.to_numpy()[:B] == host.array[:B]).all()
         finally:
+            s0.close()
             other.close()
 
 
 @pytest.mark.multi_gpu
 def test_a_stream_of_another_device(host: cm.HostBuffer,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel runs in the current context: a stream of another device goes to the driver."""
+    """The kernel runs in the stream's context, whatever is current: device 1's kernel
+    writes device 0's memory through peer access (enabled on first use)."""
     if cm.device_count() < 2:
         pytest.skip("needs two devices")
-    with cm.Device(0):  # the caller's context comes back at the end
+    with cm.Device(0), no_peer_access():  # the caller's context comes back at the end
         s1 = cm.Stream(1)  # makes device 1 current
         with cm.Device(0):
             dev = cm.DeviceBuffer.empty(N * B)
             try:
-                with pytest.raises(ValueError, match="stream is on device 1"):
+                with record_calls(monkeypatch) as calls:
                     copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B,
                                stream=s1, method="kernel")
-                with record_calls(monkeypatch) as calls:
-                    copy_batch(dev, host, dst_offsets=[0], src_offsets=[0], sizes=B, stream=s1)
+                    assert int(_driver.call("cuCtxGetDevice")) == 0
                     s1.synchronize()
-                assert launches(calls) == 0
+                assert launches(calls) == 1 and cm.Device(1).peer_access_enabled(0)
                 assert (dev.to_numpy()[:B] == host.array[:B]).all()
             finally:
                 s1.close()

@@ -273,3 +273,158 @@ def test_a_copy_on_another_devices_stream_stays_asynchronous(
         assert "cuMemcpyAsync" in made and "cuStreamSynchronize" not in made
         assert made.index("cuCtxPushCurrent") < made.index("cuMemcpyAsync")
         s0.synchronize()
+
+
+# -- work on a stream runs in the stream's context, whatever is current ---------------------
+
+GRANTED_KINDS = ("pool", "pool_cached", "growable", "mapping")
+
+
+def _stream_paths(buf: Any, host: Any, s: Any) -> dict[str, Callable[[], None]]:
+    """Every stream-ordered way to write ``buf`` (device 1) and read it back into ``host``."""
+    offs = np.arange(N // 4096) * 4096
+
+    def batch() -> None:
+        cm.copy_batch(buf, host, dst_offsets=offs, src_offsets=offs, sizes=4096, stream=s)
+
+    def prebuilt() -> None:
+        with cm.CopyBatch() as b:
+            b.add(buf, host, dst_offsets=offs[::-1], src_offsets=offs[::-1], sizes=4096)
+            b.execute(s)
+
+    return {"copy_async": lambda: cm.copy_async(buf, host, stream=s),
+            "copy(stream=)": lambda: cm.copy(buf, host, stream=s),
+            "copy_from(stream=)": lambda: buf.copy_from(host, stream=s),
+            "copy_async into a view": lambda: cm.copy_async(buf.as_array(), host, stream=s),
+            "copy_batch": batch, "CopyBatch.execute": prebuilt}
+
+
+@pytest.mark.parametrize("handle", [False, True], ids=["Stream", "int handle"])
+@pytest.mark.parametrize("kind", ["device", *GRANTED_KINDS])
+def test_work_on_another_devices_stream_runs_in_its_context(kind: str, handle: bool) -> None:
+    # Device 0 current, a stream of device 1, device 1's memory device 0 was given no
+    # access to: every path issues in device 1's context (where the memory is), and the
+    # caller's context stays current.
+    with ExitStack() as stack:
+        remote = make(kind, 1, stack, granted=False)
+        host = stack.enter_context(cm.HostBuffer.empty(N))
+        back = stack.enter_context(cm.HostBuffer.empty(N))
+        s1 = stack.enter_context(cm.Stream(1))
+        s = s1.handle if handle else s1
+        with cm.Device(0):
+            for seed, (name, run) in enumerate(_stream_paths(remote, host, s).items()):
+                want = pattern(seed)
+                host.array[:] = want
+                run()
+                cm.copy_async(back, remote, stream=s)
+                s1.synchronize()
+                assert (back.array == want).all(), name
+                assert int(_driver.call("cuCtxGetDevice")) == 0, name
+            remote.fill(9, stream=s)
+            cm.copy_async(back, remote, stream=s)
+            s1.synchronize()
+            assert (back.array == 9).all()
+            assert int(_driver.call("cuCtxGetDevice")) == 0
+        assert not cm.Device(0).peer_access_enabled(1)
+
+
+def test_a_ring_slot_reaches_a_pool_of_the_streams_device() -> None:
+    with ExitStack() as stack:
+        ring = stack.enter_context(cm.SharedHostRing(2, (N // 4,), np.float32, timeout=10))
+        pool = stack.enter_context(cm.MemoryPool(1))  # device 0 given no access
+        s1 = stack.enter_context(cm.Stream(1))
+        w = ring.handle.writer()
+        stack.callback(w.close)
+        for given in (pool, None):  # None: the default pool of the stream's device
+            slot = w.acquire(timeout=10)
+            slot.array[...] = 4.5
+            got = ring.take(slot.publish())
+            with cm.Device(0):
+                buf = got.to_device(stream=s1, pool=given)
+                s1.synchronize()
+            with buf:
+                assert buf.device == 1 and (buf.to_numpy(np.float32) == 4.5).all()
+                assert buf.pool is pool if given is not None else buf.pool.device == 1
+
+
+@pytest.mark.parametrize("kind", GRANTED_KINDS)
+def test_another_devices_memory_on_this_devices_stream_names_the_grant(kind: str) -> None:
+    # Two of device 1's buffers (and one, filled) on device 0's stream: device 0 runs the
+    # work and was given no access, so the grant is named before anything is issued.
+    grant = {"pool": "MemoryPool(1, peers=[0])", "pool_cached": "MemoryPool(1, peers=[0])",
+             "growable": "GrowableBuffer(..., device=1, peers=[0])",
+             "mapping": "mapping.set_access([1, 0])"}[kind]
+    with ExitStack() as stack:
+        a = make(kind, 1, stack, granted=False)
+        b = make(kind, 1, stack, granted=False)
+        s0 = stack.enter_context(cm.Stream(0))
+        offs = np.arange(4) * 4096
+        prebuilt = stack.enter_context(cm.CopyBatch())
+        prebuilt.add(a, b, dst_offsets=offs, src_offsets=offs, sizes=4096)
+        for attempt in (lambda: cm.copy_async(a, b, stream=s0),
+                        lambda: cm.copy_async(a.as_array(), b.as_array(), stream=s0),
+                        lambda: cm.copy_batch(a, b, dst_offsets=offs, src_offsets=offs,
+                                              sizes=4096, stream=s0),
+                        lambda: prebuilt.execute(s0),
+                        lambda: a.fill(3, stream=s0)):
+            with pytest.raises(cm.PeerAccessError) as info:
+                attempt()
+            assert grant in str(info.value)
+            assert "device 0 was given no" in str(info.value)
+        s0.synchronize()
+
+
+@pytest.mark.parametrize("closing", ["close(force=True)", "closed default wrapper"])
+def test_a_buffer_outlives_its_closed_pool_object_across_devices(closing: str) -> None:
+    with ExitStack() as stack:
+        local = make("device", 0, stack)
+        if closing == "close(force=True)":
+            pool = cm.MemoryPool(1, peers=[0])
+        else:
+            pool = cm.MemoryPool.default(1)
+            pool.set_access(0, cm.Access.READWRITE)
+            stack.callback(lambda: cm.MemoryPool.default(1).set_access(0, cm.Access.NONE))
+        with cm.Device(1), cm.Stream(1) as s:
+            remote = pool.allocate(N, stream=s)
+            s.synchronize()
+        stack.callback(remote.close)
+        pool.close(force=True)
+        assert pool.closed and not remote.closed
+        want = pattern(11)
+        reset(local, want)
+        offs = np.arange(N // 4096) * 4096
+        with cm.Device(0), cm.Stream(0) as s0:
+            cm.copy(remote, local)
+            assert (remote.to_numpy() == want).all()
+            cm.copy_async(local, remote.as_array(), stream=s0)
+            remote.fill(2, stream=s0)
+            cm.copy_batch(local, remote, dst_offsets=offs, src_offsets=offs, sizes=4096,
+                          stream=s0)
+            s0.synchronize()
+        assert (local.to_numpy() == 2).all()
+
+
+def test_a_synchronous_batch_runs_where_a_synchronous_copy_does() -> None:
+    # Device 1's pool memory device 0 may not touch, device 0 current: copy and copy_batch
+    # without a stream (and CopyBatch.execute()) run on device 1, which may.
+    with ExitStack() as stack:
+        remote = make("pool", 1, stack, granted=False)
+        local = make("device", 0, stack)
+        offs = np.arange(N // 4096) * 4096
+        want = pattern(21)
+        reset(local, want)
+        with cm.Device(0):
+            cm.copy(remote, local)
+            assert (remote.to_numpy() == want).all()
+            reset(local, pattern(22))
+            cm.copy_batch(remote, local, dst_offsets=offs, src_offsets=offs, sizes=4096)
+            assert (remote.to_numpy() == pattern(22)).all()
+            with cm.CopyBatch() as b:
+                b.add(local, remote, dst_offsets=offs[::-1], src_offsets=offs, sizes=4096)
+                b.execute()
+            other = make("pool", 1, stack, granted=False)  # two of device 1's: device 1 runs
+            cm.copy_batch(other, remote, dst_offsets=offs, src_offsets=offs, sizes=4096)
+            assert int(_driver.call("cuCtxGetDevice")) == 0
+        got = local.to_numpy().reshape(-1, 4096)
+        assert (got == pattern(22).reshape(-1, 4096)[::-1]).all()
+        assert (other.to_numpy() == pattern(22)).all()

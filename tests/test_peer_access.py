@@ -302,3 +302,36 @@ def test_grants_of_a_closed_pool_or_buffer_are_refused(monkeypatch: pytest.Monke
             pool.set_access(0, cm.Access.READWRITE)
         with pytest.raises(cm.ClosedError):
             grow.grant_access(0)
+
+
+@pytest.mark.parametrize("closing", ["close()", "collected"])
+def test_a_pools_peers_lose_access_before_it_is_destroyed(
+        closing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A later pool may get the destroyed pool's handle: it must not start with its peers.
+    import gc
+
+    pool = cm.MemoryPool(0, peers=[1])
+    handle = pool.handle
+    with record_calls(monkeypatch) as calls:
+        if closing == "collected":
+            del pool
+            gc.collect()
+        else:
+            pool.close()
+    made = [(api, args) for api, args in calls
+            if api in ("cuMemPoolSetAccess", "cuMemPoolDestroy")]
+    assert [api for api, _ in made] == ["cuMemPoolSetAccess", "cuMemPoolDestroy"]
+    (_, (cupool, descs, count)), (_, (destroyed,)) = made
+    assert int(cupool) == int(destroyed) == handle and count == 1
+    assert int(descs[0].location.id) == 1 and int(descs[0].flags) == 0
+
+
+def test_a_pool_without_peers_is_destroyed_without_revoking(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = cm.MemoryPool(1)
+    with record_calls(monkeypatch) as calls:
+        pool.close()
+    # one query for the other device, no grant to take back
+    assert [api for api, _ in calls if api in ("cuMemPoolGetAccess", "cuMemPoolSetAccess",
+                                               "cuMemPoolDestroy")] == [
+        "cuMemPoolGetAccess", "cuMemPoolDestroy"]

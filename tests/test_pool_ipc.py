@@ -133,6 +133,8 @@ fd, data = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
 pool = cm.MemoryPool.import_(fd)
 os.close(fd)
 buf = pool.import_pointer(data)
+assert pool.device == 0, pool.device  # the exporter's pool is on device 0
+assert buf.__dlpack_device__() == (2, 0), buf.__dlpack_device__()
 out = np.zeros(buf.nbytes, np.uint8)
 cm.copy(out, buf)
 assert (out == 42).all(), out[:8]
@@ -171,3 +173,46 @@ def test_two_processes_share_memory(backend: str, ipc_pool: cm.MemoryPool,
     assert (out == 7).all()  # the child wrote into our memory
     buf.free()
     stream.synchronize()
+
+
+@pytest.mark.parametrize("device", [0, 1])
+def test_imported_memory_reports_the_exporters_device(backend: str, ndevices: int,
+                                                      device: int) -> None:
+    if backend != "sim":
+        pytest.skip("in-process pointer import is the simulator's stand-in for two processes")
+    if device >= ndevices:
+        pytest.skip("needs two devices")
+    # (cm.Device: the caller's context is current again after, for the tests that follow)
+    with cm.Device(device), cm.MemoryPool(device, ipc=True) as pool, cm.Stream(device) as s:
+        src = pool.allocate(MiB, stream=s)
+        s.synchronize()
+        fd = pool.export()
+        try:
+            imported = cm.MemoryPool.import_(fd)
+        finally:
+            os.close(fd)
+        with imported:
+            assert imported.device == device
+            mapped = imported.import_pointer(src.export(), stream=s)
+            assert mapped.device == device
+            assert mapped.__dlpack_device__() == (2, device)
+            assert mapped.as_array(np.float32).__dlpack_device__() == (2, device)
+            mapped.free()
+        src.free()
+        s.synchronize()
+
+
+@pytest.mark.sim_only
+def test_an_imported_pool_whose_access_the_driver_will_not_tell(ipc_pool: cm.MemoryPool) -> None:
+    from cuda.bindings import driver as cu
+
+    from cuda_memkit.sim import machine
+
+    fd = ipc_pool.export()
+    try:
+        machine().fail_next("cuMemPoolGetAccess", cu.CUresult.CUDA_ERROR_INVALID_VALUE)
+        imported = cm.MemoryPool.import_(fd)
+    finally:
+        os.close(fd)
+    with imported:
+        assert imported.imported and imported.device is None

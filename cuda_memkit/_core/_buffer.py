@@ -267,6 +267,11 @@ class BufferMixin:
             registration.
         ClosedError
             If the buffer is closed.
+        PeerAccessError
+            With ``stream``, when the buffer is another device's pool or
+            mapped memory and the stream's device was given no access to it
+            (the fill is issued in the stream's context, whatever context is
+            current); nothing is issued.
         """
         pattern, width, size = fill_pattern(value, self._layout()[0])
         ptr = self.ptr
@@ -278,9 +283,10 @@ class BufferMixin:
                              f"bytes at 0x{ptr:x}")
         if getattr(self, "read_only", False):
             raise ValueError("the buffer is a READ_ONLY registration: it cannot be filled")
-        self._memset(ptr, pattern, width, n, h)
+        self._memset(ptr, pattern, width, n, h, stream)
 
-    def _memset(self, ptr: int, pattern: int, width: int, n: int, h: int | None) -> None:
+    def _memset(self, ptr: int, pattern: int, width: int, n: int, h: int | None,
+                stream: StreamLike = None) -> None:
         """Set ``n`` bytes at ``ptr`` to ``pattern`` (``width`` bytes); checked already."""
         if not n:
             return
@@ -290,21 +296,31 @@ class BufferMixin:
                 _driver.call("cuStreamSynchronize", h)
             _cpu_fill(ptr, pattern, width, n)
             return
-        current = ensure_context(None)
-        if h is None:
-            device: int | None = getattr(self, "device", None)  # every buffer kind has one
-            if device is not None and device != current:
-                # Another device's memory: the driver refuses a synchronous memset from
-                # this device's context, so its own context does it.
-                with primary_pushed(device):
-                    _driver.call(_MEMSET[width], ptr, pattern, n // width)
-                    _driver.call("cuStreamSynchronize", 0)
+        if h is not None:
+            # The stream's context issues the memset, whatever is current (see _runner;
+            # imported here: it imports this module).
+            from ._runner import place
+
+            api = _MEMSET[width] + "Async"
+            runner = place(((self, True),), h, api, stream)
+            if runner is None:
+                _driver.call(api, ptr, pattern, n // width, h)
+                keep_alive(h, (self,))  # as a copy's operand: close() frees after the memset
                 return
-            _driver.call(_MEMSET[width], ptr, pattern, n // width)
-            _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
-        else:
-            _driver.call(_MEMSET[width] + "Async", ptr, pattern, n // width, h)
-            keep_alive(h, (self,))  # as a copy's operand: close() frees after the memset
+            with primary_pushed(runner):
+                _driver.call(api, ptr, pattern, n // width, h)
+                keep_alive(h, (self,))
+            return
+        device: int | None = getattr(self, "device", None)  # every buffer kind has one
+        if device is not None and device != ensure_context(None):
+            # Another device's memory: the driver refuses a synchronous memset from
+            # this device's context, so its own context does it.
+            with primary_pushed(device):
+                _driver.call(_MEMSET[width], ptr, pattern, n // width)
+                _driver.call("cuStreamSynchronize", 0)
+            return
+        _driver.call(_MEMSET[width], ptr, pattern, n // width)
+        _driver.call("cuStreamSynchronize", 0)  # memsets of device memory are async
 
     def copy_from(self, src: Any, *, stream: StreamLike = None) -> None:
         """Copy ``src`` into this buffer, as :func:`cuda_memkit.copy` ``(self, src)``.

@@ -34,7 +34,8 @@ from .._core._resource import (
     host_array,
     make_finalizer,
 )
-from .._core._stream import StreamLike
+from .._core._runner import stream_device
+from .._core._stream import StreamLike, stream_handle
 from .._pools._pool import MemoryPool, PoolBuffer
 from ._ring_core import RingCore, close_ring, make_segment
 from ._ring_worker import RingHandle, check_timeout
@@ -492,9 +493,9 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
         stream : stream-like, optional
             Default: the legacy default stream.
         pool : MemoryPool, optional
-            A device pool; default: the current device's default pool, with
-            the process's block cache in front (``MemoryPool.default(device,
-            cache=True)``).
+            A device pool; default: the default pool of the stream's device
+            (of the current device for a default stream), with the process's
+            block cache in front (``MemoryPool.default(device, cache=True)``).
 
         Returns
         -------
@@ -512,8 +513,10 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
         """
         self._check_open()
         pool = device_pool(pool)
-        if pool is None:
-            pool = MemoryPool.default(ensure_context(), cache=True)
+        if pool is None:  # the default pool of the stream's device, which runs the copy
+            device = stream_device(stream, stream_handle(stream))
+            pool = MemoryPool.default(ensure_context() if device is None else device,
+                                      cache=True)
         buf = pool.allocate(self._nbytes, stream=stream)
         try:
             self.copy_to(buf, stream=stream)

@@ -59,7 +59,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
-from .._core._access import Access, check_peers
+from .._core._access import Access, access_descs, check_peers
 from .._core._checks import as_index, check_bool
 from .._core._context import ensure_context
 from .._core._device import Device, check_ordinal, device_count
@@ -168,11 +168,31 @@ def _busy(cupool: Any, device: int | None, cached: bool) -> bool:
 
 
 def _destroy_now(cupool: Any, device: int | None) -> None:
-    _driver.call("cuMemPoolDestroy", cupool)
+    try:
+        if device is not None:
+            _revoke_peers(cupool, device)
+    finally:
+        _driver.call("cuMemPoolDestroy", cupool)
     # The driver may give a later pool the same handle: its account and its
     # export record must start afresh.
     forget_account("pool", device, int(cupool))
     _pool_ipc.forget(int(cupool))
+
+
+def _revoke_peers(cupool: Any, device: int) -> None:
+    """Take back other devices' access to a device pool that is about to be destroyed.
+
+    The driver may give a later pool the same handle, and a pool with a
+    recycled handle was seen to start with the old one's peers (cuda.core
+    revokes for the same reason; see docs/decisions.md). One query per other
+    device, nothing on a machine of one device.
+    """
+    for peer in range(device_count()):
+        if peer == device:
+            continue
+        loc = Location.device(peer)
+        if int(_driver.call("cuMemPoolGetAccess", cupool, loc.to_cu())):
+            _driver.call("cuMemPoolSetAccess", cupool, access_descs([loc], Access.NONE), 1)
 
 
 class MemoryPool(PoolAttributes, Resource):
@@ -345,6 +365,7 @@ class MemoryPool(PoolAttributes, Resource):
         self._ipc = ipc
         self._owned = owned
         self._imported = imported
+        self._import_device: int | None = None  # an imported pool's device (device)
         self._max_size = 0
         self._imports: weakref.WeakSet[PoolBuffer] = weakref.WeakSet()
         self._caches: list[Any] = []  # block caches in front of the pool (attach_cache)
@@ -423,6 +444,11 @@ class MemoryPool(PoolAttributes, Resource):
                              cupool, None)
         self._setup(cupool, None, False, True, owned=True, imported=True)
         self._open(fin)
+        try:
+            self._import_device = _pool_ipc.imported_device(cupool, device_count())
+        except BaseException:
+            self.close()
+            raise
         return self
 
     # -- identity ------------------------------------------------------------------
@@ -439,8 +465,13 @@ class MemoryPool(PoolAttributes, Resource):
 
     @property
     def device(self) -> int | None:
-        """Ordinal of the device holding the memory; ``None`` for host, managed, imported."""
-        return self._device
+        """Ordinal of the device holding the memory; ``None`` for host and managed pools.
+
+        An imported pool's device is the one that may access its memory when
+        it was imported (its own device, as this process numbers devices);
+        ``None`` if the driver named no single one.
+        """
+        return self._device if not self._imported else self._import_device
 
     @property
     def managed(self) -> bool:

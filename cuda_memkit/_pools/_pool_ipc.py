@@ -19,7 +19,10 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from .._core import _driver
+from .._core._access import Access
 from .._core._checks import check_int
+from .._core._errors import CudaError
+from .._core._location import Location
 
 __all__ = [
     "EXPORT_DATA_SIZE",
@@ -30,6 +33,7 @@ __all__ = [
     "forget",
     "import_pointer",
     "import_pool",
+    "imported_device",
     "pointer_size",
     "was_exported",
 ]
@@ -83,6 +87,26 @@ def check_pointer_data(data: object) -> bytes:
     if len(raw) != EXPORT_DATA_SIZE:
         raise ValueError(f"exported pointer data is {EXPORT_DATA_SIZE} bytes, got {len(raw)}")
     return raw
+
+
+def imported_device(cupool: Any, devices: int) -> int | None:
+    """The device (as this process numbers them) whose memory an imported pool holds.
+
+    Asked right after the import, before this process grants anyone access:
+    the device that may read and write the pool's memory then is the one it
+    lives on (``cuMemPoolGetAccess`` of each of the ``devices``). ``None`` when
+    that is not exactly one device, or the driver answers no such query.
+    """
+    found = []
+    for device in range(devices):
+        loc = Location.device(device).to_cu()
+        try:
+            flags = int(_driver.call("cuMemPoolGetAccess", cupool, loc))
+        except CudaError:  # a driver that answers no query on imported pools: unknown
+            return None
+        if flags == Access.READWRITE:
+            found.append(device)
+    return found[0] if len(found) == 1 else None
 
 
 def import_pointer(cupool: Any, raw: bytes) -> Any:

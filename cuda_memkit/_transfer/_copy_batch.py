@@ -49,16 +49,16 @@ from .._core import _driver, _peer
 from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
-from .._core._context import ensure_any_context
+from .._core._context import ensure_any_context, primary_pushed
 from .._core._errors import CudaDriverNotFoundError, CudaError
 from .._core._host_registry import is_pinned_host
 from .._core._inflight import keep_alive, pending_operands, reap_pending
 from .._core._location import as_location, check_exists
 from .._core._operands import DRIVER, HOST, PINNED, RAW, operand
 from .._core._resource import Resource, State
+from .._core._runner import place
 from .._core._stream import StreamLike, forked_stream, stream_handle
 from . import _kernels
-from ._cross_device import prepare_batch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -777,13 +777,24 @@ def _run(groups: list[_Group], stream: StreamLike, sync: bool, allow_pageable: b
     if pending_operands:
         reap_pending()
     ctx = ensure_any_context()
+    # The stream's device runs the batch, whatever is current; a synchronous batch runs
+    # where a synchronous copy of its pairs would (see _core._runner).
+    runner = place([(x, w) for g in groups if g.nbytes for x, w in ((g.dst, True), (g.src, False))],
+                   None if sync else h, "cuMemcpyBatchAsync", stream, ctx)
+    if runner is None:
+        _issue_all(groups, h, sync, method, memo, where, ctx)
+        return
+    with primary_pushed(runner):
+        _issue_all(groups, h, sync, method, memo, where, ensure_any_context())
+
+
+def _issue_all(groups: list[_Group], h: int, sync: bool, method: str, memo: _Memo | None,
+               where: tuple[int, ...], ctx: int) -> None:
+    """Issue the kernel and the batch (or the loop) in the current context, which runs them."""
     # The batch call refuses the legacy stream: issue on the per-thread default
     # stream, a blocking stream, which the legacy stream waits for and which
     # waits for it (the same ordering as work on the legacy stream).
     issue_on = STREAM_PER_THREAD if h in LEGACY_STREAMS else h
-    # two devices' memory: peer access, grants (see _cross_device)
-    prepare_batch([(g.dst, g.src) for g in groups if g.dst_op.kind == DRIVER == g.src_op.kind],
-                  issue_on)
     picked = (_kernels.kernel_groups(groups, method, issue_on) if memo is None  # may refuse
               else memo.pick(groups, method, issue_on, where, ctx))
     rest = groups
@@ -927,11 +938,14 @@ def copy_batch(
     ClosedError
         If an operand is closed.
     PeerAccessError
-        Between two devices: the stream's device was given no access to the
-        other device's pool or mapped memory (see :func:`copy`); nothing is
-        issued. Another device's context memory is reached through peer
-        access, enabled on first use (:func:`configure_peer_access`), or
-        staged by the driver where the devices cannot reach each other.
+        The stream's device was given no access to another device's pool or
+        mapped memory among the operands (without ``stream``: no device that
+        could run the batch was; see :func:`copy`); nothing is issued.
+        Another device's context memory is reached through peer access,
+        enabled on first use (:func:`configure_peer_access`), or staged by
+        the driver where the devices cannot reach each other. The batch is
+        issued in the stream's context whatever context is current; without
+        ``stream`` it runs where a synchronous :func:`copy` of its pairs would.
     CudaError
         If the driver refuses a call: only an int address can lead there, as
         those are not checked. The calls before it, and the copies before

@@ -33,8 +33,8 @@ from .._core._operands import (
     operand,
     refuse_pageable,
 )
+from .._core._runner import place
 from .._core._stream import StreamLike, stream_handle
-from ._cross_device import prepare_copy
 from ._staging import staged_copy, staging_wanted
 
 __all__ = ["copy", "copy_async"]
@@ -98,14 +98,18 @@ def copy(
     ClosedError
         If an operand is closed.
     PeerAccessError
-        Between two devices: when neither may reach the other's pool or
-        mapped memory (see Notes), before anything is copied.
+        With ``stream``: when the stream's device may not reach another
+        device's pool or mapped memory among the operands; without: when no
+        device that could run the copy may (see Notes); before anything is
+        copied.
 
     Notes
     -----
-    Between the memory of two devices the copy runs on one of them (the
-    stream's device; without a stream the current device, or the other one
-    when only it was granted the pool or mapped memory involved). Context
+    A copy on a stream is issued in that stream's context, whatever context
+    is current, and runs on the stream's device. Without a stream, a copy
+    touching one device's memory runs on that device; between the memory of
+    two devices on the current device, or the other one when only it was
+    granted the pool or mapped memory involved. Context
     memory of the other device (``DeviceBuffer``, other libraries' arrays) is
     reached through peer access, enabled on first use where the two devices
     can reach each other (:func:`configure_peer_access` turns that off);
@@ -120,15 +124,15 @@ def copy(
         raise TypeError(f"staged must be a bool or None, not {type(staged).__name__}")
     check_bool(allow_pageable, "allow_pageable")
     if stream is not None:
-        _copy_async(dst, src, nbytes, stream_handle(stream), allow_pageable, staged)
+        _copy_async(dst, src, nbytes, stream, stream_handle(stream), allow_pageable, staged)
         return dst
     d = operand(dst, True)
     s = operand(src, False)
     n = copy_size(d, s, nbytes)
     if staged is not False and _staged(d, s, n, None):
         return dst
-    if d.kind == DRIVER == s.kind and n:
-        runner = prepare_copy(dst, src, None)  # two devices' memory: see _cross_device
+    if n and (d.kind == DRIVER or s.kind == DRIVER):
+        runner = place(((dst, True), (src, False)), None, "cuMemcpy")  # see _core._runner
         if runner is not None:
             with primary_pushed(runner):
                 copy_sync(d, s, n)
@@ -190,16 +194,17 @@ def copy_async(
     Raises
     ------
     PeerAccessError
-        Between two devices, when the stream's device was given no access to
-        the other device's pool or mapped memory (see :func:`copy`), before
-        anything is issued.
+        When the stream's device was given no access to another device's
+        pool or mapped memory among the operands (see :func:`copy`), before
+        anything is issued. The copy is issued in the stream's context,
+        whatever context is current.
     """
-    _copy_async(dst, src, nbytes, stream_handle(stream),
+    _copy_async(dst, src, nbytes, stream, stream_handle(stream),
                 check_bool(allow_pageable, "allow_pageable"))
     return dst
 
 
-def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
+def _copy_async(dst: Any, src: Any, nbytes: int | None, stream_obj: StreamLike, stream: int,
                 allow_pageable: bool, staged: bool | None = None) -> None:
     d = operand(dst, True)
     s = operand(src, False)
@@ -211,18 +216,22 @@ def _copy_async(dst: Any, src: Any, nbytes: int | None, stream: int,
             refuse_pageable(d, "destination")
         if s.kind == HOST:
             refuse_pageable(s, "source")
-    elif staged is not False and _staged(d, s, n, stream):
-        return  # complete already (pageable memory: the driver's path blocks the host too)
     if pending_operands:
         reap_pending()
-    ensure_any_context()
-    if d.kind == DRIVER == s.kind:
-        runner = prepare_copy(dst, src, stream)  # two devices' memory: see _cross_device
-        if runner is not None:
-            # issued in the stream's context, where keep_alive's event may go on the stream
-            with primary_pushed(runner):
-                _issue(dst, src, d, s, n, stream)
-            return
+    # The stream's context issues the copy (and keep_alive's event), whatever is current.
+    runner = place(((dst, True), (src, False)), stream, "cuMemcpyAsync", stream_obj,
+                   ensure_any_context())
+    if runner is None:
+        _issue_or_stage(dst, src, d, s, n, stream, allow_pageable and staged is not False)
+        return
+    with primary_pushed(runner):
+        _issue_or_stage(dst, src, d, s, n, stream, allow_pageable and staged is not False)
+
+
+def _issue_or_stage(dst: Any, src: Any, d: Operand, s: Operand, n: int, stream: int,
+                    stage: bool) -> None:
+    if stage and _staged(d, s, n, stream):
+        return  # complete already (pageable memory: the driver's path blocks the host too)
     _issue(dst, src, d, s, n, stream)
 
 

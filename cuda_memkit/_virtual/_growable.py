@@ -15,7 +15,7 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._access import Access, access_descs, check_access, check_peers, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._checks import nonneg, positive
+from .._core._checks import MAX_U64, nonneg, positive, u64
 from .._core._context import primary_context
 from .._core._device import Device, check_ordinal
 from .._core._errors import CudaError
@@ -141,7 +141,9 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
-        max_size = positive("max_size", max_size)
+        max_size = u64(positive("max_size", max_size), "max_size")
+        if chunk is not None:
+            chunk = u64(positive("chunk", chunk), "chunk")
         ordinal = check_ordinal(device)
         ht = check_handle_type(handle_type)
         peer_list = check_peers(peers, ordinal)
@@ -152,9 +154,11 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         if chunk is None:
             chunk = align
         else:
-            chunk = positive("chunk", chunk)
             check_multiple("chunk", chunk, gran)
         reserved = _round_up(max_size, chunk)
+        if reserved > MAX_U64:
+            raise ValueError(f"max_size={max_size} rounded up to whole chunks of {chunk} bytes "
+                             "does not fit a 64-bit address range")
         primary_context(ordinal)
         need_ctx()
         self._device = ordinal
@@ -215,10 +219,13 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         (3145728, 0, 0)
         >>> buf.close()
         """
-        n = positive("nbytes", nbytes)
+        n = u64(positive("nbytes", nbytes), "nbytes")
         ordinal = check_ordinal(device)
         size = _round_up(n, granularity(ordinal, recommended=True,
                                         handle_type=HandleType.POSIX_FD))
+        if size > MAX_U64:
+            raise ValueError(f"nbytes={n} rounded up to the granularity does not fit a 64-bit "
+                             "address range")
         self = cls(size, device=ordinal, chunk=size, peers=peers,
                    handle_type=HandleType.POSIX_FD)
         try:

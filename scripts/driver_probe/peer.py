@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from ._framework import RUN, Case, Ctx, GiB, KiB, MiB, call, d, jv, ok, probe
-from ._helpers import POSIX_FD, access_desc, dev_loc, vmm_prop
-from .pool import new_pool
+from ._helpers import POSIX_FD, P, access_desc, dev_loc, pinned, vmm_prop
+from .pool import new_pool, pool_props
 from .vmm import reserve, vcreate, vmap
 
 F = d.CUmemAccess_flags
@@ -441,6 +441,122 @@ def f_vmm_nccl(c: Case):
         r = c(f"export(dev{dev}, POSIX_FD)", d.cuMemExportToShareableHandle, h, POSIX_FD, 0)
         if r.ok and not RUN.dry:
             os.close(int(r.v))
+
+
+@probe("F_stream_of_other_context", isolated=True)
+def f_stream_of_other_context(c: Case):
+    """Device 0's context current, work on a stream of device 1, on host memory and device
+    1's pool memory that granted device 0 nothing (and a cuMemAlloc of device 1, no peer
+    access): which context's access the driver checks, whether device 1's pool allocates on
+    that stream, and whether an event of device 0 may be recorded on it."""
+    if not two(c):
+        return
+    n = MiB
+    ctx0, ctx1 = Ctx.ctx, peer_ctx(c)
+    s1 = stream_in(c, ctx1)
+    pool, remote = pool_on_1(c, ctx1, s1, n)
+    dev1 = alloc_in(c, ctx1, n)
+    host = P(pinned(c, n))
+    want = pattern(n, 9)
+    call(d.cuMemcpy, host, want.ctypes.data, n)
+    for tag, ptr in (("pool of 1", remote), ("cuMemAlloc of 1", dev1)):
+        clear(ctx1, ptr, n)
+        on(ctx0)
+        r = c(f"{tag}: host -> it, cuMemcpyAsync on s1", d.cuMemcpyAsync, ptr, host, n, s1)
+        c(f"{tag}: cuStreamSynchronize(s1)", d.cuStreamSynchronize, s1)
+        on(Ctx.ctx)
+        c.val(f"{tag}: cuMemcpyAsync data", matches(ctx1, ptr, want) if r.ok else None)
+        on(ctx0)
+        c(f"{tag}: cuMemsetD8Async on s1", d.cuMemsetD8Async, ptr, 3, n, s1)
+        c(f"{tag}: cuMemcpyBatchAsync on s1", d.cuMemcpyBatchAsync,
+          *batch_args(ptr, host, n, s1))
+        c(f"{tag}: cuStreamSynchronize(s1) again", d.cuStreamSynchronize, s1)
+        on(Ctx.ctx)
+    on(ctx0)
+    r = c("cuMemAllocFromPoolAsync(pool of 1, s1)", d.cuMemAllocFromPoolAsync, n, pool, s1)
+    if r.ok:
+        c("cuMemFreeAsync(it, s1)", d.cuMemFreeAsync, r.v, s1)
+        c("cuStreamSynchronize(s1) after the pool", d.cuStreamSynchronize, s1)
+    ev = c("cuEventCreate in ctx 0", d.cuEventCreate, 2)
+    if ev.ok:
+        c("cuEventRecord(event of ctx 0, s1)", d.cuEventRecord, ev.v, s1)
+        c("cuEventDestroy", d.cuEventDestroy, ev.v)
+    on(Ctx.ctx)
+    c("cuCtxSynchronize#after", d.cuCtxSynchronize)
+
+
+# ---------------------------------------------------------------------------
+# what a pool's handle carries: access after the handle is reused, an imported pool
+# ---------------------------------------------------------------------------
+
+
+def _access_of(pool, device: int):
+    r = call(d.cuMemPoolGetAccess, pool, dev_loc(device))
+    return int(r.v) if r.ok and r.v is not None else r.name
+
+
+@probe("F_pool_handle_reuse", isolated=True)
+def f_pool_handle_reuse(c: Case):
+    """A pool of device 0 granting device 1 access is destroyed (granted, and again with
+    the grant revoked first); do the next pools that get the same handle start with
+    device 1's access?  Up to eight pools are made until one reuses the handle."""
+    if not two(c):
+        return
+    for revoke in (False, True):
+        tag = "revoked first" if revoke else "granted"
+        first = ok(d.cuMemPoolCreate, pool_props(loc_=dev_loc(0))).v
+        c(f"{tag}: setAccess(pool, dev1 RW)", d.cuMemPoolSetAccess, first,
+          [access_desc(dev_loc(1))], 1)
+        c.val(f"{tag}: access_dev1 before destroy", _access_of(first, 1))
+        if revoke:
+            c(f"{tag}: setAccess(pool, dev1 NONE)", d.cuMemPoolSetAccess, first,
+              [access_desc(dev_loc(1), NONE)], 1)
+        c(f"{tag}: cuMemPoolDestroy", d.cuMemPoolDestroy, first)
+        made = []
+        reused = None
+        for _ in range(8):
+            nxt = ok(d.cuMemPoolCreate, pool_props(loc_=dev_loc(0))).v
+            made.append(nxt)
+            if P(nxt) == P(first):
+                reused = nxt
+                break
+        c.val(f"{tag}: handle reused", reused is not None)
+        c.val(f"{tag}: pools made until reuse", len(made))
+        if reused is not None:
+            c(f"{tag}: getAccess(new pool, dev1)", d.cuMemPoolGetAccess, reused, dev_loc(1))
+            c.val(f"{tag}: new pool access_dev1", _access_of(reused, 1))
+        fresh = made[0] if reused is None or len(made) > 1 else None
+        if fresh is not None:
+            c.val(f"{tag}: fresh-handle pool access_dev1", _access_of(fresh, 1))
+        for pool in made:
+            call(d.cuMemPoolDestroy, pool)
+
+
+@probe("F_imported_pool_access")
+def f_imported_pool_access(c: Case):
+    """Each device's access to an ipc pool of device j imported in the same process
+    (``cuMemPoolGetAccess`` on the imported handle): whether it tells where the memory is.
+    Runs with one device too."""
+    c.val("device_count", Ctx.count)
+    for j in range(min(Ctx.count, 2)):
+        pool = new_pool(c, loc_=dev_loc(j), handle_types=POSIX_FD)
+        r = c(f"pool{j}: export", d.cuMemPoolExportToShareableHandle, pool, POSIX_FD, 0)
+        if not r.ok:
+            continue
+        fd = int(r.v or 0)
+        try:
+            ri = c(f"pool{j}: import", d.cuMemPoolImportFromShareableHandle, fd, POSIX_FD, 0)
+            if not ri.ok:
+                continue
+            for k in range(min(Ctx.count, 2)):
+                c(f"pool{j}: getAccess(imported, dev{k})", d.cuMemPoolGetAccess, ri.v,
+                  dev_loc(k))
+                c.val(f"pool{j}: imported access_dev{k}", _access_of(ri.v, k))
+            if P(ri.v) != P(pool):
+                c(f"pool{j}: destroy imported", d.cuMemPoolDestroy, ri.v)
+        finally:
+            if not RUN.dry:
+                os.close(fd)
 
 
 # ---------------------------------------------------------------------------

@@ -319,3 +319,66 @@ def test_mapped_memory_of_another_device_needs_its_grant(pair: tuple[Any, Any]) 
         _driver.call("cuMemUnmap", va, g)
         _driver.call("cuMemAddressFree", va, g)
         _driver.call("cuMemRelease", handle)
+
+
+@pytest.mark.parametrize("revoke_first", [False, True], ids=["granted", "revoked first"])
+def test_a_new_pool_starts_without_a_destroyed_pools_peers(pair: tuple[Any, Any],
+                                                           revoke_first: bool) -> None:
+    # F_pool_handle_reuse: a pool of device 0 granting device 1 is destroyed (its grant
+    # revoked first, or not); every pool made after it, the one that gets its handle again
+    # included, starts with no access for device 1. cuda.core revokes before destroying
+    # because a recycled handle kept the old pool's access; the two-GPU recording of this
+    # case says whether this driver does.
+    c0 = pair[0]
+    props = cu.CUmemPoolProps()
+    props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location = _loc(0)
+
+    def body() -> list[int]:
+        first = _driver.call("cuMemPoolCreate", props)
+        _driver.call("cuMemPoolSetAccess", first, [_desc(1)], 1)
+        assert int(_driver.call("cuMemPoolGetAccess", first, _loc(1))) == int(RW)
+        if revoke_first:
+            _driver.call("cuMemPoolSetAccess", first,
+                         [_desc(1, cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE)], 1)
+        _driver.call("cuMemPoolDestroy", first)
+        made = []
+        try:
+            for _ in range(8):
+                made.append(_driver.call("cuMemPoolCreate", props))
+                if int(made[-1]) == int(first):
+                    break
+            return [int(_driver.call("cuMemPoolGetAccess", p, _loc(1))) for p in made]
+        finally:
+            for p in made:
+                _driver.call("cuMemPoolDestroy", p)
+
+    answers = on(c0, body)
+    assert answers and answers == [0] * len(answers)
+
+
+def test_a_copy_on_a_stream_of_the_other_context(pair: tuple[Any, Any]) -> None:
+    # F_copy_device_memory ("ctx 0 current, stream of ctx 1"): with peer access both ways,
+    # cuMemcpyAsync on device 1's stream from device 0's context copies. Pool memory on such
+    # a stream is F_stream_of_other_context (two GPUs); cuda_memkit issues stream-ordered
+    # work in the stream's context, so it does not depend on that answer.
+    c0, c1 = pair
+    n = MiB
+    a0, a1 = _alloc(c0, n), _alloc(c1, n)
+    s1 = on(c1, lambda: _driver.call("cuStreamCreate", 1))
+    try:
+        want = (np.arange(n) % 247).astype(np.uint8)
+        _fill(c0, a0, want)
+        on(c0, lambda: _driver.call("cuCtxEnablePeerAccess", c1, 0))
+        on(c1, lambda: _driver.call("cuCtxEnablePeerAccess", c0, 0))
+
+        def copy() -> None:
+            _driver.call("cuMemcpyAsync", a1, a0, n, s1)
+            _driver.call("cuStreamSynchronize", s1)
+
+        on(c0, copy)
+        assert (_read(c1, a1, n) == want).all()
+    finally:
+        on(c1, lambda: _driver.call("cuStreamDestroy", s1))
+        on(c0, lambda: _driver.call("cuMemFree", a0))
+        on(c1, lambda: _driver.call("cuMemFree", a1))

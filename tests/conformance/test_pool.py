@@ -593,3 +593,24 @@ def _on_device1(fn: Any) -> Any:
     finally:
         _driver.call("cuCtxSetCurrent", None)
         _driver.call("cuDevicePrimaryCtxRelease", cu.CUdevice(1))
+
+
+def test_an_imported_pool_answers_its_own_devices_access() -> None:
+    # F_imported_pool_access (one H200): an ipc pool of device 0 imported in the same
+    # process answers READWRITE for device 0, though it answers no attribute query; the
+    # imported pool's device is read from it.
+    ipc = make_pool(props(handles=1))
+    try:
+        fd = int(_driver.call("cuMemPoolExportToShareableHandle", ipc, POSIX, 0))
+        try:
+            imported = _driver.call("cuMemPoolImportFromShareableHandle", fd, POSIX, 0)
+        finally:
+            os.close(fd)
+        try:
+            flags = _driver.call("cuMemPoolGetAccess", imported,
+                                 location(L.CU_MEM_LOCATION_TYPE_DEVICE, 0))
+            assert flags == cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        finally:
+            _driver.call("cuMemPoolDestroy", imported)
+    finally:
+        _driver.call("cuMemPoolDestroy", ipc)
