@@ -157,6 +157,44 @@ case("Loader(pool=a host pool)", lambda o: _loader(pool=o.host_pool), ValueError
      "device pool")
 case("Loader.timeout = 0", lambda o: setattr(o.closed.Loader, "timeout", 0), ValueError,
      "timeout")
+case("Loader.timeout = nan", lambda o: setattr(o.closed.Loader, "timeout", float("nan")),
+     ValueError, "timeout")
+
+# == numbers past what the wire carries (signed 64 bits), and sizes the Loader computes ====
+
+case("RingHandle.writer(worker=2**63)", lambda o: o.ring.handle.writer(worker=1 << 63),
+     ValueError, "worker")
+case("WriterSlot.publish(tag=2**63)", lambda o: o.writer_slot.publish(tag=1 << 63), ValueError,
+     "tag")
+case("RingWriter.publish(tag=2**64)", lambda o: o.ring_writer.publish(o.writer_slot, 1 << 64),
+     ValueError, "tag")
+case("SharedHostRing(timeout=nan)", lambda o: _ring(timeout=float("nan")), ValueError,
+     "timeout")
+case("SharedHostRing(timeout=-inf)", lambda o: _ring(timeout=float("-inf")), ValueError,
+     "timeout")
+case("RingWriter.acquire(timeout=nan)", lambda o: o.ring_writer.acquire(timeout=float("nan")),
+     ValueError, "timeout")
+case("Loader(batches=2**63)", lambda o: _loader(batches=1 << 63), ValueError, "batches")
+case("Loader(batches=[2**63])", lambda o: _loader(batches=[1 << 63]), ValueError, "batch")
+case("Loader(batches=range(2**63 - 1, 2**63 + 1))",
+     lambda o: _loader(batches=range((1 << 63) - 1, (1 << 63) + 1)), ValueError, "batch")
+case("Loader(batches=range(-1, 4))", lambda o: _loader(batches=range(-1, 4)), ValueError,
+     "batch")
+case("Loader(batches=range(2**63))", lambda o: _loader(batches=range(1 << 63)), ValueError,
+     "batches")
+case("Loader(batches=array([1, -2]))", lambda o: _loader(batches=np.array([1, -2])),
+     ValueError, "batch")
+case("Loader(batches=array([2**63], uint64))",
+     lambda o: _loader(batches=np.array([1 << 63], np.uint64)), ValueError, "batch")
+case("Loader(batches=2-d array)", lambda o: _loader(batches=np.zeros((2, 2), np.int64)),
+     ValueError, "one-dimensional")
+case("Loader(prefetch=10**6)", lambda o: _loader(prefetch=10**6), ValueError,
+     r"workers \* prefetch")
+case("Loader(timeout=nan)", lambda o: _loader(timeout=float("nan")), ValueError, "timeout")
+case("Loader(pool=closed MemoryPool)", lambda o: _loader(pool=o.closed.MemoryPool),
+     cm.ClosedError, "closed")
+case("RingSlot.to_device(pool=closed MemoryPool)",
+     lambda o: o.ring_slot.to_device(pool=o.closed.MemoryPool), cm.ClosedError, "closed")
 
 # == closed objects ====================================================================
 

@@ -10,11 +10,23 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import cuda_memkit as cm
+
+
+def eventually(cond: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``cond()`` becomes true within ``seconds`` (the ring's thread acts meanwhile)."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
 
 #: Exit codes a worker reports with.
 CLEAN, SAW_CLOSED, OVERWRITTEN = 0, 3, 4

@@ -13,7 +13,6 @@ import gc
 import os
 import pickle
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 
 import cuda_memkit as cm
 
+from . import _ring_workers as rw
 from ._leaks import live_exports
 
 SHAPE = (64, 32)
@@ -48,14 +48,6 @@ def _no_grant(w: cm.RingWriter, seconds: float = 0.3) -> bool:
         return True
     return False
 
-
-def _eventually(cond: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 # -- filling, taking, copying -----------------------------------------------------------
@@ -193,7 +185,7 @@ def test_to_device_copies_and_gives_the_slot_back(ring: cm.SharedHostRing) -> No
         view = buf.as_array(slot.dtype, slot.shape)
         assert view.shape == SHAPE and view.dtype == F32
         buf.free(stream=s)
-    assert _eventually(lambda: ring.stats()["lent"] == 0)
+    assert rw.eventually(lambda: ring.stats()["lent"] == 0)
     with cm.MemoryPool(0) as pool:
         buf = ring.take(_publish(w, 9.0)).to_device(pool=pool)
         assert buf.pool is pool and (buf.to_numpy(np.float32) == 9.0).all()
@@ -208,7 +200,7 @@ def test_to_device_after_copies_in_flight(copies_in_flight: Callable[[], None]) 
         buf = ring.take(_publish(w, 3.0)).to_device(stream=s)
         assert ring.stats()["lent"] == 1 and _no_grant(w)
         copies_in_flight()
-        assert _eventually(lambda: ring.stats()["lent"] == 0)
+        assert rw.eventually(lambda: ring.stats()["lent"] == 0)
         s.synchronize()
         assert (buf.to_numpy(np.float32) == 3.0).all()
         buf.free(stream=s)
@@ -230,7 +222,7 @@ def test_a_slot_goes_back_only_after_its_copy(
         assert ring.stats()["lent"] == 1
         assert _no_grant(w)  # no worker may overwrite what the copy reads
         copies_in_flight()  # the copy's event completes
-        assert _eventually(lambda: ring.stats()["lent"] == 0)
+        assert rw.eventually(lambda: ring.stats()["lent"] == 0)
         again = w.acquire(timeout=10)
         assert again.index == slot.index and again.generation == slot.generation + 1
         again.fail("done")
@@ -274,8 +266,8 @@ def test_a_dropped_slot_goes_back(ring: cm.SharedHostRing) -> None:
     assert ring.stats()["lent"] == 1
     del slot
     gc.collect()
-    assert _eventually(lambda: ring.stats()["lent"] == 0)
-    assert _eventually(lambda: ring.stats()["granted"] == 2 and ring.stats()["free"] == 2)
+    assert rw.eventually(lambda: ring.stats()["lent"] == 0)
+    assert rw.eventually(lambda: ring.stats()["granted"] == 2 and ring.stats()["free"] == 2)
     w.close()
 
 
@@ -374,9 +366,11 @@ def test_closing_the_ring_stops_its_writers() -> None:
 
 def test_close_wakes_a_waiting_consumer() -> None:
     ring = cm.SharedHostRing(2, 16, timeout=None)
-    threading.Timer(0.2, ring.close).start()
+    closer = threading.Timer(0.2, ring.close)
+    closer.start()
     with pytest.raises(cm.ClosedError):
-        ring.get()
+        ring.get()  # woken as the close begins: the close goes on on the other thread
+    closer.join()
 
 
 def test_a_lent_slot_outlives_the_closed_ring() -> None:
@@ -422,11 +416,11 @@ def test_the_ring_reports_what_it_holds(ring: cm.SharedHostRing) -> None:
     assert ring.stats() == {"free": 4, "granted": 0, "filling": 0, "ready": 0, "lent": 0,
                             "workers": 0}
     w = ring.handle.writer()
-    assert _eventually(lambda: ring.stats()["granted"] == 2)
+    assert rw.eventually(lambda: ring.stats()["granted"] == 2)
     assert ring.workers == 1 and ring.grants == 2 and ring.slots == 4
     assert "workers=1" in repr(ring)
     w.close()
-    assert _eventually(lambda: ring.stats()["free"] == 4 and ring.workers == 0)
+    assert rw.eventually(lambda: ring.stats()["free"] == 4 and ring.workers == 0)
 
 
 def test_the_segment_has_no_name() -> None:

@@ -5,10 +5,17 @@ the segment (a memfd mapped here and registered with the driver,
 :class:`Segment`), the slots' states, the workers' connections, and a service
 thread that accepts workers, sends grants, reads their messages (the wire
 protocol of :mod:`cuda_memkit._host._ring_worker`), notices a worker's end
-the moment its socket closes and, while copies from lent slots are in flight,
-polls their events (``_core._inflight``) so that their slots come back. The
-consumer's waits sleep on a condition the thread signals. It makes no driver
-call but those event queries (and the registration's release).
+the moment its socket closes and, while copies from lent slots are in flight
+and nobody else watches them (:attr:`RingCore.copies_watched`), polls their
+events (``_core._inflight``) so that their slots come back. The consumer's
+waits sleep on a condition the thread signals. It makes no driver call but
+those event queries (and the registration's release).
+
+A Loader plugs in through two attributes: :attr:`RingCore.schedule` (a
+:class:`Schedule`: the batch each grant carries, and what becomes of the
+batches of a pass) and :attr:`RingCore.copies_watched` (whether its own
+thread watches the copies now); and it watches its worker processes
+(:meth:`RingCore.watch`).
 
 Each slot goes round: *free* -> *granted* to a worker -> *filling* -> *ready*
 -> *lent* to the consumer -> *free* again once given back. The consumer alone
@@ -29,8 +36,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core._context import ensure_any_context
 from .._core._errors import ClosedError
@@ -55,7 +62,8 @@ from ._ring_worker import (
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["JOIN", "RingCore", "Segment", "WorkerError", "close_ring", "make_segment"]
+__all__ = ["JOIN", "Key", "RingCore", "Schedule", "Segment", "WorkerError", "close_ring",
+           "make_segment"]
 
 #: Seconds between event polls while copies from lent slots are in flight.
 POLL = 0.0005
@@ -113,6 +121,10 @@ def _worker_error(message: str, worker: int | None, pid: int | None, slot: int |
     return WorkerError(message, worker=worker, pid=pid, slot=slot, batch=batch, gone=gone)
 
 
+def _no() -> bool:
+    return False
+
+
 # -- the memory ----------------------------------------------------------------------------
 
 
@@ -133,6 +145,7 @@ class Segment:
         self.device_ptr = device_ptr
         self.nbytes = nbytes
         self.lock = threading.Lock()
+        self.pid = os.getpid()
         _ACCOUNT.add(self.ptr, nbytes)
 
     def close_fd(self) -> None:
@@ -147,7 +160,13 @@ class Segment:
             os.close(fd)
 
     def release(self) -> None:
-        """Unregister and unmap (once); the ledger forgets the ring."""
+        """Unregister and unmap (once); the ledger forgets the ring.
+
+        Never in a forked child: the registration and the mapping are the
+        parent's, which keeps serving (the child keeps its copy of them).
+        """
+        if self.pid != os.getpid():
+            return
         with self.lock:
             reg, self.reg = self.reg, None
             self.mem = None  # the last numpy view over it unmaps it
@@ -211,6 +230,49 @@ Key = tuple[int, int]  # a Loader's (epoch, position) of a batch
 Describe = Callable[[], str]  # how a watched process ended ("exit code 1", ...)
 
 
+class _Slot:
+    """One slot's state at the consumer (the ring's table holds one per slot)."""
+
+    __slots__ = ("batch", "filler", "gen", "key", "owner", "state", "tag")
+
+    def __init__(self) -> None:
+        self.state = FREE
+        self.gen = 0  # how many times it was granted
+        self.owner: _Conn | None = None  # the worker it is granted to, or filled by
+        self.batch = -1  # the batch its grant carries (a Loader's), else -1
+        self.key: Key | None = None  # a Loader's (epoch, position) of that batch
+        self.tag = -1  # what the worker published it with
+        self.filler: tuple[int, int] = (-1, 0)  # (worker label, pid) that filled it
+
+
+class Schedule(Protocol):
+    """What a Loader hands its ring: the batch each grant carries, and what becomes of it.
+
+    The ring calls these under its lock, from its service thread (the grants,
+    the workers' answers) or the consumer's (:meth:`RingCore.first_ready`).
+    Without one, grants carry no batch and every ready slot goes to the
+    consumer in the order it became ready.
+    """
+
+    def next_task(self) -> tuple[Key, int] | None:
+        """The key and batch of the next grant; ``None``: no batch to hand out now."""
+
+    def wanted(self, key: Key) -> bool:
+        """Whether a batch of ``key`` is still waited for (its epoch is the current one)."""
+
+    def unused(self, key: Key, batch: int) -> None:
+        """A grant never reached its worker: hand its batch out again, if still wanted."""
+
+    def arrived(self, key: Key, s: int) -> None:
+        """A wanted batch is ready in slot ``s``."""
+
+    def failed(self, key: Key, error: WorkerError) -> None:
+        """A wanted batch could not be made: ``error`` is raised where it is waited for."""
+
+    def taken(self, key: Key) -> None:
+        """The consumer took the ready batch of ``key`` in the order it became ready."""
+
+
 class RingCore:
     """The state of a ring and its service thread (never holds the :class:`SharedHostRing`).
 
@@ -235,29 +297,17 @@ class RingCore:
         self.token = token
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
-        self.state = [FREE] * slots
-        self.gen = [0] * slots
-        self.owner: list[_Conn | None] = [None] * slots
-        self.batch = [-1] * slots
-        self.key: list[Key | None] = [None] * slots
-        self.tag = [-1] * slots
-        self.filler: list[tuple[int, int]] = [(-1, 0)] * slots  # (worker label, pid)
+        self.table = [_Slot() for _ in range(slots)]
         self.free: collections.deque[int] = collections.deque(range(slots))
         self.ready: collections.deque[int] = collections.deque()  # in order of arrival
-        self.keyed: dict[Key, int] = {}  # a Loader's ready slots by (epoch, position)
         self.returns: collections.deque[tuple[int, int]] = collections.deque()
         self.errors: collections.deque[WorkerError] = collections.deque()
-        self.failures: dict[Key, WorkerError] = {}  # a Loader's batches that failed, by key
         self.lent = 0
         self.conns: dict[int, _Conn] = {}  # by socket fd
         self.watched: dict[int, tuple[int, int, Describe]] = {}  # sentinel -> (pid, label, ...)
         self.reported: set[int] = set()  # pids whose end was reported already
         self.workers: set[int] = set()  # a Loader's worker processes: any end is an error
-        # a Loader's batches: (position, batch) pairs of the current epoch, lost ones first
-        self.loading = False  # a Loader's ring: every grant carries a batch
-        self.epoch = 0
-        self.tasks: Iterator[tuple[int, int]] | None = None
-        self.requeued: collections.deque[tuple[int, int]] = collections.deque()
+        self.schedule: Schedule | None = None  # a Loader's: every grant carries a batch
         self.closed = False
         self.hung_up = False
         self.keep_memory = False  # at interpreter exit: no driver call, the memory stays
@@ -268,6 +318,10 @@ class RingCore:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake_lock = threading.Lock()  # the wake pipe's write end: written, or closed
         self.has_context = False
+        #: Whether the copies from lent slots are watched elsewhere now (a Loader's thread
+        #: waits on its copies' events): the service thread polls them only when not.
+        self.copies_watched: Callable[[], bool] = _no
+
         _cores.add(self)
 
     # -- the service thread -----------------------------------------------------------
@@ -288,10 +342,10 @@ class RingCore:
         assert sel is not None
         try:
             while not self.closed:
-                polling = self.lent and pending_operands
+                polling = self.lent and pending_operands and not self.copies_watched()
                 for key, _mask in sel.select(POLL if polling else None):
                     key.data(key.fileobj)
-                if self.lent and pending_operands:
+                if polling:
                     self._reap()
                 with self.lock:
                     self._take_returns()
@@ -400,7 +454,7 @@ class RingCore:
             if self._owned(conn, s, g, GRANTED):
                 conn.granted.discard(s)
                 conn.filling.add(s)
-                self.state[s] = FILLING
+                self.table[s].state = FILLING
                 return True
         elif kind == b"R" and len(msg) == READY.size:
             _k, s, g, tag = READY.unpack(msg)
@@ -453,23 +507,30 @@ class RingCore:
         return True
 
     def _owned(self, conn: _Conn, s: int, g: int, *states: int) -> bool:
-        return (0 <= s < self.slots and self.owner[s] is conn and self.gen[s] == g
-                and self.state[s] in states)
+        if not 0 <= s < self.slots:
+            return False
+        t = self.table[s]
+        return t.owner is conn and t.gen == g and t.state in states
+
+    def _wanted(self, key: Key | None) -> bool:
+        """Whether a batch of ``key`` is still waited for (any slot without a key is)."""
+        return key is None or self.schedule is None or self.schedule.wanted(key)
 
     def _arrived(self, conn: _Conn, s: int, tag: int) -> None:
         conn.granted.discard(s)
         conn.filling.discard(s)
-        self.owner[s] = None
-        key = self.key[s]
-        if key is not None and not self._current(key):
+        t = self.table[s]
+        t.owner = None
+        key = t.key
+        if not self._wanted(key):
             self._recycle(s)  # a batch of an epoch nobody waits for any more
             return
-        self.state[s] = READY_
-        self.tag[s] = tag
-        self.filler[s] = (conn.worker, conn.pid)
+        t.state = READY_
+        t.tag = tag
+        t.filler = (conn.worker, conn.pid)
         self.ready.append(s)
-        if key is not None:
-            self.keyed[key] = s
+        if key is not None and self.schedule is not None:
+            self.schedule.arrived(key, s)
 
     def _failed(self, conn: _Conn, s: int, text: str) -> None:
         """A worker could not fill slot ``s``: the slot goes back, the error to the consumer.
@@ -480,16 +541,16 @@ class RingCore:
         """
         conn.granted.discard(s)
         conn.filling.discard(s)
-        key = self.key[s]
-        b = self.batch[s]
+        key = self.table[s].key
+        b = self.table[s].batch
         err = WorkerError(f"{self._slot_name(s)} could not be filled by {conn.who()}: {text}",
                           worker=None if conn.worker < 0 else conn.worker, pid=conn.pid,
                           slot=s, batch=None if b < 0 else b)
         self._recycle(s)
-        if key is None:
+        if key is None or self.schedule is None:
             self.errors.append(err)
-        elif self._current(key):
-            self.failures[key] = err
+        elif self.schedule.wanted(key):
+            self.schedule.failed(key, err)
 
     def _drop(self, conn: _Conn, why: str) -> None:
         """A worker's connection ended: its grants come back, a batch under way is an error."""
@@ -521,14 +582,14 @@ class RingCore:
                 pass  # not registered (refused at once, or closed meanwhile)
 
     def _slot_name(self, s: int) -> str:
-        b = self.batch[s]
+        b = self.table[s].batch
         return f"slot {s}" + ("" if b < 0 else f" (batch {b})")
 
     def _report(self, pid: int, worker: int, message: str, slots: list[int]) -> None:
         """Queue a :class:`WorkerError` for the consumer's next wait."""
         self.reported.add(pid)
         s = slots[0] if slots else None
-        b = self.batch[s] if s is not None and self.batch[s] >= 0 else None
+        b = self.table[s].batch if s is not None and self.table[s].batch >= 0 else None
         self.errors.append(WorkerError(message, worker=None if worker < 0 else worker,
                                        pid=pid, slot=s, batch=b, gone=True))
 
@@ -569,20 +630,19 @@ class RingCore:
                 return
             key: Key | None = None
             batch = -1
-            if self.loading:
-                task = self.requeued.popleft() if self.requeued else (
-                    None if self.tasks is None else next(self.tasks, None))
+            if self.schedule is not None:
+                task = self.schedule.next_task()
                 if task is None:
-                    self.tasks = None  # every batch of the epoch is handed out
-                    return
-                key = (self.epoch, task[0])
-                batch = task[1]
+                    return  # no batch to hand out now
+                key, batch = task
             s = self.free.popleft()
-            g = self.gen[s] = self.gen[s] + 1
-            self.state[s] = GRANTED
-            self.owner[s] = conn
-            self.key[s] = key
-            self.batch[s] = batch
+            t = self.table[s]
+            t.gen += 1
+            g = t.gen
+            t.state = GRANTED
+            t.owner = conn
+            t.key = key
+            t.batch = batch
             conn.granted.add(s)
             try:
                 conn.sock.send(GRANT.pack(b"G", s, g, batch))
@@ -598,26 +658,30 @@ class RingCore:
     def _ungrant(self, conn: _Conn, s: int) -> None:
         """A grant the worker will never use: the slot, and a Loader's batch, go to others."""
         conn.granted.discard(s)
-        key = self.key[s]
-        if key is not None and self._current(key):
-            self.requeued.appendleft((key[1], self.batch[s]))
+        t = self.table[s]
+        if t.key is not None and self.schedule is not None:
+            self.schedule.unused(t.key, t.batch)
         self._recycle(s)
 
     def _recycle(self, s: int) -> None:
-        self.state[s] = FREE
-        self.owner[s] = None
-        self.key[s] = None
+        t = self.table[s]
+        t.state = FREE
+        t.owner = None
+        t.key = None
         self.free.append(s)
 
-    def _current(self, key: Key) -> bool:
-        return key[0] == self.epoch
+    def recycle_ready(self, s: int) -> None:
+        """A ready slot nobody will take (a Loader's older epoch): free again."""
+        self.ready.remove(s)
+        self._recycle(s)
 
     def _take_returns(self) -> None:
         """Slots given back by the consumer (their RingSlots' releases) are free again."""
         returns = self.returns
         while returns:
             s, g = returns.popleft()
-            if self.state[s] == LENT and self.gen[s] == g:
+            t = self.table[s]
+            if t.state == LENT and t.gen == g:
                 self.lent -= 1
                 self._recycle(s)
         if self.closed and not self.lent and not self.keep_memory:
@@ -630,6 +694,8 @@ class RingCore:
         finalizer may run on the thread while it holds the lock); once the
         ring is closed, the slot is done with here.
         """
+        if self.pid != os.getpid():
+            return  # a forked child's copy of a lent slot: the slot is the parent's to take back
         self.returns.append((s, g))
         if not self.closed:
             self.wake()
@@ -643,13 +709,13 @@ class RingCore:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
             while True:
-                self._check()
+                self.check()
                 s = pick()
                 if s is not None:
-                    self.state[s] = LENT
+                    self.table[s].state = LENT
                     self.lent += 1
                     return s
-                if self.lent and pending_operands:
+                if self.lent and pending_operands and not self.copies_watched():
                     self.wake()  # slots wait for copies: the thread polls their events
                 if deadline is None:
                     self.cond.wait()
@@ -662,10 +728,11 @@ class RingCore:
 
     def filled_by(self, s: int) -> tuple[int | None, int]:
         """``(worker label or None, pid)`` of the worker that filled slot ``s``."""
-        worker, pid = self.filler[s]
+        worker, pid = self.table[s].filler
         return (None if worker < 0 else worker), pid
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise what the consumer must see now: a foreign process, a failure, an error, a close."""
         if self.pid != os.getpid():
             raise RuntimeError(f"this SharedHostRing belongs to process {self.pid}; worker "
                                "processes fill it through ring.handle")
@@ -679,54 +746,32 @@ class RingCore:
 
     def first_ready(self) -> int | None:
         """The slot that became ready first, if any (and not a Loader's old epoch)."""
-        while self.ready:
-            s = self.ready.popleft()
-            key = self.key[s]
-            if key is not None:
-                self.keyed.pop(key, None)
-            return s
-        return None
+        if not self.ready:
+            return None
+        s = self.ready.popleft()
+        key = self.table[s].key
+        if key is not None and self.schedule is not None:
+            self.schedule.taken(key)
+        return s
 
     def by_ticket(self, s: int, g: int) -> int | None:
         """Slot ``s`` if it holds generation ``g`` and is ready; ``ValueError`` if it never will."""
-        if self.gen[s] == g and self.state[s] == READY_:
+        t = self.table[s]
+        if t.gen == g and t.state == READY_:
             self.ready.remove(s)
             return s
-        if self.gen[s] == g and self.state[s] in (GRANTED, FILLING):
+        if t.gen == g and t.state in (GRANTED, FILLING):
             return None
         raise ValueError(f"ticket ({s}, {g}) names no batch to come: slot {s} is at generation "
-                         f"{self.gen[s]} ({_STATE_NAMES[self.state[s]]}); a ticket is taken "
+                         f"{t.gen} ({_STATE_NAMES[t.state]}); a ticket is taken "
                          "once, and its batch is lost if its worker died")
-
-    def by_key(self, key: Key) -> int | None:
-        """A Loader's ready batch at ``key`` (``(epoch, position)``), if it is there."""
-        self._superseded(key[0])
-        failed = self.failures.pop(key, None)
-        if failed is not None:
-            raise failed
-        s = self.keyed.pop(key, None)
-        if s is not None:
-            self.ready.remove(s)
-        return s
-
-    def first_of(self, epoch: int) -> int | None:
-        """A Loader's batch of ``epoch`` that became ready first, if any."""
-        self._superseded(epoch)
-        if self.failures:
-            raise self.failures.pop(next(iter(self.failures)))
-        return self.first_ready()
-
-    def _superseded(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            raise RuntimeError("this pass over the Loader was superseded by a newer one (or "
-                               "ended); its batches are dropped")
 
     def outstanding(self) -> str:
         """What the ring waits for, for a timeout's message."""
         parts = []
-        for s in range(self.slots):
-            st = self.state[s]
-            conn = self.owner[s]
+        for s, t in enumerate(self.table):
+            st = t.state
+            conn = t.owner
             if st in (GRANTED, FILLING) and conn is not None:
                 doing = "filling" if st == FILLING else "granted to, not started by"
                 parts.append(f"{self._slot_name(s)} {doing} {conn.who()}")
@@ -740,39 +785,9 @@ class RingCore:
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(_STATE_NAMES, 0)
-        for st in self.state:
-            out[_STATE_NAMES[st]] += 1
+        for t in self.table:
+            out[_STATE_NAMES[t.state]] += 1
         return out
-
-    # -- a Loader's epochs ---------------------------------------------------------------
-    def schedule(self, tasks: Iterator[tuple[int, int]]) -> int:
-        """Start an epoch handing out ``tasks`` ((position, batch) pairs); return its number.
-
-        Slots still holding an older epoch's batches are recycled as they arrive.
-        """
-        with self.lock:
-            self._check()
-            self.loading = True
-            self._new_epoch(tasks)
-            return self.epoch
-
-    def end_epoch(self, epoch: int) -> None:
-        """Stop handing out ``epoch``'s batches; the ones under way are dropped as they come."""
-        with self.lock:
-            if self.epoch == epoch:
-                self._new_epoch(None)  # one with no batches: nothing is current
-
-    def _new_epoch(self, tasks: Iterator[tuple[int, int]] | None) -> None:
-        """Make a new epoch current: the older batches ready now go back, the rest on arrival."""
-        self.epoch += 1
-        self.tasks = tasks
-        self.requeued.clear()
-        self.failures.clear()
-        for key, s in list(self.keyed.items()):
-            del self.keyed[key]
-            self.ready.remove(s)
-            self._recycle(s)
-        self.wake()
 
     # -- closing ----------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -829,6 +844,7 @@ class RingCore:
         parent's threads held at the fork stays held here for ever.
         """
         self.closed = True
+        self.keep_memory = True  # the registration and the mapping stay the parent's
         self._close_all(list(self.conns.values()))
 
 
@@ -864,7 +880,13 @@ atexit.register(_stop_at_exit)
 
 
 def close_ring(core: RingCore) -> None:
-    """Release function of a SharedHostRing: stop serving; the memory goes once no slot is lent."""
+    """Release function of a SharedHostRing: stop serving; the memory goes once no slot is lent.
+
+    In a forked child it does nothing: the ring is the parent's (its locks may
+    be held there by threads the child does not have).
+    """
+    if core.pid != os.getpid():
+        return
     core.shutdown()
     close_writers(core.address)  # writers of this process (a test's, a thread's) stop too
     core.release_if_idle()

@@ -51,6 +51,7 @@ __all__ = [
     "FAILED",
     "GRANT",
     "HELLO",
+    "MAX_LABEL",
     "PROTOCOL",
     "READY",
     "REFUSED",
@@ -58,6 +59,7 @@ __all__ = [
     "RingHandle",
     "RingWriter",
     "WriterSlot",
+    "check_label",
     "check_timeout",
     "close_inherited",
     "close_writers",
@@ -232,10 +234,11 @@ class RingHandle:
         ----------
         worker : int, optional
             A label for this worker in the consumer's errors and statistics
-            (e.g. ``torch.utils.data.get_worker_info().id``); default: none,
-            the process id names it.
+            (e.g. ``torch.utils.data.get_worker_info().id``), ``>= 0`` and
+            ``< 2**63``; default: none, the process id names it.
         timeout : float or None, default 60
-            Seconds to wait for the consumer to answer the connection.
+            Seconds to wait for the consumer to answer the connection
+            (``None`` or ``inf``: no limit).
 
         Raises
         ------
@@ -244,9 +247,7 @@ class RingHandle:
         TypeError, ValueError
             For a ``worker`` that is not an int >= 0, or a bad ``timeout``.
         """
-        label = _NONE if worker is None else as_index(worker, "worker")
-        if worker is not None and label < 0:
-            raise ValueError(f"worker must be >= 0, got {label}")
+        label = _NONE if worker is None else check_label(worker, "worker")
         wait = check_timeout(timeout)
         key = (self._address, os.getpid(), label)
         with _writers_lock:
@@ -260,22 +261,49 @@ class RingHandle:
         return w
 
 
-def check_timeout(timeout: object) -> float | None:
-    """A timeout in seconds: a number > 0, or ``None`` (no limit)."""
+def check_timeout(timeout: object, what: str = "timeout") -> float | None:
+    """A timeout in seconds: a number > 0, or ``None`` (no limit).
+
+    One rule for every timeout of the ring and the Loader: ``inf``, and any
+    wait longer than the interpreter's waits can take
+    (``threading.TIMEOUT_MAX``, centuries), means no limit, as ``None`` does.
+    """
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, not "
+        raise TypeError(f"{what} must be a number of seconds or None, not "
                         f"{type(timeout).__name__}")
     if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds (or None: no limit), got {timeout}")
+        raise ValueError(f"{what} must be > 0 seconds (or None: no limit), got {timeout}")
+    if timeout >= threading.TIMEOUT_MAX:
+        return None  # longer than any wait can be: no limit
     return float(timeout)
+
+
+#: Largest label, tag or batch number: the wire protocol carries them as signed 64-bit ints.
+MAX_LABEL = (1 << 63) - 1
+
+
+def check_label(value: object, what: str) -> int:
+    """A worker label, a tag or a batch number: an int in ``[0, 2**63)``."""
+    v = as_index(value, what)
+    if not 0 <= v <= MAX_LABEL:
+        raise ValueError(f"{what} must be >= 0 and < 2**63, got {v}")
+    return v
 
 
 #: The writer of each (ring address, process, label): RingHandle.writer() reuses it, so a
 #: DataLoader worker calling it per item keeps one connection.
 _writers: dict[tuple[bytes, int, int], RingWriter] = {}
 _writers_lock = threading.Lock()
+
+
+def _uncache(writer: RingWriter) -> None:
+    """Forget a closed writer: nothing of this process keeps it (and its mapping) alive."""
+    with _writers_lock:
+        key = (writer._handle._address, writer._pid, writer._worker)
+        if _writers.get(key) is writer:
+            del _writers[key]
 
 
 def close_writers(address: bytes) -> None:
@@ -310,6 +338,7 @@ class RingWriter:
         self._recv_lock = threading.Lock()  # one acquire() waiting at a time
         self._closed = False
         self._open: dict[int, WriterSlot] = {}  # acquired slots, not yet published
+        self._mem: mmap.mmap | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             msg, fds = _handshake(sock, handle, worker, timeout)
@@ -358,6 +387,11 @@ class RingWriter:
         return ClosedError("the SharedHostRing's consumer closed the ring (or its process "
                            "exited): stop filling")
 
+    def _gone_unlocked(self) -> ClosedError:
+        """:meth:`_gone` for a caller without the state lock (a waiting :meth:`acquire`)."""
+        with self._lock:
+            return self._gone()
+
     def _send(self, data: bytes) -> None:
         try:
             self._sock.send(data)
@@ -373,7 +407,7 @@ class RingWriter:
         Parameters
         ----------
         timeout : float or None, default None
-            Seconds to wait for a grant; ``None``: as long as it takes.
+            Seconds to wait for a grant; ``None`` (or ``inf``): as long as it takes.
 
         Returns
         -------
@@ -398,26 +432,26 @@ class RingWriter:
             except OSError as exc:
                 if exc.errno not in _GONE and not self._closed:
                     raise
-                raise self._gone() from None
+                raise self._gone_unlocked() from None
         if not msg:
-            raise self._gone()
+            raise self._gone_unlocked()
         if msg[:1] != b"G" or len(msg) != GRANT.size:
             raise RuntimeError(f"unexpected message from the SharedHostRing: {msg[:1]!r}")
         _t, index, gen, batch = GRANT.unpack(msg)
         h = self._handle
-        slot = WriterSlot.make(self, index, gen, None if batch == _NONE else batch,
-                               slot_view(self._mem, index, h._stride, h._shape, self._dtype))
         with self._lock:
             self._check()
+            mem = self._mem
+            assert mem is not None  # open: mapped
+            slot = WriterSlot.make(self, index, gen, None if batch == _NONE else batch,
+                                   slot_view(mem, index, h._stride, h._shape, self._dtype))
             self._send(ACQUIRED.pack(b"A", index, gen))
             self._open[index] = slot
         return slot
 
     def publish(self, slot: WriterSlot, tag: int | None = None) -> tuple[int, int]:
         """Hand a filled slot to the consumer (``READY``); see :meth:`WriterSlot.publish`."""
-        t = _NONE if tag is None else as_index(tag, "tag")
-        if tag is not None and t < 0:
-            raise ValueError(f"tag must be >= 0, got {t}")
+        t = _NONE if tag is None else check_label(tag, "tag")  # before the slot is handed back
         with self._lock:
             self._check()
             self._take_back(slot)
@@ -485,11 +519,23 @@ class RingWriter:
         except OSError:
             pass  # not connected any more
         self._sock.close()
+        self._unmap()
+        _uncache(self)
+
+    def _unmap(self) -> None:
+        """Drop the mapping of the ring (now, or when the last view of a slot is gone)."""
+        mem, self._mem = self._mem, None
+        if mem is not None:
+            try:
+                mem.close()
+            except BufferError:
+                pass  # a slot's array is still referenced: the mapping goes with the last one
 
     def forget(self) -> None:
         """In a forked child: let go of the parent's connection without telling the consumer."""
         self._closed = True
         self._sock.close()
+        self._unmap()
 
     def __enter__(self) -> Self:
         self._check()
@@ -577,8 +623,9 @@ class WriterSlot:
         Parameters
         ----------
         tag : int, optional
-            A number >= 0 the consumer sees as ``RingSlot.tag`` (a batch
-            index, say); a :class:`Loader` worker's slots carry their batch.
+            A number ``>= 0`` and ``< 2**63`` the consumer sees as
+            ``RingSlot.tag`` (a batch index, say); a :class:`Loader` worker's
+            slots carry their batch.
 
         Returns
         -------
@@ -591,7 +638,8 @@ class WriterSlot:
         ClosedError
             If the consumer closed the ring or exited (the batch is dropped).
         ValueError
-            If the slot was published or failed already.
+            If the slot was published or failed already, or for a ``tag``
+            out of range (the slot stays this worker's then).
         """
         return self._writer.publish(self, tag)
 

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["RingSlot", "SharedHostRing", "device_pool", "lend", "ring_core", "unstarted_ring"]
+__all__ = ["MAX_SLOTS", "RingSlot", "SharedHostRing", "device_pool", "lend", "ring_core",
+           "unstarted_ring"]
 
 #: Most slots a ring may have (the wire protocol carries 32-bit slot numbers; more than
 #: this is a mistake, not a ring).
@@ -86,7 +87,8 @@ class SharedHostRing(Resource):
         ahead each worker runs.
     timeout : float or None, default 120
         Seconds :meth:`get` and :meth:`take` wait for a slot before raising
-        ``TimeoutError`` naming what they wait for (``None``: no limit). A
+        ``TimeoutError`` naming what they wait for (``None`` or ``inf``: no
+        limit). A
         worker that dies is reported at once, whatever the timeout.
 
     Raises
@@ -298,7 +300,7 @@ def _ticket(ticket: object, slots: int) -> tuple[int, int]:
 
 def unstarted_ring(slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLike, *,
                    grants: int, timeout: float | None) -> SharedHostRing:
-    """A :class:`SharedHostRing` whose service thread is not started yet (see :func:`start_ring`).
+    """A :class:`SharedHostRing` whose service thread is not started yet.
 
     A Loader forks its workers before any thread of the ring runs, then
     starts it (``ring_core(ring).start()``).
@@ -309,7 +311,7 @@ def unstarted_ring(slots: int, shape: int | tuple[int, ...], dtype: npt.DTypeLik
 
 
 def ring_core(ring: SharedHostRing) -> RingCore:
-    """The state a Loader drives: epochs of batches, watched processes (see :class:`RingCore`)."""
+    """The state a Loader drives: its schedule of batches, watched processes (:class:`RingCore`)."""
     return ring._core
 
 
@@ -324,6 +326,7 @@ def device_pool(pool: object) -> MemoryPool | None:
         return None
     if not isinstance(pool, MemoryPool):
         raise TypeError(f"pool must be a MemoryPool, not {type(pool).__name__}")
+    pool._check_open()  # a closed pool is refused now, not at the first copy
     if pool.device is None or pool.is_host:
         raise ValueError("pool must be a device pool: the copies go to device memory")
     return pool
@@ -383,12 +386,13 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
     def make(cls, ring: SharedHostRing, core: RingCore, s: int) -> RingSlot:
         """The lent slot ``s`` of ``ring`` (used by the ring)."""
         self = object.__new__(cls)
-        g = core.gen[s]
+        slot = core.table[s]
+        g = slot.gen
         self.ring = ring
         self._core = core
         self.index = s
         self.generation = g
-        tag = core.tag[s]
+        tag = slot.tag
         self.tag = None if tag < 0 else tag
         owner_worker, owner_pid = core.filled_by(s)
         self.worker = owner_worker
@@ -509,7 +513,7 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
             anything is allocated; the slot stays lent then, as it does when
             the allocation or the copy fails.
         ClosedError
-            If the slot is closed.
+            If the slot, the pool or the stream is closed.
         """
         self._check_open()
         pool = device_pool(pool)

@@ -25,6 +25,7 @@ import functools
 import gc
 import importlib
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,8 +38,9 @@ from .._core._errors import ClosedError
 from .._core._resource import Resource, Transaction, make_finalizer
 from .._core._stream import StreamLike, stream_handle
 from .._host._ring_core import JOIN, WorkerError
-from .._host._ring_worker import RingHandle, check_timeout
+from .._host._ring_worker import MAX_LABEL, RingHandle, check_label, check_timeout
 from .._host._shared_ring import (
+    MAX_SLOTS,
     RingSlot,
     SharedHostRing,
     device_pool,
@@ -47,6 +49,8 @@ from .._host._shared_ring import (
     unstarted_ring,
 )
 from .._pools._pool import MemoryPool
+from ._copies import CopyWatcher
+from ._schedule import Epochs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -107,9 +111,17 @@ def _exit_of(proc: Any) -> str:
     return f"exit code {code}"
 
 
-def _stop(ring: SharedHostRing, procs: list[Any]) -> None:
-    """Release function of a Loader: close the ring, then let the workers go."""
+def _stop(ring: SharedHostRing, procs: list[Any], copies: list[CopyWatcher], pid: int) -> None:
+    """Release function of a Loader: close the ring, then let the workers go.
+
+    In a forked child it does nothing: the workers and the ring are the parent's.
+    """
+    if pid != os.getpid():
+        return
     ring.close()  # each worker's connection closes: it stops at its next call
+    for watcher in copies:
+        watcher.close()  # the copies in flight finish; their slots go back to the closed ring
+    copies.clear()
     deadline = time.monotonic() + JOIN
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -126,28 +138,59 @@ def _stop(ring: SharedHostRing, procs: list[Any]) -> None:
 
 
 def _batches(batches: object) -> Sequence[int]:
+    """The batches of one pass, checked without walking a range (one may be huge)."""
     if isinstance(batches, bool):
         raise TypeError("batches must be an int (a count) or a sequence of ints, not bool")
     if isinstance(batches, int) or (hasattr(batches, "__index__") and not hasattr(
             batches, "__len__")):
         n = as_index(batches, "batches")
-        if n < 0:
-            raise ValueError(f"batches must be >= 0, got {n}")
+        if not 0 <= n <= MAX_LABEL:
+            raise ValueError(f"batches (a count) must be >= 0 and < 2**63, got {n}")
         return range(n)
     if isinstance(batches, range):
-        seq: Sequence[int] = batches
-    else:
-        try:
-            seq = [as_index(b, "each batch") for b in batches]  # type: ignore[attr-defined]
-        except TypeError as exc:
-            if "each batch" in str(exc):
-                raise
-            raise TypeError(f"batches must be an int (a count) or a sequence of ints, not "
-                            f"{type(batches).__name__}") from None
-    for b in seq:
-        if b < 0:
-            raise ValueError(f"batches must be >= 0, got {b}")
+        _check_range(batches)
+        return batches
+    if _is_int_array(batches):
+        return _array_batches(batches)
+    try:
+        seq = [check_label(b, "each batch") for b in batches]  # type: ignore[attr-defined]
+    except TypeError as exc:
+        if "each batch" in str(exc):
+            raise
+        raise TypeError(f"batches must be an int (a count) or a sequence of ints, not "
+                        f"{type(batches).__name__}") from None
+    except ValueError as exc:
+        raise ValueError(f"batches: {exc}") from None
     return seq
+
+
+def _is_int_array(value: object) -> bool:
+    return type(value).__module__ == "numpy" and getattr(
+        getattr(value, "dtype", None), "kind", "") in ("i", "u")
+
+
+def _array_batches(arr: Any) -> list[int]:
+    """A numpy array of batch numbers, checked at once (a shuffled ``permutation(n)``)."""
+    if arr.ndim != 1:
+        raise ValueError(f"batches must be one-dimensional, got an array of shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or int(arr.max()) > MAX_LABEL):
+        raise ValueError(f"batches: each batch must be >= 0 and < 2**63, got "
+                         f"{int(arr.min()) if arr.min() < 0 else int(arr.max())}")
+    out: list[int] = arr.tolist()
+    return out
+
+
+def _check_range(r: range) -> None:
+    """A range of batches: its length and its ends, in constant time."""
+    try:
+        count = len(r)
+    except OverflowError:
+        raise ValueError("batches: a range of 2**63 batches or more is more than one pass "
+                         "can hold") from None
+    if count:
+        for end in (r[0], r[-1]):  # a range's smallest and largest are its ends
+            if not 0 <= end <= MAX_LABEL:
+                raise ValueError(f"batches: each batch must be >= 0 and < 2**63, got {end}")
 
 
 class Loader(Resource):
@@ -172,7 +215,8 @@ class Loader(Resource):
         batch would have been yielded.
     batches : int or sequence of int
         The batches of one pass: ``n`` (``0 .. n-1``) or the numbers to give
-        ``make_batch`` in order (a shuffled permutation, say).
+        ``make_batch`` in order (a shuffled permutation, say; a ``range`` is
+        kept as it is, however long). Each is ``>= 0`` and ``< 2**63``.
     shape : int or tuple of int
         Shape of one batch.
     dtype : dtype-like, default uint8
@@ -206,7 +250,8 @@ class Loader(Resource):
         generators, open files); ``worker`` is ``0 .. workers-1``.
     timeout : float or None, default 120
         Seconds to wait for a batch before ``TimeoutError`` naming the slots
-        being filled and their workers. A worker that dies is reported at once.
+        being filled and their workers (``None`` or ``inf``: no limit). A
+        worker that dies is reported at once.
     start_method : {"fork", "spawn", "forkserver"}, optional
         How the workers start; default: :mod:`multiprocessing`'s. ``"fork"``
         starts fastest and shares what this process holds (a preloaded
@@ -259,6 +304,9 @@ class Loader(Resource):
         if n > MAX_WORKERS:
             raise ValueError(f"workers must be <= {MAX_WORKERS}, got {n}")
         depth = positive("prefetch", prefetch)
+        if n * depth + 2 > MAX_SLOTS:  # the ring has a slot per batch worked ahead, plus two
+            raise ValueError(f"workers * prefetch must be <= {MAX_SLOTS - 2} (the ring's slots, "
+                             f"two more, are at most {MAX_SLOTS}), got {n} * {depth}")
         if not isinstance(ordered, bool):
             raise TypeError(f"ordered must be a bool, not {type(ordered).__name__}")
         if output not in OUTPUTS:
@@ -286,10 +334,11 @@ class Loader(Resource):
         self._timeout = wait
         ctx: Any = multiprocessing.get_context(start_method)
         procs: list[Any] = []
+        copies: list[CopyWatcher] = []
         with Transaction() as tx:
             ring = unstarted_ring(n * depth + 2, shape, dtype, grants=depth, timeout=wait)
             tx.push(ring.close)
-            tx.push(_stop, ring, procs)
+            tx.push(_stop, ring, procs, copies, os.getpid())
             handle = ring.handle
             for k in range(n):
                 p = ctx.Process(target=worker_main, args=(handle, k, make_batch, init),
@@ -297,7 +346,10 @@ class Loader(Resource):
                 p.start()
                 procs.append(p)
             core = ring_core(ring)
-            core.loading = True  # every grant carries a batch: none before the first pass
+            copies.append(CopyWatcher(core.wake))
+            core.copies_watched = copies[0].busy
+            epochs = Epochs(core)
+            core.schedule = epochs  # every grant carries a batch: none before the first pass
             for k, p in enumerate(procs):
                 core.watch(p.sentinel, p.pid, k, functools.partial(_exit_of, p))
             core.start()  # the ring's thread only now: no thread runs while the workers fork
@@ -305,8 +357,10 @@ class Loader(Resource):
             self._pool = (pool if pool is not None or output == "slot"
                           else MemoryPool.default(self._device, cache=True))
         self._ring = ring
+        self._epochs = epochs
         self._procs = procs
-        self._open(make_finalizer(self, "Loader", _stop, ring, procs))
+        self._copies = copies[0]
+        self._open(make_finalizer(self, "Loader", _stop, ring, procs, copies, os.getpid()))
 
     # -- what it is -----------------------------------------------------------------------
     @property
@@ -370,8 +424,17 @@ class Loader(Resource):
         ``RuntimeError``); batches under way for it are dropped.
         """
         self._check_open()
-        epoch = ring_core(self._ring).schedule(enumerate(self._batch_list))
+        try:
+            epoch = self._epochs.start(enumerate(self._batch_list))
+        except WorkerError as exc:
+            self._lost(exc)
+            raise
         return self._pass(epoch)
+
+    def _lost(self, exc: WorkerError) -> None:
+        """A worker is gone (its batches with it): the loader is done, as its docs say."""
+        if exc.gone:
+            self.close()
 
     def _pass(self, epoch: int) -> Iterator[Any]:
         ring = self._ring
@@ -379,19 +442,18 @@ class Loader(Resource):
         try:
             for pos in range(len(self._batch_list)):
                 if self._ordered:
-                    pick = functools.partial(core.by_key, (epoch, pos))
+                    pick = functools.partial(self._epochs.by_key, (epoch, pos))
                 else:
-                    pick = functools.partial(core.first_of, epoch)
+                    pick = functools.partial(self._epochs.first_of, epoch)
                 try:
                     s = core.wait(pick, self._timeout, f"batch {self._batch_list[pos]}")
                 except WorkerError as exc:
-                    if exc.gone:
-                        self.close()  # a lost worker's batches are lost: the loader is done
+                    self._lost(exc)
                     raise
                 yield self._deliver(lend(ring, s))
         finally:
             if not ring.closed:
-                core.end_epoch(epoch)
+                self._epochs.end(epoch)
 
     def _deliver(self, slot: RingSlot) -> Any:
         pool = self._pool
@@ -399,7 +461,9 @@ class Loader(Resource):
             return slot  # output "slot": the slot itself, on the host
         try:
             ensure_context(self._device)
-            buf = slot.to_device(stream=self._stream_now(), pool=pool)
+            stream = stream_handle(self._stream_now())
+            buf = slot.to_device(stream=stream, pool=pool)
+            self._copies.after(stream, self._device)  # the slot goes back once the copy is done
         finally:
             slot.close()  # the batch is lost if its copy failed: the slot goes back
         if self._framework is None:
