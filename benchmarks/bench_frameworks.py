@@ -57,6 +57,16 @@ from harness import (
     promised_pinned_floor,
     verdict,
 )
+from rmm_rows import (
+    cupy_allocator,
+    device_resources,
+    import_rmm,
+    pinned_resources,
+    resource_pairs,
+    restore_default_resource,
+    rmm_stream,
+    versions,
+)
 
 MiB = 1 << 20
 U64_MAX = (1 << 64) - 1
@@ -136,6 +146,9 @@ def main() -> None:
     pinned_cases: dict[str, Loop | None] = {}
     allocs_per_iter: dict[str, int] = {}
     previous = previous_pinned = None
+    rmm, rmm_missing = import_rmm(simulated or cupy is None)
+    if cupy is None and not simulated:
+        rmm_missing = "not measured: needs CuPy"
     if cupy is not None:
         stream = cupy.cuda.ExternalStream(s.handle)
         stream.use()
@@ -145,6 +158,9 @@ def main() -> None:
                     "memkit default": allocators.cupy_allocator(),
                     "memkit uncached": allocators.cupy_allocator(cache=False),
                     "memkit pool": allocators.cupy_allocator(pool)}
+        if rmm is not None:  # rmm_cupy_allocator over RMM's pool resource, in the same run
+            rmm_pool = device_resources(rmm)["pool"]
+            adaptors["rmm"] = cupy_allocator(rmm, rmm_pool)
         calloc, set_allocator = cupy.cuda.alloc, cupy.cuda.set_allocator
 
         def direct(fn: Callable[[int], Any]) -> Loop:
@@ -312,11 +328,17 @@ def main() -> None:
                             make_pinned_floor(LedgerPinnedFloor)),
                         "memkit pinned uncached": pinned_loop(
                             allocators.cupy_pinned_allocator(cache=False))}
+        if rmm is not None:  # RMM's pinned resource, called directly (it has no CuPy hook)
+            rstream = rmm_stream(rmm, s)
+            for name, mr in pinned_resources(rmm).items():
+                pinned_cases[f"rmm {name}"] = resource_pairs(mr, rstream, 4096)
 
     pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync, 13)
     empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync, 13)
     work_t = measure(work_cases, dict.fromkeys(work_cases, n_work), samples, sync, 13)
-    pinned_t = measure(pinned_cases, dict.fromkeys(pinned_cases, n_pair), samples, sync, 13)
+    # RMM's plain pinned resource pins pages at every call: few pairs
+    pinned_t = measure(pinned_cases, {k: 20 if k == "rmm pinned" else n_pair
+                                      for k in pinned_cases}, samples, sync, 13)
     if cupy is not None:
         cupy.cuda.set_allocator(previous)
         cupy.cuda.set_pinned_memory_allocator(previous_pinned)
@@ -331,6 +353,14 @@ def main() -> None:
                 free_fn(blocks.pop(), cus_)
         for hp in floor_hostallocs:
             cupy.cuda.runtime.freeHost(hp)
+    if rmm is not None:  # RMM's resources go with the cases holding them
+        cases.clear()
+        empty_cases.clear()
+        work_cases.clear()
+        pinned_cases.clear()
+        adaptors.clear()
+        restore_default_resource(rmm)
+        gc.collect()
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
     if cache_mod is not None:  # the adaptors' cached blocks go back before the trim
         cache_mod.empty_all()
@@ -422,6 +452,27 @@ def main() -> None:
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),
         pa, "info")
 
+    # RMM's rows: rmm_cupy_allocator over a PoolMemoryResource, and its pinned resource.
+    for case, got, key, mine, ref, unit in (
+            ("1 MiB via cupy.cuda.alloc: RMM rmm_cupy_allocator (PoolMemoryResource)", pair,
+             "alloc: rmm", "alloc: memkit default", raw_ref, "us/pair"),
+            ("cupy.empty(1 MiB) + drop: RMM rmm_cupy_allocator (PoolMemoryResource)", empty_t,
+             "rmm", "memkit default", ea, "us/pair"),
+            (f"workload iteration ({allocs_per_iter.get('rmm', '?')} allocs): RMM "
+             "rmm_cupy_allocator", work_t, "rmm", "memkit default", wa, "us/iter"),
+            ("4 KiB pinned: RMM PinnedHostMemoryResource.allocate + deallocate", pinned_t,
+             "rmm pinned", "memkit pinned", pa, "us/pair"),
+            ("4 KiB pinned: RMM PoolMemoryResource(PinnedHostMemoryResource)", pinned_t,
+             "rmm pinned pool", "memkit pinned", pa, "us/pair")):
+        v, m = got.get(key), got.get(mine)
+        if rmm is None:
+            row(case, None, None, rmm_missing, unit=unit)
+        elif v is None or m is None:
+            row(case, None, None, "not measured: this RMM has no such resource", unit=unit)
+        else:
+            row(case, v, ref, f"memkit's adaptor ahead of it (same samples: {m * 1e6:.3f} us, "
+                f"{v / m:.2f}x)", ok=m <= v, unit=unit)
+
     note = " -- SIMULATED: memkit rows only, numbers are the CPU simulator's" if simulated else ""
     print(f"bench_frameworks on backend {backend_name} ({cm.Device(0).name}){note}")
     if cupy is None:
@@ -443,7 +494,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,
-                       "cupy": None if cupy is None else cupy.__version__, "rows": rows}, f,
+                       "cupy": None if cupy is None else cupy.__version__,
+                       "versions": versions(rmm), "rows": rows}, f,
                       indent=1)
 
 

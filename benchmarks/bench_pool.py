@@ -50,6 +50,7 @@ the run is always --quick and the numbers are the simulator's.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from typing import Any
@@ -67,6 +68,15 @@ from harness import (
     promised_pool_floor,
     uncached_floor,
     verdict,
+)
+from rmm_rows import (
+    device_buffer_pairs,
+    device_resources,
+    import_rmm,
+    pinned_resources,
+    resource_pairs,
+    rmm_stream,
+    versions,
 )
 
 MiB = 1 << 20
@@ -414,6 +424,28 @@ def main() -> None:
     for blk in floor_blocks:
         check(raw.cuMemFreeHost(blk))
 
+    # -- RMM, in the same run: its pool and async resources, 1 MiB and 4 KiB pinned ---------
+    rmm, rmm_missing = import_rmm(simulated)
+    rmm_dev: dict[str, float | None] = {}
+    rmm_pin: dict[str, float | None] = {}
+    if rmm is not None:
+        rstream = rmm_stream(rmm, s)
+        res = device_resources(rmm)
+        pin_res = pinned_resources(rmm)
+        rmm_cases: dict[str, Loop | None] = {"memkit cached": memkit_cached}
+        for name, mr in res.items():
+            rmm_cases[f"DeviceBuffer {name}"] = device_buffer_pairs(rmm, mr, rstream, nbytes)
+            rmm_cases[f"mr {name}"] = resource_pairs(mr, rstream, nbytes)
+        rmm_dev = measure(rmm_cases, dict.fromkeys(rmm_cases, n_dev), samples, sync, 7)
+        pin_cases: dict[str, Loop | None] = {"memkit": memkit_pooled}
+        for name, mr in pin_res.items():
+            pin_cases[name] = resource_pairs(mr, rstream, small)
+        # cudaHostAlloc per pair: as few pairs as the raw cuMemHostAlloc row
+        rmm_pin = measure(pin_cases, {k: n_hostalloc if k == "pinned" else n_pin
+                                      for k in pin_cases}, samples, sync, 7)
+        del rmm_cases, pin_cases, res, pin_res, rstream  # RMM's pools go before the stream
+        gc.collect()
+
     default.release_threshold = old_threshold
     sync()
     default.trim()
@@ -488,6 +520,30 @@ def main() -> None:
     row("4 KiB pinned: cuda.core PinnedMemoryResource", p["cuda.core"], p["raw"], "info")
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", p["floor"], p["raw"], "info")
 
+    # RMM's rows: each with memkit's pair of the same sample set beside it.
+    rmm_device_rows = (
+        ("1 MiB: RMM DeviceBuffer, PoolMemoryResource", "DeviceBuffer pool"),
+        ("1 MiB: RMM DeviceBuffer, CudaAsyncMemoryResource", "DeviceBuffer async"),
+        ("1 MiB: RMM PoolMemoryResource.allocate + deallocate", "mr pool"),
+        ("1 MiB: RMM CudaAsyncMemoryResource.allocate + deallocate", "mr async"))
+    rmm_pinned_rows = (
+        ("4 KiB pinned: RMM PinnedHostMemoryResource.allocate + deallocate", "pinned"),
+        ("4 KiB pinned: RMM PoolMemoryResource(PinnedHostMemoryResource)", "pinned pool"))
+    for rows_, got, mine, what in ((rmm_device_rows, rmm_dev, "memkit cached",
+                                    "MemoryPool(cache=True) pair"),
+                                   (rmm_pinned_rows, rmm_pin, "memkit",
+                                    "HostBuffer.pooled(4096) pair")):
+        for case, key in rows_:
+            v, m = got.get(key), got.get(mine)
+            if rmm is None:
+                row(case, None, None, rmm_missing)
+            elif v is None or m is None:
+                row(case, None, None, "not measured: this RMM has no such resource")
+            else:
+                row(case, v, d["raw"] if rows_ is rmm_device_rows else p["raw"],
+                    f"{what} ahead of it (same samples: {m * 1e6:.3f} us, {v / m:.2f}x)",
+                    ok=m <= v)
+
     note = " -- SIMULATED: numbers are the CPU simulator's, not a GPU's" if simulated else ""
     print(f"bench_pool on backend {backend_name} ({cm.Device(0).name}){note}")
     print(f"median of {samples} samples; time per alloc+free pair, loops of "
@@ -505,8 +561,10 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "simulated": simulated, "samples": samples,
-                       "versions": {k: getattr(m, "__version__", "?") for k, m in mods.items()
-                                    if m is not None}, "rows": rows}, f, indent=1)
+                       "versions": {**{k: getattr(m, "__version__", "?")
+                                       for k, m in mods.items() if m is not None},
+                                    **versions(rmm)},
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

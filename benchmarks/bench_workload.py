@@ -31,6 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 from harness import Loop, backend, cupy_cached_floor, floor_ledger, floor_target, measure, verdict
+from rmm_rows import (
+    cupy_allocator,
+    device_resources,
+    import_rmm,
+    restore_default_resource,
+    versions,
+)
 
 SIZES = {"small": (64, 256, 512), "medium": (256, 1024, 2048), "large": (1024, 4096, 4096)}
 
@@ -121,6 +128,9 @@ def main() -> None:
         "memkit uncached": allocators.cupy_allocator(cache=False),
         "memkit cached": allocators.cupy_allocator(),
         "floor cached": floor_allocator, "floor cached + ledger": ledger_allocator}
+    rmm, rmm_missing = import_rmm(simulated)
+    if rmm is not None:  # rmm_cupy_allocator over RMM's pool resource, in the same run
+        allocs["rmm"] = cupy_allocator(rmm, device_resources(rmm)["pool"])
 
     results: dict[str, dict[str, float | None]] = {}
     for size, (batch, dim, hidden) in SIZES.items():
@@ -143,6 +153,9 @@ def main() -> None:
     cupy.cuda.set_allocator(previous)
     cupy.cuda.Stream.null.use()
     sync()
+    if rmm is not None:  # RMM's pool goes with the allocator holding it
+        del allocs["rmm"]
+        restore_default_resource(rmm)
     release_floor()
     release_ledger_floor()
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
@@ -162,7 +175,12 @@ def main() -> None:
     for size, res in results.items():
         batch, dim, hidden = SIZES[size]
         ref, fll = res["malloc_async"], res["floor cached + ledger"]
-        for name in allocs:
+        for name in [*allocs, "rmm"]:
+            if name == "rmm" and rmm is None:
+                rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): rmm",
+                             "us": None, "ratio": None, "target": rmm_missing, "ok": None})
+                print(f"{rows[-1]['case']:56} {'n/a':>10} {'':>16}  {rmm_missing}")
+                continue
             v = res[name]
             ratio = None if v is None or not ref else v / ref
             target, ok = "info", None
@@ -170,6 +188,10 @@ def main() -> None:
                 target, ok = floor_target(v, fll, 1.05)
             elif name == "floor cached + ledger":
                 target = "its floor"
+            elif name == "rmm" and v is not None and res["memkit cached"] is not None:
+                mk = res["memkit cached"]
+                target, ok = (f"memkit cached ahead of it (same samples: {mk * 1e6:.1f} us, "
+                              f"{v / mk:.2f}x)"), mk <= v
             elif name == "cupy pool" and v is not None and fll:
                 target = f"info: {v / fll:.2f}x the floor + ledger"
             rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): {name}",
@@ -183,6 +205,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": backend_name, "cupy": cupy.__version__, "samples": samples,
+                       "versions": versions(rmm),
                        "rows": rows}, f, indent=1)
 
 

@@ -84,7 +84,7 @@ def test_public_names_are_published_under_the_package() -> None:
 ROOT = PKG.parent
 #: Layer of each module of the package (``sim`` is the backend, below the gateway).
 GATEWAY = {"_core._errors", "_core._driver"}
-TOOLS = {"__init__", "__main__", "_cli", "_tour", "allocators", "pytest_plugin"}
+TOOLS = {"__init__", "__main__", "_cli", "_tour", "allocators", "dask", "pytest_plugin"}
 #: The private subpackages, one concept each: a reader looking for pools finds ``_pools``.
 CONCEPTS = {"_core", "_host", "_device_memory", "_managed_memory", "_virtual", "_pools",
             "_transfer", "_observability", "_loading"}

@@ -35,6 +35,7 @@ from . import (  # noqa: F401  (each registers its cases)
     _bad_cases_observing,
     _bad_cases_oversub,
     _bad_cases_pools,
+    _bad_cases_rapids,
     _bad_cases_ring,
     _bad_cases_transfers,
     _bad_cases_vmm,

@@ -23,7 +23,8 @@ import cuda_memkit as cm
 
 #: Examples of modules that import a framework at load or in their examples: run where it is
 #: installed.
-NEEDS_MODULE = {"cuda_memkit.allocators.numba": "numba", "cuda_memkit.allocators._cupy": "cupy"}
+NEEDS_MODULE = {"cuda_memkit.allocators.numba": "numba", "cuda_memkit.allocators._cupy": "cupy",
+                "cuda_memkit.dask": "distributed"}
 
 
 def _modules() -> list[ModuleType]:

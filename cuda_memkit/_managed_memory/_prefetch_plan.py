@@ -25,6 +25,7 @@ from .._core._checks import as_index, check_bool, span, u64
 from .._core._errors import ClosedError, CudaError
 from .._core._inflight import keep_alive
 from .._core._location import Location, as_location
+from .._core._operands import operand
 from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
@@ -262,9 +263,15 @@ class PrefetchPlan:
         elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
             base = int(target.ptr)
             off, size = span(offset, nbytes, int(target.nbytes), what=type(target).__name__)
+        elif isinstance(getattr(target, "__cuda_array_interface__", None), dict):
+            # Another library's array (CuPy, RMM, numba, torch): its contiguous bytes.
+            cai = operand(target, False)
+            base, total = cai[0], int(cai[1] or 0)
+            off, size = span(offset, nbytes, total, what=type(target).__name__)
         else:
             raise TypeError("a plan target must be a ManagedBuffer, a buffer with .ptr and "
-                            f".nbytes, or an int pointer, not {type(target).__name__}")
+                            ".nbytes, an object with __cuda_array_interface__, or an int "
+                            f"pointer, not {type(target).__name__}")
         if base <= 0:
             raise ValueError(f"0x{base:x} is not a managed-memory pointer")
         self._entries.append((op, base, off, size, loc, target))
@@ -278,10 +285,12 @@ class PrefetchPlan:
 
         Parameters
         ----------
-        target : ManagedBuffer, object with ``.ptr``/``.nbytes``, or int
-            The memory. A raw int pointer is checked at :meth:`validate` to lie
-            inside a managed allocation; its ``nbytes=None`` means "to the end
-            of that allocation".
+        target : ManagedBuffer, buffer, array or int
+            The memory: a ManagedBuffer, an object with ``.ptr``/``.nbytes``,
+            another library's contiguous array (``__cuda_array_interface__``:
+            CuPy, RMM, numba, torch), or an int pointer. A raw int pointer is
+            checked at :meth:`validate` to lie inside a managed allocation; its
+            ``nbytes=None`` means "to the end of that allocation".
         to : Location, Device or int
             The destination.
         offset, nbytes : int
@@ -324,8 +333,8 @@ class PrefetchPlan:
 
         Parameters
         ----------
-        buffer : ManagedBuffer or object with ``.ptr``/``.nbytes``
-            The memory (raw int pointers: use :meth:`add`).
+        buffer : ManagedBuffer, buffer or array
+            The memory, as for :meth:`add` (raw int pointers: use :meth:`add`).
         to : Location, Device or int
             The destination of every range.
         offsets : array-like of int
@@ -361,9 +370,15 @@ class PrefetchPlan:
             total, base = int(buffer.nbytes), int(buffer.ptr)
             if base <= 0:
                 raise ValueError(f"0x{base:x} is not a managed-memory pointer")
+        elif isinstance(getattr(buffer, "__cuda_array_interface__", None), dict):
+            cai = operand(buffer, False)
+            base, total = cai[0], int(cai[1] or 0)
+            if base <= 0:
+                raise ValueError(f"0x{base:x} is not a managed-memory pointer")
         else:
-            raise TypeError("add_ranges() needs a ManagedBuffer or a buffer with .ptr and "
-                            f".nbytes, not {type(buffer).__name__}")
+            raise TypeError("add_ranges() needs a ManagedBuffer, a buffer with .ptr and "
+                            ".nbytes or an object with __cuda_array_interface__, not "
+                            f"{type(buffer).__name__}")
         loc = to if type(to) is Location else as_location(to)
         off, size = range_arrays(offsets, sizes, total, type(buffer).__name__)
         if len(off):

@@ -89,6 +89,7 @@ from typing import Any
 from .._core import _driver
 from .._core._constants import INVALID_CONTEXT, LEGACY_STREAMS, STREAM_LEGACY
 from .._core._context import context_retry, ensure_context, primary_pushed
+from .._core._device import sync_hooks
 from .._core._errors import CudaError, CudaOutOfMemoryError, MemkitWarning
 from .._core._resource import Account, Unshareable
 from .._core._stream import Stream, StreamRef, custream, stream_close_hooks, stream_destroyed
@@ -164,7 +165,8 @@ def destroy_when_unused(busy: Callable[[], bool], destroy: Callable[[], None]) -
     A pool and its buffers can be collected in one garbage cycle: the pool's
     finalizer (a weakref callback) then runs before the buffers' ``__del__``.
     Freeing into a destroyed pool crashed later pool calls on the H100, so
-    the destroy waits; every give that reaches the driver and every new pool
+    the destroy waits; every give that reaches the driver, every new pool
+    and every synchronization (``Device.synchronize``, ``Stream.synchronize``)
     call :func:`destroy_unused`.
     """
     if busy():
@@ -182,6 +184,11 @@ def destroy_unused() -> None:
             pending_pools.remove(p)
     for _, destroy in ready:
         destroy()
+
+
+# A pool closed with buffers alive waits for their frees, which the driver counts once they
+# ran: a synchronization is where they are known done, so a waiting pool goes there too.
+sync_hooks.append(destroy_unused)
 
 
 # -- the driver side: one allocation, one free and their recoveries -----------------------------
