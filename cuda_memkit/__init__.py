@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
     from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
     from ._managed_memory._prefetch_plan import PlanEntry, PlannedCall, PrefetchPlan
+    from ._managed_memory._residency import Residency, ResidencyRun, managed_residency
     from ._observability._observe import Allocation, Frame, MemoryEvent
     from ._observability._stats import (
         MEMORY_KINDS,
@@ -93,6 +94,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_observability._tracking": ("Tracker", "track"),
     "_observability._observe": ("Allocation", "Frame", "MemoryEvent"),
     "_observability._track_report": ("KindSummary", "SiteSummary", "Timeline", "TrackSummary"),
+    "_managed_memory._residency": ("Residency", "ResidencyRun", "managed_residency"),
 }
 # Modules that plug into a feature module and must load with it: the pinned
 # block cache serves HostBuffer.pooled() and pinned pools, and depends on both.
@@ -185,6 +187,7 @@ __all__ = [
     "use_backend",
 ]
 __all__ += _errors.__all__
+__all__ += ["Residency", "ResidencyRun", "managed_residency"]
 __all__ += ["AccessChunk", "AccessPlan", "AccessRun"]
 
 

@@ -36,6 +36,7 @@ from . import (  # noqa: F401  (each registers its cases)
     _bad_cases_oversub,
     _bad_cases_pools,
     _bad_cases_rapids,
+    _bad_cases_residency,
     _bad_cases_ring,
     _bad_cases_transfers,
     _bad_cases_vmm,
@@ -151,7 +152,7 @@ def test_the_matrix_is_large_and_covers_every_public_callable() -> None:
                "backend_name", "device_count", "MEMORY_KINDS", "MemoryKind", "Buffer",
                # results made by the library, not from user input
                "Allocation", "Frame", "MemoryEvent", "KindStats", "MemoryStats", "Usage",
-               "KindSummary", "SiteSummary", "Timeline", "TrackSummary"}
+               "KindSummary", "SiteSummary", "Timeline", "TrackSummary", "ResidencyRun"}
     for name in cm.__all__:
         obj = getattr(cm, name)
         if (name in not_callables or name in records or not callable(obj)

@@ -466,14 +466,17 @@ def test_simulator_keeps_advice_per_page() -> None:
 @pytest.fixture(params=[True, False], ids=["typed-attributes", "bindings-13.3"])
 def typed_attributes(request: pytest.FixtureRequest) -> Iterator[bool]:
     """Run with and without bindings that read the typed range attributes."""
+    from cuda_memkit._managed_memory import _managed_ranges
     from cuda_memkit.sim import _managed as sim_managed
 
     saved = sim_managed.TYPED_RANGE_ATTRIBUTES
     sim_managed.TYPED_RANGE_ATTRIBUTES = request.param
+    _managed_ranges._typed_readable[0] = True  # cuda_memkit asks the bindings again
     try:
         yield request.param
     finally:
         sim_managed.TYPED_RANGE_ATTRIBUTES = saved
+        _managed_ranges._typed_readable[0] = True
 
 
 @pytest.mark.sim_only

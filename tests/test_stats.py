@@ -160,7 +160,7 @@ def test_device_filter_and_kind_lookup(two_devices: None) -> None:
 def test_kinds_cover_the_ledger_and_order() -> None:
     assert list(cm.MEMORY_KINDS) == ["device", "pool", "managed", "pinned", "pinned_pooled",
                                      "registered", "vmm_physical", "vmm_mapped", "growable",
-                                     "shared_ring"]
+                                     "shared_ring", "managed_resident"]
     stats = cm.memory_stats()
     assert list(stats.by_kind) == list(cm.MEMORY_KINDS)
     order = [list(cm.MEMORY_KINDS).index(s.kind) for s in stats.accounts]

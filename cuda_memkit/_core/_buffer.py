@@ -67,6 +67,10 @@ class MemoryKind(str, enum.Enum):
         :class:`~cuda_memkit.RingSlot` of a :class:`~cuda_memkit.SharedHostRing`
         (shared memory registered with ``cuMemHostRegister``: its bytes are
         also under ``REGISTERED``).
+    MANAGED_RESIDENT
+        No buffer's kind: the bytes of ``MANAGED`` buffers cuda_memkit last
+        prefetched to a device (its own record; see
+        :meth:`ManagedBuffer.residency <cuda_memkit.ManagedBuffer.residency>`).
     """
 
     DEVICE = "device"
@@ -79,6 +83,7 @@ class MemoryKind(str, enum.Enum):
     VMM_MAPPED = "vmm_mapped"
     GROWABLE = "growable"
     SHARED_RING = "shared_ring"
+    MANAGED_RESIDENT = "managed_resident"
 
     def __str__(self) -> str:
         return str(self.value)

@@ -419,6 +419,8 @@ KINDS: dict[str, str] = {
     "vmm_mapped": "Mapping (cuMemMap)",
     "growable": "GrowableBuffer (mapped chunks)",
     "shared_ring": "SharedHostRing segments (registered: also counted under registered)",
+    "managed_resident": "ManagedBuffer bytes cuda_memkit last prefetched to the device "
+                        "(its own record; also counted under managed)",
 }
 
 
@@ -577,6 +579,17 @@ def forget_account(kind: str, device: int | None, pool: int | None) -> None:
         acct = LEDGER.get((kind, device, pool))
         if acct is not None and not acct.live:
             del LEDGER[(kind, device, pool)]
+
+
+#: Callables that bring accounts kept lazily up to date (the managed residency
+#: record folds its log of prefetches into its account): run by :func:`settle`.
+settlers: list[Callable[[], None]] = []
+
+
+def settle() -> None:
+    """Bring every lazily kept account up to date (before reading the ledger)."""
+    for fn in list(settlers):
+        fn()
 
 
 def live_allocations() -> list[tuple[Account, object, int]]:

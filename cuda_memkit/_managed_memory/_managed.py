@@ -30,6 +30,7 @@ from .._core._resource import Resource, account, array_protocol, host_array, mak
 from .._core._stream import StreamLike, stream_handle
 from . import _managed_ranges as _ranges
 from ._managed_ranges import MemAdvice, RangeInfo
+from ._residency import DEVICE_BLOCK, Residency, check_granularity, read_residency
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,6 +63,7 @@ def _free_managed(ptr: int, ordinal: int) -> None:
     # Out of the ledger first (the address may be reused as soon as it is freed);
     # given up even if the driver refuses (the finalizer's warning says so).
     account("managed", ordinal).remove(ptr)
+    _ranges.forget(ptr)
     _context.release_call(ordinal, "cuMemFree", ptr)  # any current context (or none) will do
 
 
@@ -126,6 +128,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         ptr = int(_driver.call("cuMemAllocManaged", nbytes, int(flags)))
         self._ptr = ptr
         account("managed", ordinal).add(ptr, nbytes)
+        _ranges.track(ptr, nbytes)
         self._open(make_finalizer(self, f"ManagedBuffer 0x{ptr:x}", _free_managed, ptr, ordinal))
         return self
 
@@ -407,3 +410,54 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
         ptr, n = self._range(offset, nbytes)
         _context.ensure_context()
         return _ranges.query_range(ptr, n)
+
+    def residency(self, offset: int = 0, nbytes: int | None = None, *,
+                  granularity: int = DEVICE_BLOCK) -> Residency:
+        """Where each part of the buffer (or a sub-range) is, by the driver's range attributes.
+
+        Reads ``cuMemRangeGetAttributes`` per block of ``granularity`` bytes and
+        merges equal neighbours: per part, the last prefetch location, the
+        preferred location, the accessed-by processors and read-mostly advice.
+        The advice is exact; the last prefetch location is the driver's record
+        of the last prefetch, not of where pages are now (see
+        :class:`Residency`). For cuda_memkit's own per-device record, see
+        ``memory_stats().kind("managed_resident")``.
+
+        Parameters
+        ----------
+        offset : int, default 0
+            Start of the range, in bytes from the buffer's start.
+        nbytes : int, optional
+            Length of the range (default: to the end of the buffer; at least
+            one byte, except for an empty buffer, which has no parts).
+        granularity : int, default 2 MiB
+            Bytes per attribute read (a multiple of 4096; one driver call each).
+
+        Returns
+        -------
+        Residency
+
+        Raises
+        ------
+        ClosedError
+            If the buffer is closed.
+        TypeError, ValueError
+            For a range outside the buffer or a bad granularity.
+
+        Examples
+        --------
+        >>> buf = cm.ManagedBuffer.empty(8 << 20)
+        >>> buf.prefetch(0, nbytes=4 << 20)
+        >>> cm.Stream.legacy_default().synchronize()
+        >>> res = buf.residency()
+        >>> res.prefetched_bytes(0), res.prefetched_bytes(cm.Location.host())
+        (4194304, 0)
+        >>> buf.close()
+        """
+        g = check_granularity(granularity)
+        self._check_open()
+        if self._nbytes == 0 and offset == 0 and nbytes in (None, 0):
+            return Residency(self._ptr, 0, g, ())  # an empty buffer: nothing to read
+        ptr, n = self._range(offset, nbytes)
+        _context.ensure_context()
+        return read_residency(ptr, n, g)

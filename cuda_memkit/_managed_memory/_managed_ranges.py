@@ -9,14 +9,19 @@ hints builder (``_policy``) and prefetch plans (``_prefetch_plan``) share:
 * issuing: ``cuMemAdvise``, ``cuMemPrefetchAsync`` and the CUDA 13 batch
   calls (:func:`issue_step`, with a fallback where the driver lacks them, and
   :func:`on_stream` for the legacy default stream the batch calls refuse);
-* :class:`RangeInfo` / :func:`query_range` (``cuMemRangeGetAttributes``).
+* :class:`RangeInfo` / :func:`query_range` (``cuMemRangeGetAttributes``);
+* the residency record: where cuda_memkit last prefetched each part of its
+  own managed allocations (:func:`recorded_bytes`, the ``"managed_resident"``
+  ledger account).
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -28,6 +33,7 @@ from .._core._checks import as_index, span
 from .._core._constants import LEGACY_STREAMS
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
 from .._core._location import Location, LocationType, as_location
+from .._core._resource import account, settlers
 
 if TYPE_CHECKING:
     from .._core._location import LocationLike
@@ -203,6 +209,9 @@ def issue_advise(ptr: int, nbytes: int, advice: MemAdvice, loc: Location | None)
 def issue_prefetch(ptr: int, nbytes: int, loc: Location, stream: int) -> None:
     """``cuMemPrefetchAsync`` on a checked range."""
     _driver.call("cuMemPrefetchAsync", ptr, nbytes, loc.to_cu(), 0, stream)
+    _LOG.append(((ptr, nbytes, loc),))
+    if len(_LOG) > _LOG_FOLD_AT:
+        fold()
 
 
 def on_stream(stream: int, fn: Callable[[int], None]) -> None:
@@ -271,6 +280,9 @@ def issue_batch(kind: str, ranges: Sequence[Range], stream: int) -> None:
             _driver.call(api, dptrs, sizes, count, cu_locs, idxs, len(cu_locs), 0, h)
 
     on_stream(stream, fn)
+    _LOG.append(tuple(ranges))
+    if len(_LOG) > _LOG_FOLD_AT:
+        fold()
 
 
 def issue_step(kind: str, ranges: Sequence[Range], stream: int,
@@ -385,6 +397,10 @@ class RangeInfo:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+#: Whether the installed cuda.bindings can read the typed attributes (13.3 cannot).
+_typed_readable = [True]
+
+
 def query_range(ptr: int, nbytes: int) -> RangeInfo:
     """Read every range attribute of a checked managed range.
 
@@ -401,14 +417,15 @@ def query_range(ptr: int, nbytes: int) -> RangeInfo:
     raw: dict[str, Any] = {}
     for (name, _a), value in zip(_LEGACY_QUERY, values, strict=True):
         raw[name] = [int(v) for v in value] if name == "accessed_by" else int(value)
-    try:
-        typed = _driver.call("cuMemRangeGetAttributes", [4] * len(_TYPED_QUERY),
-                             [a for _n, a in _TYPED_QUERY], len(_TYPED_QUERY), ptr, nbytes)
-    except TypeError:
-        pass
-    else:
-        for (name, _a), value in zip(_TYPED_QUERY, typed, strict=True):
-            raw[name] = int(value)
+    if _typed_readable[0]:
+        try:
+            typed = _driver.call("cuMemRangeGetAttributes", [4] * len(_TYPED_QUERY),
+                                 [a for _n, a in _TYPED_QUERY], len(_TYPED_QUERY), ptr, nbytes)
+        except TypeError:
+            _typed_readable[0] = False  # the bindings refuse before the driver: ask once
+        else:
+            for (name, _a), value in zip(_TYPED_QUERY, typed, strict=True):
+                raw[name] = int(value)
     accessed = {loc for loc in map(_legacy_location, raw["accessed_by"]) if loc is not None}
     return RangeInfo(
         read_mostly=bool(raw["read_mostly"]),
@@ -417,3 +434,230 @@ def query_range(ptr: int, nbytes: int) -> RangeInfo:
         last_prefetch_location=_typed_location(raw, "last_prefetch_location"),
         raw=raw,
     )
+
+
+# -- the residency record ----------------------------------------------------------
+#
+# The driver reports where each page was last *prefetched* (a range attribute),
+# not where it is, and nothing per device. cuda_memkit keeps its own record of
+# where it last prefetched each part of the managed allocations it owns
+# (ManagedBuffer), from the prefetch and discard calls above: a prefetch to a
+# device puts the range there, a prefetch to a host location or a discard takes
+# it off. The bytes per device are the ledger account "managed_resident", so
+# memory_stats() shows them. It is a record, not an observation: pages faulted
+# in by kernels are not in it, and pages the driver evicted (device full) or
+# migrated on access stay in it until the next prefetch or discard of them.
+#
+# Issuing a prefetch only appends to a log (plans issue thousands of ranges in
+# one call); the log is folded into the record when read (the ledger's settle(),
+# recorded_bytes()), when an allocation is freed and when it grows long.
+
+#: Ranges are kept in whole pages, as the driver rounds them.
+RECORD_PAGE = 4096
+_LOG_FOLD_AT = 4096
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """A logged allocation (``"track"``) or free (``"forget"``) of a recorded allocation."""
+
+    kind: str
+    ptr: int
+    size: int = 0
+
+
+#: What happened, in order, not yet folded into the record: issued steps (tuples of
+#: ``(ptr, nbytes, destination or None)``) and allocations and frees.
+_LOG: list[tuple[Range, ...] | _Mark] = []
+_record_lock = threading.RLock()
+
+
+class _Record:
+    """Where cuda_memkit last prefetched the parts of one managed allocation."""
+
+    __slots__ = ("begins", "bytes_on", "devs", "ends", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.begins: list[int] = []  # sorted, disjoint [begin, end) offsets on a device
+        self.ends: list[int] = []
+        self.devs: list[int] = []
+        self.bytes_on: dict[int, int] = {}
+
+    def put(self, begin: int, end: int, dev: int | None) -> None:
+        """``[begin, end)`` is now on device ``dev`` (``None``: not on any device)."""
+        begins, ends, devs = self.begins, self.ends, self.devs
+        i = bisect.bisect_right(ends, begin)  # the first run ending after begin
+        j = bisect.bisect_left(begins, end)  # the first run starting at or after end
+        if dev is not None:  # merge with touching runs on the same device
+            if i > 0 and ends[i - 1] == begin and devs[i - 1] == dev:
+                i -= 1
+                begin = begins[i]
+            if j < len(begins) and begins[j] == end and devs[j] == dev:
+                end = ends[j]
+                j += 1
+        new_b: list[int] = []
+        new_e: list[int] = []
+        new_d: list[int] = []
+        on = self.bytes_on
+        for k in range(i, j):
+            on[devs[k]] -= ends[k] - begins[k]
+        if i < j and begins[i] < begin:  # the part of the first run before the range stays
+            new_b.append(begins[i])
+            new_e.append(begin)
+            new_d.append(devs[i])
+        if dev is not None:
+            new_b.append(begin)
+            new_e.append(end)
+            new_d.append(dev)
+        if i < j and ends[j - 1] > end:  # the part of the last run after the range stays
+            new_b.append(end)
+            new_e.append(ends[j - 1])
+            new_d.append(devs[j - 1])
+        for b, e, d in zip(new_b, new_e, new_d, strict=True):
+            on[d] = on.get(d, 0) + e - b
+        begins[i:j] = new_b
+        ends[i:j] = new_e
+        devs[i:j] = new_d
+
+    def on(self, begin: int, end: int, dev: int) -> int:
+        """Bytes of ``[begin, end)`` recorded on device ``dev``."""
+        i = bisect.bisect_right(self.ends, begin)
+        j = bisect.bisect_left(self.begins, end)
+        return sum(min(self.ends[k], end) - max(self.begins[k], begin)
+                   for k in range(i, j) if self.devs[k] == dev)
+
+
+#: Tracked allocations: start address -> record; ``_STARTS`` sorted.
+_RECORDS: dict[int, _Record] = {}
+_STARTS: list[int] = []
+
+
+def track(ptr: int, nbytes: int) -> None:
+    """Start recording where cuda_memkit prefetches the managed allocation at ``ptr``."""
+    _LOG.append(_Mark("track", int(ptr), int(nbytes)))  # plain ints: numpy ones compare slowly
+
+
+def forget(ptr: int) -> None:
+    """The managed allocation at ``ptr`` is being freed: drop its record and its bytes.
+
+    Called from finalizers: plain dict and list operations, never a driver call.
+    """
+    _LOG.append(_Mark("forget", ptr))
+    fold()
+
+
+def _mark(m: _Mark) -> None:
+    if m.kind == "track":
+        if m.ptr not in _RECORDS:
+            bisect.insort(_STARTS, m.ptr)
+        _RECORDS[m.ptr] = _Record(m.size)
+        return
+    rec = _RECORDS.pop(m.ptr, None)
+    if rec is None:
+        return
+    del _STARTS[bisect.bisect_left(_STARTS, m.ptr)]
+    for dev, n in rec.bytes_on.items():
+        if n:
+            account("managed_resident", dev).remove(m.ptr)
+
+
+def _find(ptr: int) -> tuple[int, _Record] | None:
+    i = bisect.bisect_right(_STARTS, ptr) - 1
+    if i < 0:
+        return None
+    start = _STARTS[i]
+    rec = _RECORDS[start]
+    return (start, rec) if ptr < start + rec.size else None
+
+
+def _apply(steps: Sequence[Range]) -> None:
+    """Put the ranges of one issued step in the record, then bring the ledger up to date."""
+    touched: dict[int, _Record] = {}
+    start, end, rec = 0, 0, None
+    for ptr, nbytes, loc in steps:
+        if not start <= ptr < end:  # the ranges of a step are mostly in one allocation
+            found = _find(ptr)
+            if found is None:
+                start, end, rec = 0, 0, None
+                continue  # memory cuda_memkit does not own: no record
+            start, rec = found
+            end = start + rec.size
+        if rec is None:
+            continue
+        begin = (ptr - start) // RECORD_PAGE * RECORD_PAGE
+        stop = min(rec.size, -(-(ptr - start + nbytes) // RECORD_PAGE) * RECORD_PAGE)
+        dev = loc.id if loc is not None and loc.type is LocationType.DEVICE else None
+        rec.put(begin, stop, dev)
+        touched[start] = rec
+    for key, r in touched.items():
+        for d, n in r.bytes_on.items():
+            acct = account("managed_resident", d)
+            old = acct.live.get(key, 0)
+            if n == old:
+                continue
+            if not old:
+                acct.add(key, n)
+            elif not n:
+                acct.remove(key)
+            else:
+                acct.resize(key, n)
+
+
+_folding = [False]
+
+
+def fold() -> None:
+    """Apply the log to the record (and the ledger), in order.
+
+    A call made while a fold runs on this thread (a finalizer freeing a
+    buffer in the middle of one) returns at once: the running fold takes
+    what it logged.
+    """
+    if not _LOG:
+        return
+    with _record_lock:
+        if _folding[0]:
+            return
+        _folding[0] = True
+        try:
+            while _LOG:
+                steps = _LOG[:]
+                del _LOG[:len(steps)]
+                for step in steps:
+                    if isinstance(step, _Mark):
+                        _mark(step)
+                    else:
+                        _apply(step)
+        finally:
+            _folding[0] = False
+
+
+settlers.append(fold)
+
+
+def recorded_bytes(ptr: int, nbytes: int, device: int) -> int:
+    """Bytes of ``[ptr, ptr+nbytes)`` cuda_memkit last prefetched to ``device``.
+
+    From cuda_memkit's own record (see the comment above): 0 for memory it
+    does not own, and not an observation of where the pages are now.
+    """
+    with _record_lock:
+        fold()
+        total = 0
+        i = max(bisect.bisect_right(_STARTS, ptr) - 1, 0)
+        end = ptr + nbytes
+        while i < len(_STARTS) and _STARTS[i] < end:
+            start = _STARTS[i]
+            rec = _RECORDS[start]
+            lo, hi = max(ptr, start) - start, min(end, start + rec.size) - start
+            if lo < hi:
+                total += rec.on(lo, hi, device)
+            i += 1
+        return total
+
+
+def recorded_resident(device: int) -> int:
+    """Bytes of managed memory cuda_memkit last prefetched to ``device`` (all allocations)."""
+    fold()
+    return sum(rec.bytes_on.get(device, 0) for rec in list(_RECORDS.values()))

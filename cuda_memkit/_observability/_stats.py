@@ -26,7 +26,7 @@ from typing import Any
 
 from .._core._checks import check_int
 from .._core._device import Device, check_ordinal
-from .._core._resource import KINDS, LEDGER, Account
+from .._core._resource import KINDS, LEDGER, Account, settle
 from ._observe import format_bytes, where
 
 __all__ = ["MEMORY_KINDS", "KindStats", "MemoryStats", "Usage", "memory_stats",
@@ -38,7 +38,7 @@ MEMORY_KINDS: dict[str, str] = dict(KINDS)
 #: Kinds whose bytes are another kind's memory seen again: a mapping of a
 #: PhysicalMemory occupies no memory of its own, and a SharedHostRing's segment
 #: is registered host memory (under "registered"), so totals leave them out.
-ALIAS_KINDS = frozenset({"vmm_mapped", "shared_ring"})
+ALIAS_KINDS = frozenset({"vmm_mapped", "shared_ring", "managed_resident"})
 
 _ANY: Any = object()  # MemoryStats.pool() given a bare handle: any device
 
@@ -250,11 +250,11 @@ class MemoryStats:
         """The accounts and the sums as a text table (what ``repr`` shows)."""
         scope = "all devices and host" if self.device is None else f"device {self.device}"
         lines = [f"cuda_memkit memory ({scope}; peaks are per account)",
-                 f"{'kind':<14}{'device':>7}  {'pool':<16}{'current':>12}{'peak':>12}"
+                 f"{'kind':<17}{'device':>7}  {'pool':<16}{'current':>12}{'peak':>12}"
                  f"{'live':>8}{'made':>9}{'cached':>12}"]
         for s in self.accounts:
             lines.append(
-                f"{s.kind:<14}{'host' if s.device is None else s.device:>7}  "
+                f"{s.kind:<17}{'host' if s.device is None else s.device:>7}  "
                 f"{'-' if s.pool is None else hex(s.pool):<16}{format_bytes(s.current):>12}"
                 f"{format_bytes(s.peak):>12}{s.live:>8}{s.total:>9}"
                 f"{format_bytes(s.cached):>12}")
@@ -279,6 +279,7 @@ def _order(acct: Account) -> tuple[int, int, int]:
 
 def _accounts(device: int | Device | None) -> list[Account]:
     dev = None if device is None else check_ordinal(device)
+    settle()
     accts = [a for a in list(LEDGER.values()) if dev is None or a.device == dev]
     accts.sort(key=_order)
     return accts

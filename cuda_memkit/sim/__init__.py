@@ -10,13 +10,20 @@ the next calls of ``api`` return ``code`` without doing anything, and
 make other contexts current, or leave a destroyed one current on a thread
 (``_contexts``; what calls answer then is the H100's, see
 ``_state.STALE_CONTEXT_ERROR``, and the conformance suite checks it).
+
+Managed memory migrates between the host and the devices in 2 MiB blocks and
+devices fill up (``_managed``): :func:`resident_bytes` says where a managed
+range is now, :func:`host_access` stands for a host access the simulator
+cannot see (loads and stores through numpy views), and
+``machine().managed_evictions`` counts the bytes evicted from devices.
 """
 
 from __future__ import annotations
 
+from ._managed import host_access, resident_bytes
 from ._state import GiB, Machine, machine
 
-__all__ = ["GiB", "Machine", "machine", "reset"]
+__all__ = ["GiB", "Machine", "host_access", "machine", "reset", "resident_bytes"]
 
 
 def reset(

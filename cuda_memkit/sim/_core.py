@@ -369,7 +369,7 @@ def cuMemFree(dptr: Any) -> None:
 def cuMemGetInfo() -> tuple[int, int]:
     m = M()
     d = m.devices[m.need_ctx()]
-    return d.total_mem - d.used, d.total_mem
+    return d.room, d.total_mem
 
 
 @api(2)

@@ -13,6 +13,42 @@ whole pages, like the driver does.
 
 ``MACHINE.batch_calls = False`` makes the three batch functions raise
 ``FunctionNotFoundError`` (a driver older than CUDA 13.0).
+
+Residency: a GPU that fills up
+------------------------------
+The data always lives in the host backing (so numpy views work); what moves
+is the bookkeeping of *where* each 2 MiB block of an allocation is resident
+(:data:`BLOCK`, the driver's unit of device memory for managed pages: a
+prefetch of 4 KiB takes a whole 2 MiB block of the device's free memory).
+A block is on the host, on one device, or, read-mostly, on the host and on
+any number of devices at once (duplicates).
+
+* A prefetch moves blocks to its destination; read-mostly blocks are copied
+  (the other copies stay).
+* A device access (a copy or memset through the device's context, a kernel
+  of the simulator) faults the blocks in as a prefetch would, except where
+  the block stays put: it is at its preferred location on the host (the
+  device reads it through the mapping: zero-copy), or at its preferred
+  location on another device that the accessor has accessed-by advice for.
+  A write to a read-mostly block collapses its copies to the writer.
+* Host accesses the simulator cannot see (numpy views); :func:`host_access`
+  tells it of one (tests), which faults the blocks back as the host does.
+* Device-resident blocks take the device's memory: ``cuMemGetInfo``'s free
+  memory drops by them. As on the H200, it does not rise when they leave
+  (a prefetch back, a host fault, a discard, eviction, freeing the
+  allocation): the driver keeps that memory (``SimDevice.managed_cached``)
+  for the next managed pages and gives it to device allocations that need
+  it. When a prefetch or a fault needs memory the device lacks, the least
+  recently used blocks on it are evicted; a device allocation (``cuMemAlloc``,
+  pools, ``cuMemCreate``) that does not fit takes the kept memory, then
+  evicts. A read-mostly duplicate (another valid copy exists) is dropped
+  without a write-back, any other block is written back to the host. Device
+  allocations fail only if the kept memory and every managed block are not
+  enough.
+* A discard drops every copy of the blocks without writing them back.
+
+``Machine.managed_evictions`` counts the bytes evicted, written back and
+dropped, for tests.
 """
 
 from __future__ import annotations
@@ -40,6 +76,8 @@ __all__ = [
 ]
 
 TABLE = "managed.pages"
+#: Residency is kept per block of this many bytes (the driver's device-memory unit).
+BLOCK = 2 << 20
 
 INVALID, DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT = 0, 1, 2, 3, 4
 ALL_KINDS = frozenset({DEVICE, HOST, HOST_NUMA, HOST_NUMA_CURRENT})
@@ -85,6 +123,8 @@ class Pages:
     accessed: np.ndarray = field(init=False)  # devices..., host
     last: np.ndarray = field(init=False)  # (type, id) per page
     discarded: np.ndarray = field(init=False)
+    on_host: np.ndarray = field(init=False)  # per block: a valid copy on the host
+    on_dev: np.ndarray = field(init=False)  # (block, device): a copy on the device
 
     def __post_init__(self) -> None:
         n = self.npages
@@ -93,6 +133,12 @@ class Pages:
         self.accessed = np.zeros((n, self.ndev + 1), bool)
         self.last = np.zeros((n, 2), np.int32)
         self.discarded = np.zeros(n, bool)
+        nblocks = -(-n // BLOCK_PAGES)
+        self.on_host = np.ones(nblocks, bool)
+        self.on_dev = np.zeros((nblocks, self.ndev), bool)
+
+
+BLOCK_PAGES = BLOCK // PAGE
 
 
 def _table() -> dict[int, Pages]:
@@ -103,9 +149,189 @@ def _table() -> dict[int, Pages]:
 def release_managed(m: S.Machine, a: Allocation) -> None:
     """Forget a managed allocation's state (called by ``cuMemFree``)."""
     m.host_used -= a.size
+    forget_pages(m, a)
+
+
+def forget_pages(m: S.Machine, a: Allocation) -> None:
+    """Drop a managed allocation's pages: hint state and the device memory its blocks held."""
     t = m.ext.get(TABLE)
-    if t is not None:
-        t.pop(a.start, None)
+    if t is None:
+        return
+    pg = t.pop(a.start, None)
+    if pg is None:
+        return
+    for b, d in zip(*np.nonzero(pg.on_dev), strict=True):
+        _drop(m, a.start, pg, int(b), int(d))  # the driver keeps the memory
+
+
+# -- residency ------------------------------------------------------------------------
+
+
+def _lru(m: S.Machine) -> list[dict[tuple[int, int], None]]:
+    """Per device: resident blocks ``(allocation start, block)``, least recently used first."""
+    return [dev.lru for dev in m.devices]
+
+
+def _drop(m: S.Machine, start: int, pg: Pages, b: int, d: int) -> None:
+    """Block ``b`` leaves device ``d``; the driver keeps its memory (free does not rise)."""
+    pg.on_dev[b, d] = False
+    dev = m.devices[d]
+    dev.managed_used -= BLOCK
+    dev.managed_cached += BLOCK
+    _lru(m)[d].pop((start, b), None)
+
+
+def evict(m: S.Machine, ordinal: int, need: int, keep: tuple[int, int] | None = None) -> int:
+    """Evict least recently used blocks from device ``ordinal`` until ``need`` bytes are freed.
+
+    ``keep`` (a block being brought in) is never chosen. Returns the bytes freed.
+    """
+    lru = _lru(m)[ordinal]
+    table = _table()
+    c = m.managed_evictions
+    freed = 0
+    while freed < need:
+        it = iter(lru)
+        key = next(it, None)
+        if key is not None and key == keep:
+            key = next(it, None)
+        if key is None:
+            break  # nothing left to evict
+        start, b = key
+        pg = table[start]
+        _drop(m, start, pg, b, ordinal)
+        if pg.on_host[b] or pg.on_dev[b].any():
+            c["dropped"] += BLOCK  # a read-mostly duplicate: another copy is valid
+        else:
+            pg.on_host[b] = True
+            c["written_back"] += BLOCK
+        c["evicted"] += BLOCK
+        freed += BLOCK
+    return freed
+
+
+def give_back(m: S.Machine, ordinal: int, need: int) -> None:
+    """Free ``need`` bytes for a device allocation: kept memory first, then by eviction."""
+    dev = m.devices[ordinal]
+    if need > dev.managed_cached:
+        evict(m, ordinal, need - dev.managed_cached)
+    dev.managed_cached -= min(dev.managed_cached, -(-need // BLOCK) * BLOCK)
+
+
+S.evict_managed = give_back
+
+
+def _read_mostly(pg: Pages, b: int) -> bool:
+    return bool(pg.read_mostly[b * BLOCK_PAGES:(b + 1) * BLOCK_PAGES].all())
+
+
+def _to_device(start: int, pg: Pages, b: int, d: int, duplicate: bool) -> None:
+    """Make block ``b`` resident on device ``d`` (a copy, if ``duplicate``)."""
+    m = M()
+    lru = _lru(m)[d]
+    key = (start, b)
+    if not pg.on_dev[b, d]:
+        dev = m.devices[d]
+        if dev.managed_cached < BLOCK and dev.room < BLOCK:
+            evict(m, d, BLOCK, keep=key)
+        if dev.managed_cached >= BLOCK:
+            dev.managed_cached -= BLOCK  # memory the driver kept for managed pages
+        elif dev.room < BLOCK:
+            return  # device allocations hold the memory: the block stays where it is
+        pg.on_dev[b, d] = True
+        dev.managed_used += BLOCK
+    else:
+        lru.pop(key, None)
+    lru[key] = None
+    if not duplicate:
+        for e in np.nonzero(pg.on_dev[b])[0]:
+            if int(e) != d:
+                _drop(m, start, pg, b, int(e))
+        pg.on_host[b] = False
+
+
+def _to_host(start: int, pg: Pages, b: int, duplicate: bool) -> None:
+    pg.on_host[b] = True
+    if not duplicate:
+        m = M()
+        for e in np.nonzero(pg.on_dev[b])[0]:
+            _drop(m, start, pg, b, int(e))
+
+
+def _blocks(p0: int, p1: int) -> range:
+    return range(p0 // BLOCK_PAGES, -(-p1 // BLOCK_PAGES))
+
+
+def _move(start: int, pg: Pages, p0: int, p1: int, dest: tuple[int, int]) -> None:
+    """A prefetch of pages ``[p0, p1)`` to ``dest`` (a stored (type, id))."""
+    for b in _blocks(p0, p1):
+        dup = _read_mostly(pg, b)
+        if dest[0] == DEVICE:
+            _to_device(start, pg, b, dest[1], dup)
+        else:
+            _to_host(start, pg, b, dup)
+
+
+def _stays(pg: Pages, b: int, d: int) -> bool:
+    """Whether a device ``d`` access leaves block ``b`` where it is (a mapping serves it)."""
+    t, i = (int(v) for v in pg.pref[b * BLOCK_PAGES])
+    if t in (HOST, HOST_NUMA):
+        return bool(pg.on_host[b]) and not pg.on_dev[b].any()
+    if t == DEVICE and i != d:
+        return bool(pg.on_dev[b, i]) and bool(pg.accessed[b * BLOCK_PAGES, d])
+    return False
+
+
+def device_access(a: Allocation, addr: int, n: int, d: int, write: bool) -> None:
+    """Device ``d`` read (or wrote) ``[addr, addr+n)`` of managed allocation ``a``."""
+    pg = _table().get(a.start)
+    if pg is None or n <= 0:
+        return
+    p0 = (addr - a.start) // PAGE
+    p1 = -(-(addr + n - a.start) // PAGE)
+    for b in _blocks(p0, min(p1, pg.npages)):
+        if _stays(pg, b, d):
+            continue
+        _to_device(a.start, pg, b, d, _read_mostly(pg, b) and not write)
+
+
+def _checked(ptr: int, nbytes: int) -> tuple[Pages, int, int]:
+    try:
+        return _range(ptr, nbytes)
+    except Fail:
+        raise ValueError(f"[0x{int(ptr):x}, +{int(nbytes)}) is not a range of one managed "
+                         "allocation") from None
+
+
+def host_access(ptr: int, nbytes: int, write: bool = True) -> None:
+    """The host read (or wrote) a managed range: its blocks fault back to the host.
+
+    The simulator cannot see loads and stores through numpy views; tests call
+    this where a program on a GPU would fault pages back. A read of a
+    read-mostly block makes a host copy and keeps the device copies.
+    """
+    with M().lock:
+        pg, p0, p1 = _checked(ptr, nbytes)
+        start = _start(ptr)
+        for b in _blocks(p0, p1):
+            _to_host(start, pg, b, _read_mostly(pg, b) and not write)
+
+
+def resident_bytes(ptr: int, nbytes: int) -> dict[int, int]:
+    """Where a managed range's blocks are now: device ordinal (-1: host) -> bytes.
+
+    Whole blocks are counted; a read-mostly block with several copies counts
+    at each. The simulator's truth, which the driver does not report.
+    """
+    with M().lock:
+        pg, p0, p1 = _checked(ptr, nbytes)
+        out: dict[int, int] = {}
+        for b in _blocks(p0, p1):
+            if pg.on_host[b]:
+                out[-1] = out.get(-1, 0) + BLOCK
+            for e in np.nonzero(pg.on_dev[b])[0]:
+                out[int(e)] = out.get(int(e), 0) + BLOCK
+        return out
 
 
 # -- argument helpers --------------------------------------------------------------
@@ -158,6 +384,13 @@ def _range(ptr: Any, count: Any) -> tuple[Pages, int, int]:
     if p1 > pages.npages:
         raise Fail(R.CUDA_ERROR_INVALID_VALUE)
     return pages, p0, p1
+
+
+def _start(ptr: Any) -> int:
+    """The start of the (checked) managed allocation holding ``ptr``."""
+    a = M().find(int(ptr))
+    assert a is not None
+    return a.start
 
 
 def _stream_ok(h_stream: Any) -> int:
@@ -243,6 +476,7 @@ def cuMemPrefetchAsync(devPtr: Any, count: int, location: Any, flags: int, hStre
     dest = _location(location, ALL_KINDS, R.CUDA_ERROR_INVALID_DEVICE)
     pg.last[p0:p1] = dest
     pg.discarded[p0:p1] = False
+    _move(_start(devPtr), pg, p0, p1, dest)
 
 
 # -- batch calls (CUDA >= 13.0) ---------------------------------------------------------
@@ -309,21 +543,36 @@ def _batch_dests(locs: list[Any], idxs: list[int], nlocs: Any, n: int) -> list[t
 
 @api(0)
 def _prefetch_batch(dptrs: list[Any], sizes: list[int], count: int, locs: list[Any],
-                    idxs: list[int], nlocs: int, flags: int, hStream: Any) -> None:
+                    idxs: list[int], nlocs: int, flags: int, hStream: Any,
+                    discard: bool) -> None:
     n = _batch_head(count, flags, hStream)
     ranges = _batch_ranges(dptrs, sizes, n)
     dests = _batch_dests(locs, idxs, nlocs, n)
-    for (pg, p0, p1), dest in zip(ranges, dests, strict=True):
+    for k, ((pg, p0, p1), dest) in enumerate(zip(ranges, dests, strict=True)):
         pg.last[p0:p1] = dest
         pg.discarded[p0:p1] = False
+        if discard:
+            _discard_blocks(_start(dptrs[k]), pg, p0, p1)
+        _move(_start(dptrs[k]), pg, p0, p1, dest)
 
 
 @api(0)
 def _discard_batch(dptrs: list[Any], sizes: list[int], count: int, flags: int,
                    hStream: Any) -> None:
     n = _batch_head(count, flags, hStream)
-    for pg, p0, p1 in _batch_ranges(dptrs, sizes, n):
+    for k, (pg, p0, p1) in enumerate(_batch_ranges(dptrs, sizes, n)):
         pg.discarded[p0:p1] = True
+        _discard_blocks(_start(dptrs[k]), pg, p0, p1)
+
+
+def _discard_blocks(start: int, pg: Pages, p0: int, p1: int) -> None:
+    """Drop the copies of the blocks wholly inside ``[p0, p1)`` (no write-back)."""
+    m = M()
+    for b in range(-(-p0 // BLOCK_PAGES), p1 // BLOCK_PAGES if p1 < pg.npages
+                   else -(-p1 // BLOCK_PAGES)):
+        for e in np.nonzero(pg.on_dev[b])[0]:
+            _drop(m, start, pg, b, int(e))
+        pg.on_host[b] = False
 
 
 def _prefetch_call(name: str, dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,
@@ -336,7 +585,8 @@ def _prefetch_call(name: str, dptrs: Any, sizes: Any, count: int, prefetchLocs: 
     locs = _list_arg("prefetchLocs", prefetchLocs, numPrefetchLocs, cu.CUmemLocation,
                      "CUmemLocation")
     idxs = _int_list(prefetchLocIdxs, numPrefetchLocs)
-    return _prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags, hStream)
+    return _prefetch_batch(d, s, count, locs, idxs, numPrefetchLocs, flags, hStream,
+                           name == "cuMemDiscardAndPrefetchBatchAsync")
 
 
 def cuMemPrefetchBatchAsync(dptrs: Any, sizes: Any, count: int, prefetchLocs: Any,

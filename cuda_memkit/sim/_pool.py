@@ -207,10 +207,7 @@ def _charge(pool: SimPool, nchunks: int) -> None:
     m = M()
     nbytes = nchunks * CHUNK
     if pool.on_device:
-        dev = m.devices[pool.loc_id]
-        if dev.used + nbytes > dev.total_mem:
-            raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
-        dev.used += nbytes
+        m.charge(pool.loc_id, nbytes)
     else:
         if m.host_used + nbytes > m.host_memory:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
@@ -325,9 +322,9 @@ def _free(a: Allocation) -> None:
     m = M()
     m.remove(a)
     if a.kind == "managed" and "alias_of" not in a.extra:
-        from ._managed import TABLE
+        from ._managed import forget_pages
 
-        m.ext.get(TABLE, {}).pop(a.start, None)
+        forget_pages(m, a)
     pool = _lookup(a.extra["pool"])
     assert pool is not None
     if "alias_of" in a.extra:  # an imported pointer: only this mapping goes

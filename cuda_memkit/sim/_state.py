@@ -24,12 +24,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 from cuda.bindings import driver as cu
 
-R = cu.CUresult
+R: TypeAlias = cu.CUresult
 SUCCESS = R.CUDA_SUCCESS
 PAGE = 4096
 #: Device-only addresses start here (above the 47-bit user address space).
@@ -78,6 +78,18 @@ class SimDevice:
     total_mem: int
     used: int = 0
     attrs: dict[int, int] = field(default_factory=dict)
+    #: Bytes of managed pages resident on the device (whole 2 MiB blocks, ``_managed``).
+    managed_used: int = 0
+    #: Bytes the driver took for managed pages that have left since: kept (free memory
+    #: does not rise) for the next managed pages, given back to device allocations.
+    managed_cached: int = 0
+    #: Its resident managed blocks ``(allocation start, block)``, least recently used first.
+    lru: dict[tuple[int, int], None] = field(default_factory=dict)
+
+    @property
+    def room(self) -> int:
+        """Bytes neither allocated nor holding managed pages."""
+        return self.total_mem - self.used - self.managed_used - self.managed_cached
 
 
 @dataclass
@@ -153,6 +165,10 @@ class Machine:
         self.streams: dict[int, SimStream] = {}
         self.events: dict[int, SimEvent] = {}
         self._next_handle = 0x5100_0000
+        #: Bytes of managed blocks evicted from devices (``_managed``): ``evicted`` =
+        #: ``written_back`` (the only copy went back to the host) + ``dropped``
+        #: (read-mostly duplicates and blocks another copy of which was valid).
+        self.managed_evictions = {"evicted": 0, "written_back": 0, "dropped": 0}
         # Feature modules keep their own tables here (name -> anything).
         self.ext: dict[str, Any] = {}
         #: Injected failures: API name -> codes its next calls return (see fail_next).
@@ -292,13 +308,25 @@ class Machine:
         addr += (-addr) % align
         return buf, addr
 
-    def device_block(self, ordinal: int, size: int) -> tuple[Any, int]:
-        """Charge ``size`` bytes to a device and return (backing, real address)."""
+    def charge(self, ordinal: int, size: int) -> None:
+        """Charge ``size`` bytes of a device allocation, evicting managed pages if needed.
+
+        Like the driver, an allocation that does not fit in what is free
+        takes the memory kept for managed pages, then moves resident managed
+        pages back to the host (least recently used first), rather than fail;
+        it fails only if they are not enough.
+        """
         dev = self.devices[ordinal]
         if size > dev.total_mem - dev.used:
             raise Fail(R.CUDA_ERROR_OUT_OF_MEMORY)
-        buf = np.empty(max(size, 1), np.uint8)
+        if size > dev.room and evict_managed is not None:
+            evict_managed(self, ordinal, size - dev.room)
         dev.used += size
+
+    def device_block(self, ordinal: int, size: int) -> tuple[Any, int]:
+        """Charge ``size`` bytes to a device and return (backing, real address)."""
+        self.charge(ordinal, size)
+        buf = np.empty(max(size, 1), np.uint8)
         return buf, buf.ctypes.data
 
     def uncharge(self, ordinal: int, size: int) -> None:
@@ -360,6 +388,10 @@ def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     return int(raw) if raw else default
 
+
+#: Gives device memory held for managed pages back: ``(machine, ordinal, bytes needed)``.
+#: Set by ``_managed`` when it loads (before it, no managed memory exists).
+evict_managed: Callable[[Machine, int, int], None] | None = None
 
 MACHINE = Machine(
     devices=_env_int("CUDA_MEMKIT_SIM_DEVICES", 2),

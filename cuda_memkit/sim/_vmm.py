@@ -609,6 +609,13 @@ def real_runs(addr: int, n: int, write: bool, check: bool = True) -> list[tuple[
     """
     m = S.MACHINE
     a = m.find(addr) if n > 0 else None
+    if a is not None and a.kind == "managed":
+        from ._managed import device_access
+
+        real = m.real(addr, n)
+        device = m.ctx_device(m.current_ctx)
+        device_access(a, addr, n, device if device is not None else 0, write)
+        return [(real, n)]
     if a is None or a.kind != "vmm":
         return [(m.real(addr, n), n)]
     if addr + n <= a.end:

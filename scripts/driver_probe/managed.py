@@ -522,3 +522,270 @@ def c_timing(c: Case):
         "256 MiB managed; host memset between reps; times include stream sync; "
         "host_touch = time of the host memset that migrates pages back"
     )
+
+
+# ---------------------------------------------------------------------------
+# residency: sub-range attributes, free memory, eviction (the simulator's
+# model of a GPU that fills up is checked against these)
+# ---------------------------------------------------------------------------
+
+LP = RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION
+PL = RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION
+RMA = RA.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY
+AB = RA.CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY
+
+
+def free_now() -> int:
+    r = call(d.cuMemGetInfo)
+    return int(r.outs[0]) if r.ok else -1
+
+
+def attr_grid(m, parts) -> dict:
+    """Last prefetch / preferred location / read-mostly / accessed-by of each (name, off, n)."""
+    out = {}
+    for name, off, n in parts:
+        row = {}
+        for key, a in (("last", LP), ("pref", PL), ("read_mostly", RMA)):
+            r = rga(a, P(m) + off, n)
+            row[key] = jv(r.v) if r.ok else r.name
+        r = rga(AB, P(m) + off, n, 8)
+        row["accessed_by"] = jv(r.v) if r.ok else r.name
+        out[name] = row
+    return out
+
+
+def sync_free(s) -> int:
+    call(d.cuStreamSynchronize, s)
+    return free_now()
+
+
+@probe("C_residency_subrange_attributes")
+def c_residency_subrange(c: Case):
+    """Range attributes over sub-ranges after partial prefetches, advice and discard."""
+    n = 8 * MiB
+    m = managed(c, n)
+    s = new_stream(c)
+    host_memset(P(m), 1, n)
+    parts = [
+        ("whole", 0, n),
+        ("0-2M", 0, 2 * MiB),
+        ("2M-4M", 2 * MiB, 2 * MiB),
+        ("2M+4K", 2 * MiB, 4 * KiB),
+        ("1M-3M", MiB, 2 * MiB),
+        ("3M-4M", 3 * MiB, MiB),
+        ("4M-8M", 4 * MiB, 4 * MiB),
+        ("5M+4K", 5 * MiB, 4 * KiB),
+        ("5M+4K..+8K", 5 * MiB + 4 * KiB, 4 * KiB),
+        ("5M+64K..+68K", 5 * MiB + 64 * KiB, 4 * KiB),
+    ]
+    c("prefetch 2M-4M -> DEVICE0", d.cuMemPrefetchAsync, P(m) + 2 * MiB, 2 * MiB, dev_loc(0), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c.val("after_prefetch_2M_4M_dev0", attr_grid(m, parts))
+    c("prefetch 3M-5M -> HOST", d.cuMemPrefetchAsync, P(m) + 3 * MiB, 2 * MiB, host_loc(), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c.val("after_prefetch_3M_5M_host", attr_grid(m, parts))
+    c("prefetch 5M+4K -> DEVICE0", d.cuMemPrefetchAsync, P(m) + 5 * MiB, 4 * KiB, dev_loc(0), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c.val("after_prefetch_5M_4K_dev0", attr_grid(m, parts))
+    c("advise READ_MOSTLY 1M-3M", d.cuMemAdvise, P(m) + MiB, 2 * MiB,
+      ADV.CU_MEM_ADVISE_SET_READ_MOSTLY, dev_loc(0))
+    c("advise PREFERRED HOST 0-2M", d.cuMemAdvise, m, 2 * MiB,
+      ADV.CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host_loc())
+    c("advise ACCESSED_BY DEVICE0 0-4M", d.cuMemAdvise, m, 4 * MiB,
+      ADV.CU_MEM_ADVISE_SET_ACCESSED_BY, dev_loc(0))
+    c.val("after_advice", attr_grid(m, parts))
+    c("prefetch whole -> DEVICE0", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c.val("after_prefetch_whole_dev0", attr_grid(m, parts))
+    if hasattr(d, "cuMemDiscardBatchAsync"):
+        c("discard 2M-3M", d.cuMemDiscardBatchAsync, [d.CUdeviceptr(P(m) + 2 * MiB)], [MiB], 1, 0,
+          s)
+        call(d.cuStreamSynchronize, s)
+        c.val("after_discard_2M_3M", attr_grid(m, parts))
+        c("discard+prefetch 6M-8M -> HOST", d.cuMemDiscardAndPrefetchBatchAsync,
+          [d.CUdeviceptr(P(m) + 6 * MiB)], [2 * MiB], 1, [host_loc()], [0], 1, 0, s)
+        call(d.cuStreamSynchronize, s)
+        c.val("after_discard_prefetch_6M_8M_host",
+              attr_grid(m, [*parts, ("6M-8M", 6 * MiB, 2 * MiB)]))
+    # a host write after prefetching: does the last prefetch location change?
+    host_memset(P(m) + 4 * MiB, 2, 4 * KiB)
+    c.val("after_host_write_4M_4K", attr_grid(m, [("4M-8M", 4 * MiB, 4 * MiB),
+                                                   ("4M+4K", 4 * MiB, 4 * KiB)]))
+    # a device write (memset) after prefetching to the host
+    c("prefetch whole -> HOST", d.cuMemPrefetchAsync, m, n, host_loc(), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c("cuMemsetD8(0-1M) on device", d.cuMemsetD8, m, 3, MiB)
+    call(d.cuCtxSynchronize)
+    c.val("after_device_memset_0_1M", attr_grid(m, [("0-1M", 0, MiB), ("whole", 0, n)]))
+    c("cuCtxSynchronize#after", d.cuCtxSynchronize)
+
+
+@probe("C_residency_meminfo")
+def c_residency_meminfo(c: Case):
+    """What cuMemGetInfo's free memory says as managed pages move (bytes, deltas vs before)."""
+    n = 256 * MiB
+    s = new_stream(c)
+    dbuf = dalloc(c, 64 * MiB)
+    out = {}
+    f0 = free_now()
+    m = managed(c, n)
+    out["after_alloc_untouched"] = f0 - free_now()
+    host_memset(P(m), 1, n)
+    out["after_host_touch"] = f0 - free_now()
+    c("prefetch whole -> DEVICE0", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    out["after_prefetch_dev0"] = f0 - sync_free(s)
+    c("prefetch whole -> HOST", d.cuMemPrefetchAsync, m, n, host_loc(), 0, s)
+    out["after_prefetch_back_host"] = f0 - sync_free(s)
+    c("prefetch whole -> DEVICE0 #2", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    out["after_prefetch_dev0_again"] = f0 - sync_free(s)
+    host_memset(P(m), 2, 4 * KiB)
+    out["after_host_write_4K"] = f0 - free_now()
+    host_bytes(P(m) + 64 * MiB, 16)
+    out["after_host_read_16B"] = f0 - free_now()
+    host_memset(P(m), 2, n)
+    out["after_host_write_whole"] = f0 - free_now()
+    # granularity of device residency
+    for label, sz in (("4K", 4 * KiB), ("64K", 64 * KiB), ("2M+4K", 2 * MiB + 4 * KiB)):
+        before = free_now()
+        off = 128 * MiB
+        c(f"prefetch {label} -> DEVICE0", d.cuMemPrefetchAsync, P(m) + off, sz, dev_loc(0), 0, s)
+        out[f"prefetch_{label}_delta"] = before - sync_free(s)
+        host_memset(P(m) + off, 3, sz)
+        out[f"prefetch_{label}_host_write_back_delta"] = before - free_now()
+    host_memset(P(m), 2, n)
+    # read-mostly duplicates
+    c("advise READ_MOSTLY whole", d.cuMemAdvise, m, n, ADV.CU_MEM_ADVISE_SET_READ_MOSTLY,
+      dev_loc(0))
+    c("prefetch read-mostly -> DEVICE0", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    out["read_mostly_after_prefetch_dev0"] = f0 - sync_free(s)
+    host_bytes(P(m) + 64 * MiB, 16)
+    out["read_mostly_after_host_read"] = f0 - free_now()
+    host_memset(P(m), 4, 4 * KiB)
+    out["read_mostly_after_host_write_4K"] = f0 - free_now()
+    c.val("read_mostly_attrs_after_host_write", attr_grid(m, [("0+4K", 0, 4 * KiB),
+                                                               ("whole", 0, n)]))
+    c("prefetch read-mostly -> HOST", d.cuMemPrefetchAsync, m, n, host_loc(), 0, s)
+    out["read_mostly_after_prefetch_host"] = f0 - sync_free(s)
+    c("advise UNSET_READ_MOSTLY whole", d.cuMemAdvise, m, n, ADV.CU_MEM_ADVISE_UNSET_READ_MOSTLY,
+      dev_loc(0))
+    host_memset(P(m), 2, n)
+    out["after_unset_read_mostly_host_write"] = f0 - free_now()
+    # discard of device-resident pages
+    if hasattr(d, "cuMemDiscardBatchAsync"):
+        c("prefetch -> DEVICE0 before discard", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+        out["before_discard"] = f0 - sync_free(s)
+        c("discard whole", d.cuMemDiscardBatchAsync, [dp(m)], [n], 1, 0, s)
+        out["after_discard"] = f0 - sync_free(s)
+        c.val("attrs_after_discard", attr_grid(m, [("whole", 0, n)]))
+        host_memset(P(m), 2, n)
+        out["after_discard_host_write"] = f0 - free_now()
+    # device accesses: a device memset and a copy engine read of host-resident pages
+    c("cuMemsetD8(64 MiB) on device", d.cuMemsetD8, m, 5, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["after_device_memset_64M"] = f0 - free_now()
+    c.val("attrs_after_device_memset", attr_grid(m, [("0-64M", 0, 64 * MiB)]))
+    host_memset(P(m), 2, n)
+    out["after_device_memset_host_write"] = f0 - free_now()
+    c("cuMemcpy managed(64M) -> device", d.cuMemcpy, dbuf, m, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["after_copy_managed_to_device_64M"] = f0 - free_now()
+    host_memset(P(m), 2, n)
+    c("cuMemcpy device -> managed(64M)", d.cuMemcpy, m, dbuf, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["after_copy_device_to_managed_64M"] = f0 - free_now()
+    host_memset(P(m), 2, n)
+    # preferred location host alone, then with accessed-by the device: a device memset
+    c("advise PREFERRED HOST whole", d.cuMemAdvise, m, n,
+      ADV.CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host_loc())
+    c("cuMemsetD8(64 MiB) preferred host", d.cuMemsetD8, m, 6, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["preferred_host_after_device_memset_64M"] = f0 - free_now()
+    host_memset(P(m), 2, n)
+    out["preferred_host_after_host_write"] = f0 - free_now()
+    c("advise ACCESSED_BY DEVICE0 whole", d.cuMemAdvise, m, n, ADV.CU_MEM_ADVISE_SET_ACCESSED_BY,
+      dev_loc(0))
+    c("cuMemsetD8(64 MiB) zero-copy", d.cuMemsetD8, m, 6, 64 * MiB)
+    call(d.cuCtxSynchronize)
+    out["zero_copy_after_device_memset_64M"] = f0 - free_now()
+    c.val("zero_copy_attrs_after_device_memset", attr_grid(m, [("0-64M", 0, 64 * MiB)]))
+    c("prefetch zero-copy -> DEVICE0", d.cuMemPrefetchAsync, m, 64 * MiB, dev_loc(0), 0, s)
+    out["zero_copy_after_prefetch_dev0_64M"] = f0 - sync_free(s)
+    c.val("zero_copy_attrs_after_prefetch", attr_grid(m, [("0-64M", 0, 64 * MiB)]))
+    c("prefetch zero-copy -> HOST", d.cuMemPrefetchAsync, m, n, host_loc(), 0, s)
+    out["zero_copy_after_prefetch_host"] = f0 - sync_free(s)
+    c.val("used_delta_bytes", out)
+    c.val("free_before", f0)
+    c.note("values are f0 - free: bytes of device memory taken since just before the managed "
+           "allocation (a 64 MiB cuMemAlloc made before f0 is the copy partner)")
+    c("cuCtxSynchronize#after", d.cuCtxSynchronize)
+
+
+def within_free(want: int, free_before: int) -> int:
+    """``want`` rounded to 2 MiB, kept 64 MiB under what was free before the managed prefetch."""
+    cap = free_before - 64 * MiB
+    return max(2 * MiB, (min(want, cap) // (2 * MiB)) * 2 * MiB)
+
+
+@probe("C_residency_evict", isolated=True)
+def c_residency_evict(c: Case):
+    """Device allocations larger than what is free, while prefetched managed pages hold memory."""
+    n = 256 * MiB
+    s = new_stream(c)
+    out = {}
+    m = managed(c, n)
+    host_memset(P(m), 0x5A, n)
+    f_base = free_now()
+    half = n // 2
+    # first half A, then half B: which one does a device allocation evict first?
+    c("prefetch A (first half) -> DEVICE0", d.cuMemPrefetchAsync, m, half, dev_loc(0), 0, s)
+    call(d.cuStreamSynchronize, s)
+    c("prefetch B (second half) -> DEVICE0", d.cuMemPrefetchAsync, P(m) + half, half, dev_loc(0),
+      0, s)
+    f1 = sync_free(s)
+    out["free_base"] = f_base
+    out["managed_taken"] = f_base - f1
+    # Within what was free before the prefetch, larger than what is free now.
+    big = within_free(f1 + 128 * MiB, f_base)
+    out["big_alloc_bytes_minus_free"] = big - f1
+    r = c("cuMemAlloc(free + 128 MiB)", d.cuMemAlloc, big)
+    if r.ok:
+        out["free_after_big_alloc"] = free_now()
+        c.val("attrs_while_evicted", attr_grid(m, [("whole", 0, n)]))
+        # pages still on the device come back to the host and free their memory
+        c("prefetch A -> HOST while full", d.cuMemPrefetchAsync, m, half, host_loc(), 0, s)
+        out["freed_by_A_to_host"] = sync_free(s) - out["free_after_big_alloc"]
+        fa = free_now()
+        c("prefetch B -> HOST while full", d.cuMemPrefetchAsync, P(m) + half, half, host_loc(),
+          0, s)
+        out["freed_by_B_to_host"] = sync_free(s) - fa
+        c("prefetch -> DEVICE0 while full", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+        out["free_after_prefetch_while_full"] = sync_free(s)
+        c.val("attrs_after_prefetch_while_full", attr_grid(m, [("whole", 0, n)]))
+        c("cuMemFree(big)", d.cuMemFree, r.v)
+    out["free_after_big_free"] = free_now()
+    c.val("host_bytes_after_eviction",
+          list(host_bytes(P(m), 2)) + list(host_bytes(P(m) + n - 2, 2)))
+    # the same through the default pool (stream-ordered)
+    c("prefetch -> DEVICE0 #2", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    f2 = sync_free(s)
+    big2 = within_free(f2 + 128 * MiB, f_base)
+    r2 = c("cuMemAllocAsync(free + 128 MiB)", d.cuMemAllocAsync, big2, s)
+    c("sync after pool alloc", d.cuStreamSynchronize, s)
+    if r2.ok:
+        out["free_after_pool_alloc"] = free_now()
+        c("cuMemFreeAsync(big2)", d.cuMemFreeAsync, r2.v, s)
+        call(d.cuStreamSynchronize, s)
+        pr = call(d.cuDeviceGetDefaultMemPool, 0)
+        if pr.ok:
+            call(d.cuMemPoolTrimTo, pr.v, 0)
+    out["free_after_pool_free"] = free_now()
+    # More than free + every resident managed byte: refused, nothing evicted for it.
+    c("prefetch -> DEVICE0 #3", d.cuMemPrefetchAsync, m, n, dev_loc(0), 0, s)
+    f3 = sync_free(s)
+    r3 = c("cuMemAlloc(free + managed + 1 GiB)", d.cuMemAlloc, f3 + n + 1024 * MiB)
+    if r3.ok:
+        call(d.cuMemFree, r3.v)
+    out["free_after_refused_alloc"] = free_now()
+    c.val("attrs_after_refused_alloc", attr_grid(m, [("whole", 0, n)]))
+    c.val("bytes", out)
+    ctx_after(c)

@@ -19,7 +19,6 @@ cuCtxSynchronize#after: CUDA_SUCCESS``), so they are here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,6 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._context import ensure_context
 
 from ._helpers import Undo, outcome
 
@@ -117,15 +115,6 @@ def attrs(order: Any = ORD.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, flags: int = 0,
             loc.type, loc.id = HINT_LOCATIONS[hint]
             setattr(a, field, loc)
     return a
-
-
-@pytest.fixture
-def undo() -> Iterator[Undo]:
-    ensure_context(0)
-    u = Undo()
-    yield u
-    _driver.call("cuCtxSynchronize")
-    u.run()
 
 
 class Rig:

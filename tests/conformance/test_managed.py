@@ -9,7 +9,7 @@ a new probe changes constants, not tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,6 @@ from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit._core import _driver
-from cuda_memkit._core._context import ensure_context
 
 from ._helpers import Undo, outcome
 
@@ -136,15 +135,6 @@ ATTACH_INTERIOR = INVALID
 ATTACH_SINGLE_LEGACY = INVALID
 ATTACH_DEVICE_MEMORY = INVALID
 ATTACH_UNKNOWN_POINTER = INVALID
-
-
-@pytest.fixture
-def undo() -> Iterator[Undo]:
-    ensure_context(0)
-    u = Undo()
-    yield u
-    _driver.call("cuCtxSynchronize")
-    u.run()
 
 
 def managed(undo: Undo, n: int, flags: int = 1) -> int:
