@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the type checker and the docs see every name statically
     from ._host._ring_worker import RingHandle, RingWriter, WriterSlot
     from ._host._shared_ring import RingSlot, SharedHostRing
     from ._loading._loader import Loader
+    from ._managed_memory._access_plan import AccessChunk, AccessPlan, AccessRun
     from ._managed_memory._managed import AttachFlags, ManagedBuffer
     from ._managed_memory._managed_ranges import MemAdvice, RangeInfo
     from ._managed_memory._policy import ManagedMemoryHints, MigrationPolicy
@@ -83,6 +84,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "_managed_memory._managed_ranges": ("MemAdvice", "RangeInfo"),
     "_managed_memory._policy": ("ManagedMemoryHints", "MigrationPolicy"),
     "_managed_memory._prefetch_plan": ("PlanEntry", "PlannedCall", "PrefetchPlan"),
+    "_managed_memory._access_plan": ("AccessChunk", "AccessPlan", "AccessRun"),
     "_core._access": ("Access",),
     "_virtual._vmm_base": ("HandleType", "granularity"),
     "_virtual._vmm": ("AddressRange", "Mapping", "PhysicalMemory"),
@@ -189,6 +191,7 @@ __all__ = [
 __all__ += _errors.__all__
 __all__ += ["Residency", "ResidencyRun", "managed_residency"]
 __all__ += ["Graph", "watch_captures"]
+__all__ += ["AccessChunk", "AccessPlan", "AccessRun"]
 
 
 def _publish(names: tuple[str, ...] | list[str]) -> None:

@@ -110,6 +110,13 @@ AREAS: dict[str, tuple[str, str]] = {
         "scattered 4 KiB blocks through the copy kernel, a sweep of sizes against PyTorch), "
         "and NCCL collectives through `torch.distributed` and nccl4py on every kind of "
         "cuda_memkit memory against `torch.empty`."),
+    "bench_oversub": (
+        "Data larger than the GPU",
+        "A managed array three times what the squeezed GPU has free, walked in 256 MiB chunks "
+        "by a real kernel in three patterns, five ways in the same run: the explicit pinned "
+        "double-buffer (the limit of the link), page faults, zero-copy advice, read-mostly + "
+        "prefetch, and `AccessPlan`; the bounds rows show what limits a mechanism. GB/s of "
+        "data, higher is better."),
 }
 
 #: Column headers of the known row keys; other keys are shown under their own name.

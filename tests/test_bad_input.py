@@ -34,6 +34,7 @@ from . import (  # noqa: F401  (each registers its cases)
     _bad_cases_host,
     _bad_cases_managed,
     _bad_cases_observing,
+    _bad_cases_oversub,
     _bad_cases_pools,
     _bad_cases_rapids,
     _bad_cases_residency,

@@ -37,7 +37,7 @@ def buf() -> Iterator[cm.ManagedBuffer]:
 
 def strided(buf: cm.ManagedBuffer, n: int, chunk: int, to: cm.Location = D0) -> cm.PrefetchPlan:
     """Every other chunk: nothing coalesces."""
-    plan = cm.PrefetchPlan()
+    plan = cm.PrefetchPlan(exact=True)
     for i in range(n):
         plan.add(buf, to, offset=2 * i * chunk, nbytes=chunk)
     return plan
@@ -518,7 +518,7 @@ def test_plan_model(entries: list[tuple[str, int, int, int]]) -> None:
     discarded: set[int] = set()
     conflict = False
     with cm.ManagedBuffer.empty(npages * PAGE) as b, cm.Stream() as s:
-        plan = cm.PrefetchPlan()
+        plan = cm.PrefetchPlan(exact=True)
         for op, start, length, d in entries:
             pages = range(start, min(start + length, npages))
             kw = {"offset": start * PAGE, "nbytes": len(pages) * PAGE}
@@ -558,3 +558,81 @@ def test_plan_model(entries: list[tuple[str, int, int, int]]) -> None:
         s.synchronize()
         for pg, loc in want.items():
             assert b.range_info(pg * PAGE, PAGE).last_prefetch_location == loc
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(entry, min_size=1, max_size=12))
+def test_plan_model_with_gaps_closed(entries: list[tuple[str, int, int, int]]) -> None:
+    """A default plan covers what an exact one does, plus whole gaps between two ranges
+    of one destination (at most MERGE_GAP, with no other entry in them), prefetched there."""
+    dests = (D0, HOST)
+    npages = 80
+    with cm.ManagedBuffer.empty(npages * PAGE) as b, cm.Stream() as s:
+        exact, merged = cm.PrefetchPlan(exact=True), cm.PrefetchPlan()
+        for plan in (exact, merged):
+            for op, start, length, d in entries:
+                kw = {"offset": start * PAGE,
+                      "nbytes": (min(start + length, npages) - start) * PAGE}
+                if op == "discard":
+                    plan.discard(b, **kw)
+                elif op == "dp":
+                    plan.discard_and_prefetch(b, dests[d], **kw)
+                else:
+                    plan.add(b, dests[d], **kw)
+        try:
+            want_calls = exact.dry_run(s)
+        except ValueError:
+            with pytest.raises(ValueError, match="overlapping"):
+                merged.validate()
+            return
+
+        def pages(calls: list[cm.PlannedCall]) -> dict[int, tuple[str, object]]:
+            out = {}
+            for c in calls:
+                for p, n, loc in c.ranges:
+                    for pg in range((p - b.ptr) // PAGE, (p - b.ptr + n) // PAGE):
+                        assert pg not in out  # ranges never repeat
+                        out[pg] = (c.api.replace("Batch", ""), loc)  # one call or a batch
+            return out
+
+        want, got = pages(want_calls), pages(merged.dry_run(s))
+        for pg, kind in want.items():
+            assert got[pg] == kind
+        for pg in sorted(set(got) - set(want)):  # in a gap between pages sent to one place
+            loc = got[pg][1]
+            lo = max(q for q in want if q < pg)
+            hi = min(q for q in want if q > pg)
+            assert want[lo][1] == loc == want[hi][1] and loc is not None
+            assert (hi - lo - 1) * PAGE <= cm.PrefetchPlan.MERGE_GAP
+        plan = merged
+        plan.execute(s)
+        s.synchronize()
+
+
+def test_gaps_close_up_to_the_merge_gap_and_not_past_it(stream: cm.Stream) -> None:
+    gap = cm.PrefetchPlan.MERGE_GAP
+    with cm.ManagedBuffer.empty(4 * gap) as b:
+        near = cm.PrefetchPlan().add(b, D0, nbytes=PAGE).add(b, D0, offset=PAGE + gap,
+                                                              nbytes=PAGE)
+        assert [len(c.ranges) for c in near.dry_run(stream)] == [1]
+        assert near.dry_run(stream)[0].nbytes == gap + 2 * PAGE
+        far = cm.PrefetchPlan().add(b, D0, nbytes=PAGE).add(b, D0, offset=2 * PAGE + gap,
+                                                             nbytes=PAGE)
+        assert [len(c.ranges) for c in far.dry_run(stream)] == [2]
+        exact = cm.PrefetchPlan(exact=True).add(b, D0, nbytes=PAGE).add(
+            b, D0, offset=2 * PAGE, nbytes=PAGE)
+        assert [len(c.ranges) for c in exact.dry_run(stream)] == [2]
+        host_between = (cm.PrefetchPlan().add(b, D0, nbytes=PAGE)
+                        .add(b, HOST, offset=2 * PAGE, nbytes=PAGE)
+                        .add(b, D0, offset=4 * PAGE, nbytes=PAGE))
+        d0 = [r for c in host_between.dry_run(stream) for r in c.ranges if r[2] == D0]
+        assert len(d0) == 2  # the host's range between them keeps them apart
+        discard_between = (cm.PrefetchPlan().add(b, D0, nbytes=PAGE)
+                           .discard(b, offset=2 * PAGE, nbytes=PAGE)
+                           .add(b, D0, offset=4 * PAGE, nbytes=PAGE))
+        apis = [c.api for c in discard_between.dry_run(stream)]
+        assert apis == ["cuMemDiscardBatchAsync", "cuMemPrefetchBatchAsync"]
+    with cm.ManagedBuffer.empty(PAGE) as one, cm.ManagedBuffer.empty(PAGE) as two:
+        pair = cm.PrefetchPlan().add(one, D0).add(two, D0)
+        assert sum(len(c.ranges) for c in pair.dry_run(stream)) == 2  # never across buffers

@@ -282,3 +282,12 @@ def shape_nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
             f"buffer ({MAX_NBYTES} bytes)"
         )
     return n
+
+
+def one_of(value: object, what: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of the strings ``choices``, else ``TypeError`` / ``ValueError``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, one of {choices}, not {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, not {value!r}")
+    return value

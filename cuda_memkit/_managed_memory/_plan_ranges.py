@@ -8,6 +8,8 @@ arrays behind :meth:`PrefetchPlan.add_ranges`.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from .._core._checks import INT64_MAX, int64_array
@@ -16,7 +18,7 @@ from .._core._location import Location
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["EntryTuple", "Interval", "Ranges", "intersect", "merge",
+__all__ = ["EntryTuple", "Interval", "Ranges", "close_gaps", "intersect", "merge",
            "merge_all", "merge_arrays", "range_arrays", "subtract"]
 
 #: A plan entry as stored: PlanEntry's fields, in order
@@ -37,6 +39,39 @@ def merge(intervals: list[tuple[int, int, int]]) -> list[Interval]:
         else:
             out.append((start, end))
             cur_alloc = alloc
+    return out
+
+
+def close_gaps(ivs: list[Interval], gap: int, bounds: list[Interval],
+               others: list[Interval]) -> list[Interval]:
+    """Merge sorted intervals ``ivs`` across gaps of at most ``gap`` bytes.
+
+    A gap is closed only inside one allocation (``bounds``: the sorted
+    ``[start, end)`` of the allocations, ManagedBuffers and raw allocations)
+    and only where no interval of ``others`` (the plan's other ranges) meets it.
+    """
+    if len(ivs) < 2:
+        return ivs
+    starts = [b[0] for b in bounds]
+    ostarts = [o[0] for o in others]
+    reach = list(accumulate((o[1] for o in others), max))  # furthest end so far
+
+    def alloc_of(ptr: int) -> int:
+        k = bisect_right(starts, ptr) - 1
+        return k if k >= 0 and ptr < bounds[k][1] else -1 - ptr  # unknown: its own
+
+    out = [ivs[0]]
+    cur_alloc = alloc_of(ivs[0][0])
+    for lo, hi in ivs[1:]:
+        plo, phi = out[-1]
+        a = alloc_of(lo)
+        if lo - phi <= gap and a == cur_alloc:
+            k = bisect_left(ostarts, lo) - 1  # the others starting before lo
+            if k < 0 or reach[k] <= phi:  # none of them reaches into the gap
+                out[-1] = (plo, max(phi, hi))
+                continue
+        out.append((lo, hi))
+        cur_alloc = a
     return out
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core import _context, _device
-from .._core._checks import as_index, span, u64
+from .._core._checks import as_index, check_bool, span, u64
 from .._core._errors import ClosedError, CudaError
 from .._core._inflight import keep_alive
 from .._core._location import Location, as_location
@@ -38,6 +38,7 @@ from ._managed_ranges import (
 from ._plan_ranges import (
     EntryTuple,
     Ranges,
+    close_gaps,
     intersect,
     merge_all,
     range_arrays,
@@ -49,10 +50,18 @@ if TYPE_CHECKING:
 
     from .._core._location import LocationLike
 
-__all__ = ["PlanEntry", "PlannedCall", "PrefetchPlan"]
+__all__ = ["MERGE_GAP", "PlanEntry", "PlannedCall", "PrefetchPlan"]
 
 
 # -- PrefetchPlan --------------------------------------------------------------------
+
+#: What a prefetch costs per range whatever its size (up to about 1 MiB), in seconds,
+#: and the rate it moves pages at, in bytes per second: a gap between two ranges is
+#: cheaper to move with them than to skip below their product (see docs/decisions.md).
+RANGE_COST_S = 47e-6
+PREFETCH_BYTES_PER_S = 47e9
+#: The largest gap a plan (not ``exact``) closes between two prefetches: 2 MiB.
+MERGE_GAP = (int(RANGE_COST_S * PREFETCH_BYTES_PER_S) >> 20) << 20
 
 PREFETCH = "prefetch"
 DISCARD = "discard"
@@ -161,7 +170,11 @@ class PrefetchPlan:
        to two destinations): **all or nothing**, one bad entry and no call is
        made;
     2. coalesces adjacent or overlapping ranges of one allocation with the
-       same destination (4096 contiguous 128 KiB entries become one range);
+       same destination (4096 contiguous 128 KiB entries become one range),
+       and, unless the plan is ``exact``, prefetches of one destination whose
+       gap is cheaper to move than a range of its own (at most
+       :data:`MERGE_GAP` bytes, with no other entry of the plan in it): the
+       gap's pages are prefetched too;
     3. issues, in this order: the discards that are not also prefetched
        (``cuMemDiscardBatchAsync``), ranges both discarded and prefetched
        (``cuMemDiscardAndPrefetchBatchAsync``), then the prefetches, grouped by
@@ -172,6 +185,10 @@ class PrefetchPlan:
     takes effect before any prefetch, whatever order they were added in. A
     range that is both discarded and prefetched is discarded and then
     populated at the destination without migrating its old contents.
+
+    **Exact ranges.** ``PrefetchPlan(exact=True)`` prefetches exactly the
+    ranges added (only touching or overlapping ones merge): for a device that
+    is nearly full, where the gaps' pages would evict data still needed.
 
     **Streams.** The batch calls refuse the legacy default stream; for it
     (``None``, 0 or ``Stream.legacy_default()``) they run on a private
@@ -200,9 +217,15 @@ class PrefetchPlan:
     >>> buf.close(); stream.close()
     """
 
-    __slots__ = ("_compiled", "_count", "_entries")
+    __slots__ = ("_compiled", "_count", "_entries", "_gap")
 
-    def __init__(self) -> None:
+    #: The largest gap between two prefetches of one destination that a plan closes.
+    MERGE_GAP: ClassVar[int] = MERGE_GAP
+
+    def __init__(self, *, exact: bool = False) -> None:
+        check_bool(exact, "exact")
+        # The largest gap closed between two prefetches of one destination.
+        self._gap = 0 if exact else MERGE_GAP
         # One tuple per add(), one Ranges per add_ranges(), in the order added.
         self._entries: list[EntryTuple | Ranges] = []
         self._count = 0
@@ -538,6 +561,14 @@ class PrefetchPlan:
                 if hi > reach:
                     reach, reach_loc = hi, loc
         dmerged = merge_all(discard, discard_arrays)
+        if self._gap:
+            bounds = sorted({(t.ptr, t.ptr + t.nbytes) for t in buffers.values()
+                             if isinstance(t, ManagedBuffer)}
+                            | {(a, a + n) for a, n in extents})
+            for loc in merged:
+                others = sorted([iv for other, ivs in merged.items() if other != loc
+                                 for iv in ivs] + dmerged)
+                merged[loc] = close_gaps(merged[loc], self._gap, bounds, others)
         steps: list[tuple[str, list[Range]]] = []
         if dmerged:
             covered = sorted(iv for ivs in merged.values() for iv in ivs)

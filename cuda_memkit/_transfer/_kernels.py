@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUdevice_attribute, CUpointer_attribute, CUstream
 
 from .._core import _capture, _driver
-from .._core._checks import ADDRESS_END
+from .._core._checks import ADDRESS_END, one_of
 from .._core._context import ensure_any_context
 from .._core._errors import CudaError
 from .._core._host_registry import is_pinned_host
@@ -179,11 +179,7 @@ def _reach(op: Any, role: str, device: int) -> tuple[int | None, str, bool]:
 
 def check_method(method: Any) -> str:
     """``method`` checked: one of :data:`METHODS`."""
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a str, one of {METHODS}, not {type(method).__name__}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    return method
+    return one_of(method, "method", METHODS)
 
 
 def threshold(group: Any) -> int:
