@@ -71,6 +71,12 @@ class MemoryKind(str, enum.Enum):
         No buffer's kind: the bytes of ``MANAGED`` buffers cuda_memkit last
         prefetched to a device (its own record; see
         :meth:`ManagedBuffer.residency <cuda_memkit.ManagedBuffer.residency>`).
+    GRAPH
+        No buffer's kind: memory allocated while a stream captured, owned by
+        the CUDA graph and freed with it (see :class:`~cuda_memkit.Graph`).
+    GRAPH_EXEC
+        No buffer's kind: an open :class:`~cuda_memkit.Graph` (no bytes), so
+        that a leak report names graphs that were never closed.
     """
 
     DEVICE = "device"
@@ -84,6 +90,8 @@ class MemoryKind(str, enum.Enum):
     GROWABLE = "growable"
     SHARED_RING = "shared_ring"
     MANAGED_RESIDENT = "managed_resident"
+    GRAPH = "graph"
+    GRAPH_EXEC = "graph_exec"
 
     def __str__(self) -> str:
         return str(self.value)
