@@ -269,12 +269,22 @@ def _free(block: Any, cus: Any) -> Any:
     return _driver.function("cuMemFreeAsync")(block, cus)
 
 
-def _cus_of(holder: Any) -> Any:
-    """The ``CUstream`` of a block's stream holder; ``None`` once a ``Stream`` was closed.
+def _live_cus(holder: Any) -> Any:
+    """The ``CUstream`` of a block's stream holder while it surely exists; else ``None``.
 
-    The holder is a ``Stream``, a ``StreamRef`` or the ``CUstream`` itself.
+    The holder is a ``Stream``, a ``StreamRef`` or the ``CUstream`` itself. A
+    stream known only by its handle (no object held), or a ``Stream`` closed or
+    collected, may have been destroyed, and the driver can crash on a
+    destroyed handle: such a block is freed after a device synchronize on the
+    legacy stream instead.
     """
-    return getattr(holder, "_custream", holder)
+    cus = getattr(holder, "_custream", None)
+    if cus is None:
+        return None
+    fin = getattr(holder, "_finalizer", None)
+    if fin is not None:  # a Stream that owns its handle: alive until its finalizer ran
+        return cus if fin.alive else None
+    return cus if getattr(holder, "obj", None) is not None else None
 
 
 def _still_capturing(cus: Any, rec: CaptureRecord) -> bool:
@@ -294,8 +304,8 @@ def _try_free(block: Any, holder: Any, device: int) -> bool:
     free), or its stream is gone while a capture may be under way (the
     device synchronize that would order the free could break that capture).
     """
-    cus = _cus_of(holder)
-    if cus is None:  # its stream was closed: after everything, on the legacy stream
+    cus = _live_cus(holder)
+    if cus is None:  # its stream may be gone: after everything, on the legacy stream
         if capture_may_run():
             return False
         with primary_pushed(device):
@@ -314,11 +324,12 @@ def release_graph_block(rec: CaptureRecord, block: Any, holder: Any, device: int
                         acct: Any, nbytes: int) -> None:
     """Free graph allocation ``block`` (its ledger entry removed by the caller), or keep it.
 
-    ``holder`` is what holds the block's stream (see :func:`_cus_of`). Kept
+    ``holder`` is what holds the block's stream (see :func:`_live_cus`). Kept
     blocks go back into the ledger and into ``rec.dropped``; see the module
     docstring for when each case frees.
     """
-    cus = _cus_of(holder)
+    # Freed by its holder now, on its stream as every free is (a capturing stream exists).
+    cus = getattr(holder, "_custream", holder)
     if _still_capturing(cus, rec):  # the capture is still under way: a free node
         _driver.check("cuMemFreeAsync", _free(block, cus))
         return
