@@ -45,13 +45,13 @@ from cuda.bindings import driver as _cu
 
 from . import _driver
 from ._constants import STREAM_LEGACY
-from ._context import primary_pushed
+from ._context import context_retry, primary_pushed
 from ._errors import CudaError
 from ._resource import Resource, account, make_finalizer
 
 __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_capture",
-           "capture_id", "capture_may_run", "end_capture", "flag_hooks", "give_later",
-           "has_deferred",
+           "capture_id", "capture_id_on_release", "capture_may_run", "end_capture",
+           "flag_hooks", "give_later", "has_deferred",
            "hold_until_gone", "is_capturing", "keep_for_graph", "mirror", "note_capture",
            "own_open", "record_for", "relaxed", "release_graph_block", "retry_deferred",
            "watch_captures"]
@@ -190,6 +190,20 @@ def capture_id(cus: Any) -> int:
     return ident if state == _ACTIVE else 0
 
 
+def capture_id_on_release(cus: Any, device: int | None) -> int:
+    """:func:`capture_id` for a release path: never a failed release because of the query.
+
+    A context error (the current context destroyed, none current) is asked again
+    with device ``device``'s primary context pushed; any other error is no
+    capture (a stream the driver cannot describe captures nothing the release
+    could break, and the free itself reports what is wrong).
+    """
+    try:
+        return context_retry(device, capture_id, cus)
+    except CudaError:
+        return 0
+
+
 def is_capturing(cus: Any) -> bool:
     """Whether stream ``cus`` captures now (``cuStreamIsCapturing``)."""
     return int(_driver.call("cuStreamIsCapturing", cus)) != 0
@@ -249,6 +263,8 @@ class Hold:
 _records: dict[int, CaptureRecord] = {}
 #: Records of captures begun by begin_capture() and not ended yet, by capture id.
 _own_open: dict[int, CaptureRecord] = {}
+#: The same records by the ``int`` handle of their capturing stream.
+_own_streams: dict[int, CaptureRecord] = {}
 
 
 def record_for(cus: Any) -> CaptureRecord | None:
@@ -340,6 +356,9 @@ def release_graph_block(rec: CaptureRecord, block: Any, holder: Any, device: int
         return
     if capture_may_run() or not _try_free(block, holder, device):
         _keep(rec, block, holder, device, acct, nbytes)  # tried again later
+        return
+    # The driver keeps freed graph memory mapped until asked (see retry_deferred).
+    _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
 
 
 def _keep(rec: CaptureRecord, block: Any, holder: Any, device: int, acct: Any,
@@ -445,17 +464,40 @@ def begin_capture(cus: Any, mode: object) -> None:
     code = _mode_arg(mode)
     device = int(_driver.call("cuStreamGetDevice", cus))  # refused once the stream captures
     _driver.call("cuStreamBeginCapture", cus, _cu.CUstreamCaptureMode(code))
-    ident = capture_id(cus)
+    try:
+        ident = capture_id(cus)
+    except BaseException:
+        _driver.function("cuStreamEndCapture")(cus)  # (best effort) no capture left behind
+        raise
+    rec = CaptureRecord(ident, True, device)
     with _lock:
-        _own_open[ident] = CaptureRecord(ident, True, device)
+        _own_open[ident] = rec
+        _own_streams[int(cus)] = rec
     _change(1)
 
 
 def end_capture(cus: Any) -> Graph:
     """``cuStreamEndCapture`` on ``cus``, instantiated: the :class:`Graph`."""
-    ident = _capture_info(cus)[1]  # an invalidated capture too: it ends here
+    # Our own capture is found by its stream: the driver may not give the id of an
+    # invalidated capture (nor answer at all), and the capture must end here all the same
+    # (else :data:`active` stays up for the process).
     with _lock:
-        rec = _own_open.pop(ident, None)
+        rec = _own_streams.pop(int(cus), None)
+        if rec is not None:
+            _own_open.pop(rec.id, None)
+    if rec is not None:
+        ident = rec.id
+    else:
+        try:
+            ident = _capture_info(cus)[1]
+        except CudaError:
+            ident = 0
+        with _lock:
+            rec = _own_open.pop(ident, None) if ident else None
+            if rec is not None:
+                for h, r in list(_own_streams.items()):
+                    if r is rec:
+                        del _own_streams[h]
     # cuStreamGetDevice is refused while the stream captures: the device noted at the
     # beginning, or (a capture begun elsewhere) the current context's.
     device = rec.device if rec is not None else int(_driver.call("cuCtxGetDevice"))

@@ -38,7 +38,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import _driver
+from cuda.bindings.driver import CUstream
+
+from . import _capture, _driver
 from ._constants import INVALID_VALUE, STREAM_PER_THREAD
 from ._context import ensure_any_context, primary_context
 from ._errors import PeerAccessError
@@ -80,7 +82,10 @@ def stream_device(stream: StreamLike, handle: int) -> int | None:
     The default streams (``0``, ``CU_STREAM_LEGACY``, ``CU_STREAM_PER_THREAD``)
     are the current context's. A :class:`~cuda_memkit.Stream` made by
     cuda_memkit knows its device; other handles are asked
-    (``cuStreamGetDevice``).
+    (``cuStreamGetDevice``), except while they capture: the driver refuses
+    ``cuStreamGetDevice`` on a capturing stream (and the capture may not
+    survive it), so a capturing stream is taken to be the current context's
+    device's, as the capture's work is issued there.
     """
     if handle <= STREAM_PER_THREAD:
         return None
@@ -88,6 +93,8 @@ def stream_device(stream: StreamLike, handle: int) -> int | None:
         known: int = stream._device
         if known >= 0:
             return known
+    if _capture.active and _capture.capture_id(CUstream(handle)):
+        return int(_driver.call("cuCtxGetDevice"))
     return int(_driver.call("cuStreamGetDevice", handle))
 
 

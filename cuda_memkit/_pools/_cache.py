@@ -413,7 +413,7 @@ class Bin(Unshareable):
             if n is None:
                 return
             if (CAPTURING and cache is None and on is None and on_ledger is not None
-                    and _capture.capture_id(on_ledger)):
+                    and _capture.capture_id_on_release(on_ledger, self.device)):
                 # Memory from before the capture, freed on the capturing stream: the driver
                 # refuses (only graph memory has free nodes); freed once the capture ended.
                 self.account.restore(block, n, on_ledger)

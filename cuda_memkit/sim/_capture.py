@@ -385,6 +385,9 @@ def cuStreamGetCaptureInfo(hStream: Any) -> tuple[Any, ...]:
     cap = _capture_status(hStream)
     if cap is None:
         return (cu.CUstreamCaptureStatus(NONE), 0, None, [], [], 0)
+    if cap.status != ACTIVE:  # the rest is set only for an active capture (seen on the H200:
+        # an invalidated capture's id is not what its begin saw)
+        return (cu.CUstreamCaptureStatus(cap.status), 0, None, [], [], 0)
     return (cu.CUstreamCaptureStatus(cap.status), cap.id, cu.CUgraph(cap.graph), [], [], 0)
 
 
