@@ -335,11 +335,13 @@ class Bin(Unshareable):
         self.cache, self.cus, self.size = cache, cus, size
         self.blocks: list[Any] | None = [] if size else None
 
-    def take(self, nbytes: int, cus: Any) -> Any:
+    def take(self, nbytes: int, cus: Any, made: int = 0) -> Any:
         """A block of ``nbytes`` for stream ``cus``, registered in the ledger.
 
         A free block of the bin if it has one, else a new one from the driver
-        pool (the bin's size, or ``nbytes`` for a bin that keeps nothing).
+        pool (the bin's size, or for a bin that keeps nothing ``made`` if
+        given, else ``nbytes``). The ledger counts ``nbytes``, the bytes asked
+        for, whatever the block's size.
         """
         blocks = self.blocks
         if blocks:
@@ -356,7 +358,7 @@ class Bin(Unshareable):
             cache.misses += 1  # type: ignore[union-attr]
             nbytes_made = self.size
         else:
-            nbytes_made = nbytes
+            nbytes_made = made or nbytes
         res = ALLOC(nbytes_made, self.cupool, cus)
         block = res[1] if not res[0] else alloc_failed(res, nbytes_made, self.cupool, cus,
                                                         self.device, cache)
@@ -531,10 +533,10 @@ class HeldBin(Bin):
         self.real = real
         self.records = records
 
-    def take(self, nbytes: int, cus: Any) -> Any:
+    def take(self, nbytes: int, cus: Any, made: int = 0) -> Any:
         """A block of the real bin (a miss allocates in relaxed capture mode)."""
         with _capture.relaxed():
-            return self.real.take(nbytes, cus)
+            return self.real.take(nbytes, cus, made)
 
     def give(self, block: Any, sref: Stream | StreamRef | None = None, on: Any = None
              ) -> None:

@@ -334,10 +334,11 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
             b = found if found is not None else bin_for(caches[dev], direct[dev], h, cus, st,
                                                         size)
         # CuPy's memory is the block reserved, a multiple of 512 bytes, as its own pools
-        # give (CuPy's code relies on it): the bin's size, or the request rounded.
-        size = b.size or round_size(size)
-        d = b.take(size, cus)
-        m = Memory(int(d), size, st, dev)
+        # give (CuPy's code relies on it): the bin's size, or the request rounded. The
+        # ledger counts the bytes asked for, as for every allocation (architecture.md).
+        reserved = b.size or round_size(size)
+        d = b.take(size, cus, reserved)
+        m = Memory(int(d), reserved, st, dev)
         m._bin = b
         m._d = d
         m._pool = given
