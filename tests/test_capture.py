@@ -20,6 +20,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import allocators
 from cuda_memkit._core import _capture, _driver, _resource
+from cuda_memkit._core._context import primary_pushed
 
 from . import _fake_frameworks as fake
 from ._helpers import read
@@ -55,7 +56,8 @@ def trim_graph_memory() -> Iterator[None]:
     if leaked > 0:
         _capture._change(-leaked)
     _capture.retry_deferred()
-    _driver.call("cuCtxSynchronize")
+    with primary_pushed(0):
+        _driver.call("cuCtxSynchronize")  # the frees queued on streams are done
     _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
     assert leaked <= 0, f"the test left {leaked} capture(s) counted in _capture.active"
 

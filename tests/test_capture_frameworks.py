@@ -17,6 +17,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit import allocators
 from cuda_memkit._core import _capture, _driver, _resource
+from cuda_memkit._core._context import primary_pushed
 
 if _driver.backend_name() == "sim":
     pytest.skip("the frameworks need a GPU (simulator backend)", allow_module_level=True)
@@ -42,7 +43,8 @@ def trim_graph_memory() -> Iterator[None]:
     if leaked > 0:
         _capture._change(-leaked)
     _capture.retry_deferred()
-    _driver.call("cuCtxSynchronize")
+    with primary_pushed(0):
+        _driver.call("cuCtxSynchronize")  # the frees queued on streams are done
     _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
     assert leaked <= 0, f"the test left {leaked} capture(s) counted in _capture.active"
 
