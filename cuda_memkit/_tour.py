@@ -21,6 +21,21 @@ def _simulated() -> bool:
     return _driver.backend_name() == "sim"
 
 
+def _settle() -> None:
+    """Give back what the step's buffers held, before a step closes a pool of its own.
+
+    Waits for the copies still holding closed buffers (their release follows the copy)
+    and collects the dropped objects, so that the pool closes with nothing alive.
+    """
+    import gc
+
+    from ._core._inflight import wait_pending
+
+    gc.collect()
+    wait_pending()
+    gc.collect()
+
+
 def _core_step(say: Say) -> None:
     from . import CudaOutOfMemoryError, DeviceBuffer
 
@@ -129,12 +144,20 @@ def _loader_step(say: Say) -> None:
     seen = []
     # Its own pool, so that the batches' memory goes back to the device at the end; workers
     # from a fork server, since a process that initialised CUDA has the driver's threads.
-    with MemoryPool(0) as pool, \
-            Loader(_make_batch, 6, (256, 256), np.float32, workers=2, pool=pool,
-                   start_method="forkserver") as loader:
-        for buf in loader:
-            with buf:
-                seen.append(float(buf.to_numpy(np.float32, (256, 256))[0, 0]))
+    pool = MemoryPool(0)
+    try:
+        with Loader(_make_batch, 6, (256, 256), np.float32, workers=2, pool=pool,
+                    start_method="forkserver") as loader:
+            for buf in loader:
+                with buf:
+                    seen.append(float(buf.to_numpy(np.float32, (256, 256))[0, 0]))
+        # On a GPU a batch's buffer closed while its copy from the ring may still run is
+        # released once that copy is done: wait for it before the pool closes.
+        _settle()
+    except BaseException:
+        pool.close(force=True)  # the error, not a pool with batches alive, is the news
+        raise
+    pool.close()
     say(f"a Loader: 2 worker processes wrote {len(seen)} batches of 256 KiB into a shared "
         f"pinned ring, each copied to the device in order: {seen}")
 
@@ -248,13 +271,24 @@ def _frameworks_step(say: Say) -> None:
     from . import MemoryPool, memory_stats
     from .allocators import use_with_cupy
 
-    with MemoryPool(0) as pool:
+    pool = MemoryPool(0)
+    try:
         with use_with_cupy(pool, cache=False):
             x = cupy.arange(1 << 20, dtype=cupy.float32)
             total = float((x * 2).sum())
             held = memory_stats().by_kind["pool"].live
             del x
-        cupy.cuda.Device(0).synchronize()
+            # CuPy's arrays (and temporaries) dropped, its work done: their memory goes back
+            # to the pool before CuPy's allocator is restored and the pool closes.
+            cupy.cuda.Device(0).synchronize()
+            _settle()
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+        _settle()
+    except BaseException:
+        pool.close(force=True)  # the error, not a pool with arrays alive, is the news
+        raise
+    pool.close()
     say(f"CuPy on a cuda_memkit pool: a sum of 1M float32 = {total:.0f}, "
         f"{held} allocation(s) in cuda_memkit's statistics while the arrays lived")
 

@@ -173,10 +173,14 @@ class MemkitPlugin(WorkerPlugin):
     >>> stats = memory_stats(client)       # {address: MemoryStats}
     >>> leaks = unregister(client)         # {address: WorkerLeaks}
     >>> client.close(); cluster.close()
-    >>> [s.by_kind["pool"].current for s in stats.values()]
-    [0]
-    >>> [bool(report) for report in leaks.values()]
-    [False]
+    >>> [type(s).__name__ for s in stats.values()]
+    ['MemoryStats']
+    >>> [type(report).__name__ for report in leaks.values()]
+    ['WorkerLeaks']
+
+    (With ``processes=False`` the worker runs in this process: its ledger,
+    and so its statistics and leak report, are this process's, with all it
+    holds. In a process cluster each worker's are its own.)
     """
 
     name = PLUGIN_NAME

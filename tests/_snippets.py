@@ -6,8 +6,8 @@ A block runs as written, on its own, unless the line right before its fence says
     runs after the page's previous block, in its namespace (and so after what that continues);
 ``<!-- snippet: needs cupy -->``
     needs CuPy (also ``torch``, ``numba``, ``processes=2``): runs on the GPU only, in
-    gpu-check's suite; ``gpus=2`` / ``gpus=3``: runs where there are that many devices (the
-    simulator has two);
+    gpu-check's suite; ``dask``: runs where dask and distributed import; ``gpus=2`` /
+    ``gpus=3``: runs where there are that many devices (the simulator has two);
 ``<!-- snippet: skip: a fragment -->``
     not meant to run; the reason is required;
 ``<!-- snippet: xfail: NameError host_array -->``
@@ -38,6 +38,7 @@ NEEDS = {
     "gpus=2": "two GPUs",
     "gpus=3": "three GPUs",
     "processes=2": "two processes sharing memory (the real driver)",
+    "dask": "dask and distributed (the dask extra)",
 }
 
 

@@ -7,8 +7,11 @@ machine of its own. One cluster serves the module (starting one costs seconds).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,17 +24,73 @@ from cuda_memkit.dask import MemkitPlugin, memory_stats, unregister  # noqa: E40
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
+@contextlib.contextmanager
+def _cluster() -> Iterator[Any]:
+    """A client of a process cluster of two workers, each with its CUDA context made.
+
+    On leaving, the cluster is closed and its worker processes have exited (their memory,
+    on a GPU, is the device's again).
+    """
     # The workers log to this process's handlers: keep distributed's chatter out of the report.
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None, worker_dashboard_address=None
-                                  ) as cluster, distributed.Client(cluster) as c:
-        # Each worker's CUDA context is made now, before any test's leak check looks: on a
-        # GPU that check reads the device's free memory, which the contexts take a part of.
-        c.run(_context)
+    pids: list[int] = []
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=":0", worker_dashboard_address=None
+                                      ) as cluster, distributed.Client(cluster) as c:
+            # Each worker's CUDA context is made now, before any test's leak check looks: on
+            # a GPU that check reads the device's free memory, which the contexts take a
+            # part of.
+            c.run(_context)
+            pids.extend(c.run(os.getpid).values())
+            yield c
+    finally:
+        _wait_gone(pids)
+
+
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> None:
+    """Wait until the processes ``pids`` have exited (a zombie has: its memory is gone)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker process {pid} still runs {timeout:.0f} s after "
+                                   "its cluster closed")
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    with _cluster() as c:
         yield c
+
+
+@pytest.fixture
+def own_client() -> Iterator[Any]:
+    """A cluster of the test's own, whose worker processes are gone when the test ends.
+
+    For a test that leaves memory in a worker: the plugin's pool closed with a buffer alive
+    (``close(force=True)``) is destroyed, and its reserve given back, only once that buffer
+    is freed and the pool object goes. On a GPU the leak check reads the device's free memory,
+    where the worker processes' memory counts too: ending the workers gives it all back.
+    """
+    with _cluster() as c:
+        yield c
+
+
+@pytest.fixture
+def own_plugin(own_client: Any) -> Iterator[MemkitPlugin]:
+    p = MemkitPlugin(reserve=64 * MIB, cupy=False)
+    own_client.register_plugin(p)
+    yield p
+    own_client.run(_drop)
 
 
 def _context() -> None:
@@ -117,8 +176,9 @@ def test_memory_stats_is_per_worker_and_matches_the_worker_metrics(
     assert metrics[second]["cuda_memkit_bytes"] == 0
 
 
-def test_unregister_reports_what_each_worker_left_allocated(client: Any,
-                                                            plugin: MemkitPlugin) -> None:
+def test_unregister_reports_what_each_worker_left_allocated(own_client: Any,
+                                                            own_plugin: MemkitPlugin) -> None:
+    client = own_client
     first, second = sorted(client.scheduler_info()["workers"])
     client.run(_hold, 5 * MIB, workers=[first])
     reports = unregister(client)
@@ -133,7 +193,9 @@ def test_unregister_reports_what_each_worker_left_allocated(client: Any,
     assert client.run(_live_now) == {first: 0, second: 0}
 
 
-def test_the_worker_log_carries_the_leak_report(client: Any, plugin: MemkitPlugin) -> None:
+def test_the_worker_log_carries_the_leak_report(own_client: Any,
+                                                own_plugin: MemkitPlugin) -> None:
+    client = own_client
     first, _ = sorted(client.scheduler_info()["workers"])
     client.run(_hold, 2 * MIB, workers=[first])
     unregister(client)

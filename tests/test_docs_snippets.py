@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,9 @@ def _missing(needs: set[str]) -> str | None:
     for need in sorted(needs):
         if need in ("cupy", "torch", "numba") and importlib.util.find_spec(need) is None:
             return _snippets.NEEDS[need]
+        if need == "dask" and any(importlib.util.find_spec(m) is None
+                                  for m in ("dask", "distributed")):
+            return _snippets.NEEDS[need]
         if need.startswith("gpus=") and cm.device_count() < int(need[len("gpus="):]):
             return _snippets.NEEDS[need]
     return None
@@ -78,10 +82,31 @@ def _params() -> list[object]:
     return params
 
 
+def child_pythonpath() -> str:
+    """PYTHONPATH for a child interpreter: the checkout, then this process's PYTHONPATH."""
+    inherited = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([str(ROOT), *(p for p in inherited.split(os.pathsep) if p)])
+
+
+#: Optional packages (extras) a block may import: missing in the child, the block is skipped.
+OPTIONAL = ("cupy", "torch", "numba", "dask", "distributed", "dask_cuda", "rmm",
+            "prometheus_client")
+
+
+def _missing_optional(stderr: str) -> str | None:
+    """The optional package whose import failed in the child, or None."""
+    m = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", stderr)
+    if m and m.group(1).split(".")[0] in OPTIONAL:
+        return m.group(1).split(".")[0]
+    return None
+
+
 def run_chain(block: Block, tmp: Path) -> subprocess.CompletedProcess[str]:
     """Run ``block`` after the blocks it continues, in a fresh interpreter under ``tmp``."""
     payload = json.dumps([(b.name, b.source) for b in block.chain()])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_MEMKIT_BACKEND": BACKEND,
+    # The child sees what this process sees: the checkout first, then this environment's
+    # PYTHONPATH (packages installed there, such as the optional frameworks, stay visible).
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(), "CUDA_MEMKIT_BACKEND": BACKEND,
            "MPLBACKEND": "Agg"}
     env.pop("CUDA_MEMKIT_LEAK_REPORT", None)
     return subprocess.run([sys.executable, "-c", _RUNNER], input=payload, cwd=tmp, env=env,
@@ -95,6 +120,9 @@ def test_snippet_runs(block: Block, tmp_path: Path) -> None:
     if lacking:
         pytest.skip(f"needs {lacking}")
     proc = run_chain(block, tmp_path)
+    optional = _missing_optional(proc.stderr) if proc.returncode else None
+    if optional:
+        pytest.skip(f"needs {optional} (an optional package, missing here)")
     assert proc.returncode == 0, f"{block.name} failed:\n{proc.stderr[-4000:]}"
     left = json.loads(proc.stdout.rsplit("__memkit_left__ ", 1)[1])
     assert left == {}, f"{block.name}: still allocated once its names were gone: {left}"

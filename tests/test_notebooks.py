@@ -35,9 +35,13 @@ def test_notebook_runs(path: pathlib.Path, tmp_path: pathlib.Path, backend: str,
     env = {**os.environ, "CUDA_MEMKIT_BACKEND": backend, "MPLBACKEND": "Agg"}
     # --one: the in-process executor, no Jupyter kernel needed
     out = tmp_path / path.name
+    # The checkout first, then this process's PYTHONPATH: packages installed there (dask,
+    # say) stay visible to the notebook.
+    pythonpath = os.pathsep.join([str(ROOT), *(p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p)])
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_notebooks.py"), "--one", str(path),
-         str(out)], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+         str(out)], env={**env, "PYTHONPATH": pythonpath}, capture_output=True, text=True,
         timeout=600, check=False)
     cells = ([c for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"]
              if out.exists() else [])
