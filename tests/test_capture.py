@@ -388,3 +388,20 @@ def test_memory_from_before_a_capture_freed_during_it_goes_after_it(stream: cm.S
         graph = stream.end_capture()
         assert not _resource.account("pool", 0, pool.handle).live  # freed now
         graph.close()
+
+
+def test_a_release_under_watch_captures_survives_a_destroyed_current_context() -> None:
+    # While a capture may run, a pool free asks the driver whether its stream captures;
+    # with a destroyed context current that query fails, and must not fail the free.
+    from ._contexts import stale_context_current
+
+    cm.watch_captures(True)
+    try:
+        with cm.MemoryPool(0) as pool:  # no cache: the free is a driver call
+            acct = _resource.account("pool", 0, pool.handle)
+            buf = pool.allocate(N, stream=None)  # the legacy stream: the current context's
+            with stale_context_current():
+                buf.free()
+            assert not acct.live
+    finally:
+        cm.watch_captures(False)

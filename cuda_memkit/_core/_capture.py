@@ -357,8 +357,20 @@ def release_graph_block(rec: CaptureRecord, block: Any, holder: Any, device: int
     if capture_may_run() or not _try_free(block, holder, device):
         _keep(rec, block, holder, device, acct, nbytes)  # tried again later
         return
-    # The driver keeps freed graph memory mapped until asked (see retry_deferred).
-    _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
+    _trim(device)  # the driver keeps freed graph memory mapped until asked
+
+
+def _trim(device: int) -> None:
+    """``cuDeviceGraphMemTrim``: the graph memory no graph uses back to the system.
+
+    Called on release paths: a context error is retried with the device's
+    primary context pushed, and a trim that still fails is skipped (the memory
+    goes at the next trim), never a failed release.
+    """
+    try:
+        context_retry(device, _driver.call, "cuDeviceGraphMemTrim", _cu.CUdevice(device))
+    except CudaError:
+        pass
 
 
 def _keep(rec: CaptureRecord, block: Any, holder: Any, device: int, acct: Any,
@@ -452,7 +464,7 @@ def retry_deferred() -> int:
             if not rec.dropped and not rec.kept and rec.id not in _own_open:
                 _records.pop(rec.id, None)
     for device in devices:  # the driver keeps freed graph memory mapped until asked
-        _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
+        _trim(device)
     return freed
 
 
@@ -591,7 +603,7 @@ def _destroy_now(exe: int, graph: int, device: int) -> None:
         _driver.call("cuGraphExecDestroy", _cu.CUgraphExec(exe))
     finally:
         _driver.call("cuGraphDestroy", _cu.CUgraph(graph))
-    _driver.call("cuDeviceGraphMemTrim", _cu.CUdevice(device))
+    _trim(device)
 
 
 #: Open graphs (tests and the leak report find them here).
