@@ -405,3 +405,24 @@ def test_a_release_under_watch_captures_survives_a_destroyed_current_context() -
             assert not acct.live
     finally:
         cm.watch_captures(False)
+
+
+def test_work_on_a_foreign_capturing_stream_given_by_handle() -> None:
+    # The driver refuses cuStreamGetDevice on a capturing stream (torch's capture failed on
+    # it): a stream known only by its handle is not asked its device while it captures.
+    h = int(_driver.call("cuStreamCreate", 1))
+    cm.watch_captures(True)
+    try:
+        with cm.MemoryPool(0, cache=True) as pool:
+            _driver.call("cuStreamBeginCapture", h,
+                         cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+            y = pool.allocate(N, stream=h)
+            y.fill(7, stream=h)
+            y.free()  # a free node of the capture
+            graph = _driver.call("cuStreamEndCapture", h)
+            _driver.call("cuGraphDestroy", graph)
+            pool.empty_cache()
+    finally:
+        cm.watch_captures(False)
+        _driver.call("cuStreamSynchronize", h)
+        _driver.call("cuStreamDestroy", h)
