@@ -9,15 +9,14 @@ to anyone else while the graph may run; CuPy's memory sizes are multiples of
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 
 import pytest
-from cuda.bindings import driver as cu
 
 import cuda_memkit as cm
 from cuda_memkit import allocators
-from cuda_memkit._core import _capture, _driver, _resource
-from cuda_memkit._core._context import primary_pushed
+from cuda_memkit._core import _driver, _resource
+
+from ._capture_state import trim_graph_memory  # noqa: F401 - autouse
 
 if _driver.backend_name() == "sim":
     pytest.skip("the frameworks need a GPU (simulator backend)", allow_module_level=True)
@@ -27,26 +26,6 @@ pytestmark = pytest.mark.framework_kernels
 N = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def trim_graph_memory() -> Iterator[None]:
-    """Each test leaves the device as it found it, so that nothing cascades into later tests.
-
-    No capture flag left up (:data:`_capture.active`: every later allocation would
-    ask the driver, and deferred frees would wait forever); what waits for the end
-    of a capture freed; then the graph memory freed goes back to the system (the
-    driver keeps it mapped, in 32 MiB chunks, until ``cuDeviceGraphMemTrim``)
-    before the leak check reads the device's free memory.
-    """
-    before = _capture.active
-    yield
-    leaked = _capture.active - before
-    if leaked > 0:
-        _capture._change(-leaked)
-    _capture.retry_deferred()
-    with primary_pushed(0):
-        _driver.call("cuCtxSynchronize")  # the frees queued on streams are done
-    _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
-    assert leaked <= 0, f"the test left {leaked} capture(s) counted in _capture.active"
 
 
 def graph_bytes() -> int:
