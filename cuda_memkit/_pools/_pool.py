@@ -823,12 +823,16 @@ def default_pinned() -> MemoryPool:
         pool = _pinned_default
         if pool is not None:
             return pool
-        pool = MemoryPool(location=Location.host(),
-                          release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
-        try:
-            pool.set_access(range(device_count()), Access.READWRITE)
-        except BaseException:
-            pool.close()
-            raise
+        # Made on first use, which may come during a capture (HostBuffer.pooled on a
+        # capturing stream): relaxed, since the driver refuses cuMemPoolCreate during a
+        # global capture and invalidates it.
+        with _capture.relaxed():
+            pool = MemoryPool(location=Location.host(),
+                              release_threshold=DEFAULT_PINNED_RELEASE_THRESHOLD)
+            try:
+                pool.set_access(range(device_count()), Access.READWRITE)
+            except BaseException:
+                pool.close()
+                raise
         _pinned_default = pool
         return pool
