@@ -6,7 +6,8 @@ in reading order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from . import Device, Stream, device_count
@@ -19,6 +20,24 @@ Step = Callable[[Say], None]
 def _simulated() -> bool:
     """Timings on the simulator measure Python, not a GPU: the tour shows none there."""
     return _driver.backend_name() == "sim"
+
+
+@contextmanager
+def _own_pool() -> Iterator[Any]:
+    """A device pool of the step's own, closed at the step's end.
+
+    After an error it is closed as ``close(force=True)`` would: the error, not a
+    pool with memory alive, is the news.
+    """
+    from . import MemoryPool
+
+    pool = MemoryPool(0)
+    try:
+        yield pool
+    except BaseException:
+        pool.close(force=True)
+        raise
+    pool.close()
 
 
 def _settle() -> None:
@@ -139,13 +158,12 @@ def _make_batch(batch: int, out: Any) -> None:
 def _loader_step(say: Say) -> None:
     import numpy as np
 
-    from . import Loader, MemoryPool
+    from . import Loader
 
     seen = []
     # Its own pool, so that the batches' memory goes back to the device at the end; workers
     # from a fork server, since a process that initialised CUDA has the driver's threads.
-    pool = MemoryPool(0)
-    try:
+    with _own_pool() as pool:
         with Loader(_make_batch, 6, (256, 256), np.float32, workers=2, pool=pool,
                     start_method="forkserver") as loader:
             for buf in loader:
@@ -154,10 +172,6 @@ def _loader_step(say: Say) -> None:
         # On a GPU a batch's buffer closed while its copy from the ring may still run is
         # released once that copy is done: wait for it before the pool closes.
         _settle()
-    except BaseException:
-        pool.close(force=True)  # the error, not a pool with batches alive, is the news
-        raise
-    pool.close()
     say(f"a Loader: 2 worker processes wrote {len(seen)} batches of 256 KiB into a shared "
         f"pinned ring, each copied to the device in order: {seen}")
 
@@ -268,11 +282,10 @@ def _frameworks_step(say: Say) -> None:
         return
     import cupy
 
-    from . import MemoryPool, memory_stats
+    from . import memory_stats
     from .allocators import use_with_cupy
 
-    pool = MemoryPool(0)
-    try:
+    with _own_pool() as pool:
         with use_with_cupy(pool, cache=False):
             x = cupy.arange(1 << 20, dtype=cupy.float32)
             total = float((x * 2).sum())
@@ -285,10 +298,6 @@ def _frameworks_step(say: Say) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
         _settle()
-    except BaseException:
-        pool.close(force=True)  # the error, not a pool with arrays alive, is the news
-        raise
-    pool.close()
     say(f"CuPy on a cuda_memkit pool: a sum of 1M float32 = {total:.0f}, "
         f"{held} allocation(s) in cuda_memkit's statistics while the arrays lived")
 
