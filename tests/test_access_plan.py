@@ -17,6 +17,9 @@ import pytest
 
 import cuda_memkit as cm
 
+#: Every test walks managed memory (the GPU leak check allows for the driver's page cache).
+pytestmark = pytest.mark.uses_managed_memory
+
 N = 64 * 1024  # float32 elements: 256 KiB
 CHUNK = 16 * 1024  # bytes: 16 chunks
 
