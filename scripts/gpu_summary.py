@@ -27,6 +27,8 @@ def counts(path: pathlib.Path) -> dict[str, int]:
     out["passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
     failed = [
         f"{c.get('classname')}::{c.get('name')}"
+        + (" (failed in parallel; not re-run alone: no time left)"
+           if c.get("alone") == "not run" else "")
         for s in suites for c in s.iter("testcase")
         if c.find("failure") is not None or c.find("error") is not None
     ]
@@ -48,7 +50,12 @@ def merge(first: pathlib.Path, again: pathlib.Path) -> ET.Element:
         return c.get("classname"), c.get("name")
 
     rerun = {key(c): c for c in cases(again)}
-    merged = [rerun.pop(key(c), c) for c in cases(first)]
+    merged = []
+    for c in cases(first):
+        alone = rerun.pop(key(c), None)
+        if alone is None and (c.find("failure") is not None or c.find("error") is not None):
+            c.set("alone", "not run")  # the re-run ran out of time before it: say so
+        merged.append(c if alone is None else alone)
     merged.extend(rerun.values())
     suite = ET.Element("testsuite", name="suite")
     tally = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -75,7 +82,8 @@ def main() -> None:
               f"{c.get('failures', 0) + c.get('errors', 0)} failed, "
               f"{c.get('skipped', 0)} skipped (parallel, failures re-run alone)")
         for name in c.get("failed_tests", []):  # type: ignore[union-attr]
-            print(f"  FAILED alone too: {name}")
+            alone = "not re-run alone" not in name
+            print(f"  FAILED alone too: {name}" if alone else f"  FAILED: {name}")
         return
     work = pathlib.Path(sys.argv[1])
     summary: dict[str, object] = {
