@@ -39,8 +39,6 @@ def graph_bytes() -> int:
     return sum(a.current for a in list(_resource.LEDGER.values()) if a.kind == "graph")
 
 
-
-
 # -- the API ------------------------------------------------------------------------------
 
 
@@ -226,6 +224,58 @@ def test_watch_captures_sees_a_capture_begun_through_the_driver(stream: cm.Strea
     finally:
         cm.watch_captures(False)
     assert _capture.active == 0
+
+
+class _ForeignGraph:
+    """A framework's graph class (as torch's ``CUDAGraph``), capturing through the driver."""
+
+    def __init__(self, stream: cm.Stream) -> None:
+        self.stream = stream
+
+    def capture_begin(self) -> None:
+        _driver.call("cuStreamBeginCapture", self.stream.handle,
+                     cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+
+    def capture_end(self) -> None:
+        self.graph = _driver.call("cuStreamEndCapture", self.stream.handle)
+
+
+def test_a_frameworks_capture_is_seen_once_a_pool_was_made(
+        stream: cm.Stream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's (and cuda.core's) capture entry points are wrapped: no watch_captures needed."""
+    module = type(sys)("torch.cuda")
+    module.CUDAGraph = type("CUDAGraph", (_ForeignGraph,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.cuda", module)
+    with cm.MemoryPool(0, cache=True) as pool:
+        assert _capture.watch_frameworks()["torch.cuda.CUDAGraph"]
+        pool.allocate(N, stream=stream).free()
+        g = module.CUDAGraph(stream)
+        g.capture_begin()
+        assert _capture.active == 1
+        y = pool.allocate(N, stream=stream)
+        memset(y.ptr, 7, stream)
+        g.capture_end()
+        assert _capture.active == 0
+        assert pool.cached_bytes == N  # the cached block was not lent to the capture
+        exe = _driver.call("cuGraphInstantiate", g.graph, 0)
+        y_ptr = y.ptr
+        y.free()  # before the graph ran: kept
+        w = pool.allocate(N, stream=stream)
+        memset(w.ptr, 1, stream)
+        assert w.ptr != y_ptr
+        _driver.call("cuGraphLaunch", exe, stream.handle)
+        stream.synchronize()
+        assert (read(w.ptr, N) == 1).all()
+        w.free()
+        pool.empty_cache()  # the kept block goes: the graph ran
+        assert graph_bytes() == 0
+        _driver.call("cuGraphExecDestroy", exe)
+        _driver.call("cuGraphDestroy", g.graph)
+
+
+def test_a_class_that_cannot_be_wrapped_is_said() -> None:
+    assert _capture.wrap_entry_points(int, "bit_length", "bit_count") is False
+    assert _capture.wrap_entry_points(_ForeignGraph, "no_such", "capture_end") is False
 
 
 def test_pooled_pinned_memory_waits_for_the_graphs_of_our_captures(stream: cm.Stream) -> None:

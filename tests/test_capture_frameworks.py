@@ -14,7 +14,7 @@ import pytest
 
 import cuda_memkit as cm
 from cuda_memkit import allocators
-from cuda_memkit._core import _driver, _resource
+from cuda_memkit._core import _capture, _driver, _resource
 
 from ._capture_state import trim_graph_memory  # noqa: F401 - autouse
 
@@ -24,8 +24,6 @@ if _driver.backend_name() == "sim":
 pytestmark = pytest.mark.framework_kernels
 
 N = 1 << 20
-
-
 
 
 def graph_bytes() -> int:
@@ -65,17 +63,21 @@ def test_cupy_memory_sizes_are_multiples_of_512() -> None:
         del arrays
 
 
-def test_torch_capture_over_memkit_with_watch_captures() -> None:
+@pytest.mark.parametrize("watch", [True, False], ids=["watch_captures", "wrapped"])
+def test_torch_capture_over_memkit_never_lends_the_graphs_memory(watch: bool) -> None:
+    """Without ``watch_captures`` the pool, made after torch was imported, wrapped its capture."""
     torch = pytest.importorskip("torch")
     stream = torch.cuda.Stream()
-    cm.watch_captures(True)
+    cm.watch_captures(watch)
     try:
         with cm.MemoryPool(0, cache=True) as pool:
+            assert _capture.watch_frameworks()["torch.cuda.CUDAGraph"]
             pool.allocate(N, stream=stream).free()  # a block cached on the stream
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream):
                 y = pool.allocate(N, stream=torch.cuda.current_stream())
                 y.fill(7, stream=torch.cuda.current_stream())
+            assert _capture.active == int(watch)  # the capture's own flag is down again
             y_ptr = y.ptr
             y.free()  # before the graph ran
             w = pool.allocate(N, stream=stream)
@@ -92,4 +94,43 @@ def test_torch_capture_over_memkit_with_watch_captures() -> None:
             gc.collect()
     finally:
         cm.watch_captures(False)
+    assert graph_bytes() == 0
+
+
+def test_cuda_core_capture_over_memkit_never_lends_the_graphs_memory() -> None:
+    core = pytest.importorskip("cuda.core")
+    if not hasattr(core, "GraphBuilder"):
+        pytest.skip("this cuda.core has no GraphBuilder")
+    dev = core.Device(0)
+    dev.set_current()
+    s = dev.create_stream()
+    try:
+        with cm.MemoryPool(0, cache=True) as pool:
+            if not _capture.watch_frameworks()["cuda.core.GraphBuilder"]:
+                pytest.skip("cuda.core's GraphBuilder is an extension type: watch_captures() "
+                            "covers its captures")
+            pool.allocate(N, stream=s).free()
+            gb = s.create_graph_builder()
+            gb.begin_building()
+            y = pool.allocate(N, stream=gb.stream)
+            y.fill(7, stream=gb.stream)
+            graph = gb.end_building().complete()
+            assert _capture.active == 0
+            y_ptr = y.ptr
+            y.free()
+            w = pool.allocate(N, stream=s)
+            w.fill(1, stream=s)
+            s.sync()
+            assert w.ptr != y_ptr
+            graph.launch(s)
+            s.sync()
+            assert (w.to_numpy() == 1).all()
+            w.free()
+            graph.close()
+            gb.close()
+            pool.empty_cache()
+            s.sync()
+            gc.collect()
+    finally:
+        s.close()
     assert graph_bytes() == 0

@@ -44,6 +44,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from . import _driver
+from ._checks import check_bool
 from ._constants import STREAM_LEGACY
 from ._context import context_retry, primary_pushed
 from ._errors import CudaError
@@ -54,7 +55,7 @@ __all__ = ["CAPTURE_MODES", "CaptureRecord", "Graph", "Hold", "active", "begin_c
            "flag_hooks", "give_later", "has_deferred",
            "hold_until_gone", "is_capturing", "keep_for_graph", "mirror", "note_capture",
            "own_open", "record_for", "relaxed", "release_graph_block", "retry_deferred",
-           "watch_captures"]
+           "watch_captures", "watch_frameworks", "wrap_entry_points"]
 
 #: The capture modes ``begin_capture`` accepts -> ``CUstreamCaptureMode``.
 CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
@@ -155,15 +156,72 @@ def note_capture(begun: bool) -> None:
 def watch_captures(enabled: bool = True) -> None:
     """Ask the driver on every allocation whether its stream captures (see module doc)."""
     global _watching
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    check_bool(enabled, "enabled")
     with _lock:
         if enabled != _watching:
             _watching = enabled
             _change(1 if enabled else -1)
 
 
-def _mode_arg(mode: object) -> int:
+def wrap_entry_points(cls: Any, begin: str, end: str) -> bool:
+    """Make ``cls.<begin>`` and ``cls.<end>`` (a capture API) call :func:`note_capture`.
+
+    Wrapped once per class; ``False`` where the class cannot take the wrapper (an
+    extension type), which :func:`watch_captures` then has to cover.
+    """
+    if getattr(cls, "_memkit_watched", False):
+        return True
+    begin_fn, end_fn = getattr(cls, begin, None), getattr(cls, end, None)
+    if begin_fn is None or end_fn is None:
+        return False
+
+    def begin_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = begin_fn(self, *args, **kwargs)
+        note_capture(True)
+        return out
+
+    def end_capture(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return end_fn(self, *args, **kwargs)
+        finally:
+            note_capture(False)
+
+    try:
+        setattr(cls, begin, begin_capture)
+        setattr(cls, end, end_capture)
+        cls._memkit_watched = True
+    except (AttributeError, TypeError):
+        return False
+    return True
+
+
+#: Capture entry points of other libraries, wrapped by :func:`watch_frameworks` once their
+#: module is loaded: (module, class, begin, end).
+FRAMEWORK_CAPTURES = (
+    ("torch.cuda", "CUDAGraph", "capture_begin", "capture_end"),
+    ("cuda.core", "GraphBuilder", "begin_building", "end_building"),
+)
+
+
+def watch_frameworks() -> dict[str, bool]:
+    """Wrap the capture entry points of torch and cuda.core where they are already imported.
+
+    Called when cuda_memkit is imported and whenever a pool is made (cheap: a
+    look in ``sys.modules``, nothing is imported). Returns, per class found,
+    whether its captures are now seen without :func:`watch_captures`.
+    """
+    import sys
+
+    seen = {}
+    for module, name, begin, end in FRAMEWORK_CAPTURES:
+        mod = sys.modules.get(module)
+        cls = getattr(mod, name, None) if mod is not None else None
+        if cls is not None:
+            seen[f"{module}.{name}"] = wrap_entry_points(cls, begin, end)
+    return seen
+
+
+def _check_mode(mode: object) -> int:
     if not isinstance(mode, str):
         raise TypeError(f"mode must be a str ({', '.join(CAPTURE_MODES)}), "
                         f"not {type(mode).__name__}")
@@ -473,7 +531,7 @@ def retry_deferred() -> int:
 
 def begin_capture(cus: Any, mode: object) -> None:
     """``cuStreamBeginCapture`` on ``cus`` in ``mode`` (checked first)."""
-    code = _mode_arg(mode)
+    code = _check_mode(mode)
     device = int(_driver.call("cuStreamGetDevice", cus))  # refused once the stream captures
     _driver.call("cuStreamBeginCapture", cus, _cu.CUstreamCaptureMode(code))
     try:

@@ -60,12 +60,12 @@ from cuda.bindings import driver as _cu
 
 from .._core import _capture, _driver
 from .._core._access import Access, access_descs, check_peers
-from .._core._checks import as_index, check_bool
+from .._core._checks import check_bool, check_index
 from .._core._context import ensure_context
 from .._core._device import Device, check_ordinal, device_count
 from .._core._errors import CudaNotSupportedError, MemkitWarning
 from .._core._inflight import releases_waiting, wait_pending
-from .._core._location import Location, LocationLike, LocationType, as_location
+from .._core._location import Location, LocationLike, LocationType, to_location
 from .._core._resource import (
     CLOSED,
     LEDGER,
@@ -282,14 +282,14 @@ class MemoryPool(PoolAttributes, Resource):
         peers: Iterable[Device | int] = (),
     ) -> None:
         ordinal = check_ordinal(device)
-        loc = None if location is None else as_location(location)
+        loc = None if location is None else to_location(location)
         check_bool(managed, "managed")
         check_bool(ipc, "ipc")
         check_bool(cache, "cache")
         limit = DEFAULT_CACHE_LIMIT if cache_limit is None else check_cache_limit(cache_limit)
         if cache_limit is not None and not cache:
             raise ValueError("cache_limit needs cache=True")
-        max_size = as_index(max_size, "max_size")
+        max_size = check_index(max_size, "max_size")
         if not 0 <= max_size < 1 << 64:
             raise ValueError(f"max_size must be in [0, 2**64), got {max_size}")
         threshold = None if release_threshold is None else check_threshold(release_threshold)
@@ -361,6 +361,7 @@ class MemoryPool(PoolAttributes, Resource):
 
     def _setup(self, cupool: Any, loc: Location | None, managed: bool, ipc: bool, *,
                owned: bool, imported: bool) -> None:
+        _capture.watch_frameworks()  # torch's or cuda.core's captures, when they are loaded
         self._cu = cupool
         self._acu = None if imported else cupool  # for allocate(); None: cannot allocate
         self._handle = int(cupool)
@@ -401,8 +402,7 @@ class MemoryPool(PoolAttributes, Resource):
             pool (the one the CuPy adaptor and the numba plugin use).
         """
         ordinal = check_ordinal(device)
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+        check_bool(cache, "cache")
         ensure_context(None)
         cupool = _driver.call("cuDeviceGetDefaultMemPool", _driver.call("cuDeviceGet", ordinal))
         resolve()
@@ -632,7 +632,7 @@ class MemoryPool(PoolAttributes, Resource):
             The mapping; free it before the exporter frees the original.
         """
         raw = _pool_ipc.check_pointer_data(data)
-        size = None if nbytes is None else as_index(nbytes, "nbytes")
+        size = None if nbytes is None else check_index(nbytes, "nbytes")
         if size is not None and size <= 0:
             raise ValueError(f"nbytes must be > 0, got {size}")
         sref = buffer_stream(stream)

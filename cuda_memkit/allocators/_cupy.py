@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _capture
+from .._core._checks import check_bool
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
 from .._core._stream import StreamRef
@@ -200,29 +201,8 @@ def _watch_cupy_captures(cupy: Any) -> None:
     """
     for name in ("Stream", "ExternalStream"):
         cls = getattr(cupy.cuda, name, None)
-        if cls is None or getattr(cls, "_memkit_watched", False):
-            continue
-        begin, end = getattr(cls, "begin_capture", None), getattr(cls, "end_capture", None)
-        if begin is None or end is None:
-            continue
-
-        def begin_capture(self: Any, *args: Any, _begin: Any = begin, **kwargs: Any) -> Any:
-            out = _begin(self, *args, **kwargs)
-            _capture.note_capture(True)
-            return out
-
-        def end_capture(self: Any, *args: Any, _end: Any = end, **kwargs: Any) -> Any:
-            try:
-                return _end(self, *args, **kwargs)
-            finally:
-                _capture.note_capture(False)
-
-        try:
-            cls.begin_capture = begin_capture
-            cls.end_capture = end_capture
-            cls._memkit_watched = True
-        except (AttributeError, TypeError):  # an extension type: watch_captures() covers it
-            continue
+        if cls is not None:
+            _capture.wrap_entry_points(cls, "begin_capture", "end_capture")
 
 
 def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
@@ -281,8 +261,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
     >>> pool.close()
     """
     cupy = _import_cupy()
-    if not isinstance(cache, bool):
-        raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+    check_bool(cache, "cache")
     get_device = cupy.cuda.runtime.getDevice
     if pool is not None:
         _check_device_pool(pool, get_device)
@@ -392,8 +371,7 @@ def cupy_pinned_allocator(pool: MemoryPool | None = None, *, cache: bool = True
         For a closed pool.
     """
     cupy = _import_cupy()
-    if not isinstance(cache, bool):
-        raise TypeError(f"cache must be a bool, not {type(cache).__name__}")
+    check_bool(cache, "cache")
     MemoryPool = _memory_pool_class()
     if pool is not None:
         if not isinstance(pool, MemoryPool) or not pool.is_host:
@@ -471,8 +449,7 @@ def use_with_cupy(pool: MemoryPool | None = None, *, pinned: bool = False,
     ``use_with_cupy`` installed, else CuPy's default pinned memory pool.
     """
     cupy = _import_cupy()
-    if not isinstance(pinned, bool):
-        raise TypeError("pinned must be a bool")
+    check_bool(pinned, "pinned")
     device_alloc = cupy_allocator(pool, cache=cache)
     pinned_alloc = (cupy_pinned_allocator(pinned_pool, cache=cache)
                     if pinned or pinned_pool is not None else None)
