@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from distributed import WorkerPlugin
 
+from ._core._checks import check_int, check_nonneg
+
 if TYPE_CHECKING:
     from distributed import Client, Worker
 
@@ -92,12 +94,7 @@ def _size_option(value: object, name: str) -> int:
             value = parse_bytes(value)
         except ValueError as exc:
             raise ValueError(f"{name} must be a byte count, not {value!r}") from exc
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int or a size string such as '4GiB', not "
-                        f"{type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, not {value}")
-    return value
+    return check_nonneg(check_int(value, name, "an int or a size string such as '4GiB'"), name)
 
 
 def _flag(value: object, name: str) -> bool:
@@ -189,11 +186,7 @@ class MemkitPlugin(WorkerPlugin):
                  release_threshold: int | str | None = None, max_size: int | str = 0,
                  cache: bool = True, cache_limit: int | str | None = None,
                  pinned: bool = True, cupy: bool | None = None, metrics: bool = True) -> None:
-        if isinstance(device, bool) or not isinstance(device, int):
-            raise TypeError(f"device must be an int, not {type(device).__name__}")
-        if device < 0:
-            raise ValueError(f"device must be >= 0, not {device}")
-        self.device = device
+        self.device = check_nonneg(check_int(device, "device"), "device")
         self.reserve = _size_option(reserve, "reserve")
         self.release_threshold = (KEEP_ALL if release_threshold is None
                                   else _size_option(release_threshold, "release_threshold"))

@@ -9,7 +9,7 @@ from cuda.bindings import driver as cu
 import cuda_memkit as cm
 from cuda_memkit._core import _context, _driver
 from cuda_memkit._core._context import ensure_context
-from cuda_memkit._core._location import as_location
+from cuda_memkit._core._location import to_location
 from cuda_memkit._core._stream import stream_handle
 
 
@@ -267,8 +267,8 @@ def test_locations() -> None:
     assert cm.Location.host().is_host
     assert cm.Location.host_numa(3).id == 3
     assert cm.Location.host_numa_current().type is cm.LocationType.HOST_NUMA_CURRENT
-    assert as_location(cm.Device(0)) == cm.Location.device(0)
-    assert as_location(0) == cm.Location.device(0)
+    assert to_location(cm.Device(0)) == cm.Location.device(0)
+    assert to_location(0) == cm.Location.device(0)
     loc = cm.Location.host_numa(2).to_cu()
     assert loc.type == cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
     assert loc.id == 2
@@ -276,7 +276,7 @@ def test_locations() -> None:
     assert cm.Location.from_cu(0, 0) is None
     assert str(cm.Location.host_numa(1)) == "host NUMA 1"
     with pytest.raises(TypeError):
-        as_location("host")  # type: ignore[arg-type]
+        to_location("host")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         cm.Location.device(-1)
     with pytest.raises(TypeError):

@@ -18,7 +18,7 @@ from ._checks import check_int
 from ._constants import PEER_ACCESS_UNSUPPORTED
 from ._device import Device, check_ordinal, existing_ordinal
 from ._errors import CudaPeerAccessUnsupportedError
-from ._location import Location, LocationType, as_location, check_exists
+from ._location import Location, LocationType, check_exists, to_location
 from ._peer import can_reach
 
 __all__ = ["Access", "TargetLike", "access_descs", "check_access", "check_peers", "check_reach",
@@ -104,7 +104,7 @@ def check_targets(targets: object, access: Access, owner: int | None,
         raise ValueError(f"no device given: {what} is empty (no target to set access for)")
     out: dict[tuple[int, int], Location] = {}
     for item in items:
-        loc = check_exists(as_location(item))  # ValueError for a device that does not exist
+        loc = check_exists(to_location(item))  # ValueError for a device that does not exist
         out[(int(loc.type), loc.id)] = loc
     locs = list(out.values())
     if owner is not None and access is not Access.NONE:

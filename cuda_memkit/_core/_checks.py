@@ -1,8 +1,12 @@
-"""Argument checks shared by the resource modules.
+"""Argument checks shared by the resource modules: the one home for them.
 
-Each check raises ``TypeError`` or ``ValueError`` naming the argument, before
-anything is allocated or any driver call is made, and returns the value in
-the form the caller works with (a plain ``int``, a shape tuple, a dtype).
+Each ``check_<what>(value, name)`` raises ``TypeError`` or ``ValueError`` naming
+the argument, before anything is allocated or any driver call is made, and
+returns the value in the form the caller works with (a plain ``int``, a shape
+tuple, a dtype). Checks of one concept's values live with that concept under the
+same scheme (``_location.check_exists``, ``_managed_ranges.check_location``,
+``_device`` for ordinals); ``to_<what>`` converts between the accepted forms of
+one value and raises only ``TypeError``.
 """
 
 from __future__ import annotations
@@ -22,20 +26,21 @@ __all__ = [
     "INT64_MAX",
     "MAX_NBYTES",
     "MAX_U64",
-    "as_index",
-    "byte_count",
     "check_bool",
     "check_dtype",
     "check_flags",
+    "check_index",
     "check_int",
+    "check_int64_array",
+    "check_nbytes",
+    "check_nonneg",
+    "check_positive",
     "check_shape",
-    "int64_array",
+    "check_span",
+    "check_u64",
     "integer_array",
-    "nonneg",
-    "positive",
+    "refuse_negative",
     "shape_nbytes",
-    "span",
-    "u64",
 ]
 
 #: Largest byte count a buffer may have (numpy's index type limit).
@@ -44,7 +49,7 @@ MAX_NBYTES = sys.maxsize
 INT64_MAX = (1 << 63) - 1
 
 
-def as_index(value: object, what: str) -> int:
+def check_index(value: object, what: str) -> int:
     """Return ``value`` as an ``int`` (anything with ``__index__``, not a bool)."""
     if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not bool")
@@ -63,7 +68,7 @@ ADDRESS_END = MAX_U64 + 1
 def check_int(value: object, what: str, expected: str = "an int") -> int:
     """``value`` if it is an ``int`` (a subclass too), never a bool; else ``TypeError``.
 
-    Stricter than :func:`as_index`: objects with ``__index__`` that are not ints
+    Stricter than :func:`check_index`: objects with ``__index__`` that are not ints
     (numpy integers) are refused. ``expected`` completes the message
     "``what`` must be ``expected``".
     """
@@ -72,14 +77,14 @@ def check_int(value: object, what: str, expected: str = "an int") -> int:
     return value
 
 
-def u64(value: object, what: str) -> int:
+def check_u64(value: object, what: str) -> int:
     """An address, handle or byte count bound for the driver: an int in ``[0, 2**64)``.
 
     ``ValueError`` for a negative value or one past 64 bits: the bindings would
     raise ``OverflowError`` for those, and a value wrapped to 64 bits would
     name another allocation.
     """
-    v = as_index(value, what)
+    v = check_index(value, what)
     if v < 0:
         raise ValueError(f"{what} cannot be negative: {v}")
     if v > MAX_U64:
@@ -94,41 +99,34 @@ def check_bool(value: object, what: str) -> bool:
     """
     if value is True or value is False:
         return value
-    raise TypeError(f"{what} must be True or False, not {type(value).__name__}")
+    raise TypeError(f"{what} must be a bool (True or False), not {type(value).__name__}")
 
 
-def positive(what: str, value: object) -> int:
-    """:func:`as_index`, then ``ValueError`` unless the value is > 0."""
-    v = as_index(value, what)
+def check_positive(value: object, what: str) -> int:
+    """:func:`check_index`, then ``ValueError`` unless the value is > 0."""
+    v = check_index(value, what)
     if v <= 0:
         raise ValueError(f"{what} must be > 0, got {v}")
     return v
 
 
-def nonneg(what: str, value: object) -> int:
-    """:func:`as_index`, then ``ValueError`` unless the value is >= 0."""
-    v = as_index(value, what)
+def check_nonneg(value: object, what: str) -> int:
+    """:func:`check_index`, then ``ValueError`` unless the value is >= 0."""
+    v = check_index(value, what)
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {v}")
     return v
 
 
-def byte_count(nbytes: object, what: str = "nbytes") -> int:
+def check_nbytes(nbytes: object, what: str = "nbytes") -> int:
     """A byte count: an int in ``[0, MAX_NBYTES]``."""
-    if isinstance(nbytes, bool):
-        raise TypeError(f"{what} must be an int, not bool")
-    try:
-        n = operator.index(nbytes)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{what} must be an int, not {type(nbytes).__name__}") from None
-    if n < 0:
-        raise ValueError(f"{what} must be >= 0, got {n}")
+    n = check_nonneg(nbytes, what)
     if n > MAX_NBYTES:
         raise ValueError(f"{what}={n} is larger than any possible allocation")
     return n
 
 
-def span(offset: object, nbytes: object, total: int, what: str = "buffer") -> tuple[int, int]:
+def check_span(offset: object, nbytes: object, total: int, what: str = "buffer") -> tuple[int, int]:
     """Check a byte sub-range ``[offset, offset + nbytes)`` of ``total`` bytes.
 
     ``nbytes=None`` means "to the end". Returns ``(offset, nbytes)``.
@@ -140,10 +138,10 @@ def span(offset: object, nbytes: object, total: int, what: str = "buffer") -> tu
     ValueError
         For negative values, a zero-size range or one that ends past ``total``.
     """
-    off = as_index(offset, "offset")
+    off = check_index(offset, "offset")
     if off < 0:
         raise ValueError(f"offset must be >= 0, got {off}")
-    n = total - off if nbytes is None else as_index(nbytes, "nbytes")
+    n = total - off if nbytes is None else check_index(nbytes, "nbytes")
     if n < 0 and nbytes is not None:
         raise ValueError(f"nbytes must be >= 0, got {n}")
     if off > total:
@@ -213,7 +211,7 @@ def check_dtype(dtype: npt.DTypeLike, where: str = "pinned memory") -> np.dtype[
     return dt
 
 
-def int64_array(value: object, what: str, *, nonnegative: bool = False,
+def check_int64_array(value: object, what: str, *, nonnegative: bool = False,
                 copy: bool = False) -> np.ndarray[Any, Any]:
     """A 1-D int64 array from an integer array or sequence (no bools, no floats).
 

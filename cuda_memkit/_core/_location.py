@@ -10,7 +10,7 @@ from cuda.bindings import driver as _cu
 from ._checks import check_int
 from ._device import MAX_ORDINAL, Device, check_ordinal, existing_ordinal
 
-__all__ = ["Location", "LocationLike", "LocationType", "as_location", "check_exists"]
+__all__ = ["Location", "LocationLike", "LocationType", "check_exists", "to_location"]
 
 
 class LocationType(enum.IntEnum):
@@ -110,7 +110,7 @@ class Location:
 LocationLike = Location | Device | int
 
 
-def as_location(where: LocationLike) -> Location:
+def to_location(where: LocationLike) -> Location:
     """Convert a :class:`Location`, :class:`Device` or device ordinal to a Location."""
     if isinstance(where, Location):
         return where

@@ -20,7 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _driver
-from ._checks import ADDRESS_END, MAX_U64, byte_count, u64
+from ._checks import ADDRESS_END, MAX_U64, check_nbytes, check_u64
 from ._constants import MEMHOSTREGISTER_READ_ONLY
 from ._context import ensure_any_context, ensure_context, primary_pushed
 from ._errors import CudaInvalidValueError
@@ -87,7 +87,7 @@ def operand(obj: Any, dst: bool) -> Operand:
     """Resolve a copy operand (see the module docstring); ``dst``: it is written to."""
     if type(obj) is int:
         if obj < 0 or obj > MAX_U64:
-            u64(obj, "a pointer")  # raises: never wrapped to 64 bits
+            check_u64(obj, "a pointer")  # raises: never wrapped to 64 bits
         return _new(Operand, (obj, None, None, RAW, None))
     if isinstance(obj, Resource):
         return _resource_operand(obj, dst)
@@ -129,7 +129,7 @@ def _foreign_operand(obj: Any, dst: bool) -> Operand:
     ptr = getattr(obj, "ptr", None)
     nb = getattr(obj, "nbytes", None)
     if isinstance(ptr, int) and isinstance(nb, int) and not isinstance(ptr, bool):
-        u64(ptr, "a buffer's ptr")
+        check_u64(ptr, "a buffer's ptr")
         dt = getattr(obj, "dtype", None)
         if numpy_mod is None or not isinstance(dt, numpy_mod.dtype):
             dt = None
@@ -196,7 +196,8 @@ def _from_cai(cai: dict[str, Any], dst: bool) -> Operand:
             step *= dim
     if dst and readonly:
         raise ValueError("the copy destination is read-only (__cuda_array_interface__)")
-    return _new(Operand, (u64(ptr or 0, "a __cuda_array_interface__ pointer"), n, dt, DRIVER, None))
+    ptr = check_u64(ptr or 0, "a __cuda_array_interface__ pointer")
+    return _new(Operand, (ptr, n, dt, DRIVER, None))
 
 
 def copy_size(d: Operand, s: Operand, nbytes: int | None) -> int:
@@ -233,7 +234,7 @@ def _common_size(d: Operand, s: Operand) -> int:
 
 
 def _prefix_size(d: Operand, s: Operand, nbytes: int) -> int:
-    n = byte_count(nbytes)
+    n = check_nbytes(nbytes)
     if d.nbytes is not None and n > d.nbytes:
         raise ValueError(f"nbytes={n} is larger than the destination ({d.nbytes} bytes)")
     if s.nbytes is not None and n > s.nbytes:

@@ -10,7 +10,7 @@ from typing import Any, Union
 from cuda.bindings import driver as _cu
 
 from . import _capture, _driver
-from ._checks import MAX_U64, check_int, u64
+from ._checks import MAX_U64, check_bool, check_int, check_u64
 from ._constants import EVENT_DISABLE_TIMING, STREAM_LEGACY, STREAM_NON_BLOCKING
 from ._context import ensure_context
 from ._device import Device, check_ordinal, sync_hooks
@@ -103,8 +103,7 @@ class Stream(Resource):
     def __init__(
         self, device: Device | int | None = None, *, non_blocking: bool = True, priority: int = 0
     ) -> None:
-        if not isinstance(non_blocking, bool):
-            raise TypeError("non_blocking must be a bool")
+        check_bool(non_blocking, "non_blocking")
         check_int(priority, "priority")
         ordinal = ensure_context(None if device is None else check_ordinal(device))
         flags = 1 if non_blocking else 0
@@ -127,7 +126,7 @@ class Stream(Resource):
             ``CU_STREAM_PER_THREAD`` included); closing the wrapper never
             destroys it.
         """
-        handle = u64(check_int(handle, "a stream handle"), "a stream handle")
+        handle = check_u64(check_int(handle, "a stream handle"), "a stream handle")
         self = cls.__new__(cls)
         self._handle = handle
         self.release_lock = threading.Lock()
@@ -259,7 +258,7 @@ def stream_handle(stream: StreamLike) -> int:
         raise TypeError("a stream cannot be a bool")
     if isinstance(stream, int):
         if stream < 0 or stream > MAX_U64:
-            u64(stream, "a stream handle")  # raises the ValueError naming it
+            check_u64(stream, "a stream handle")  # raises the ValueError naming it
         return int(stream)
     if isinstance(stream, Stream):
         return stream.handle
@@ -269,12 +268,12 @@ def stream_handle(stream: StreamLike) -> int:
     if proto is not None:
         value = proto() if callable(proto) else proto
         if isinstance(value, tuple) and len(value) == 2:
-            return u64(value[1], "a stream handle")
+            return check_u64(value[1], "a stream handle")
         raise TypeError("__cuda_stream__ must return a (version, handle) tuple")
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
-            return u64(value, "a stream handle")
+            return check_u64(value, "a stream handle")
     raise TypeError(
         f"expected a stream (Stream, int handle, None, or an object with __cuda_stream__ "
         f"or .cuda_stream), not {type(stream).__name__}"

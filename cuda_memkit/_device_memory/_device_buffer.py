@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _driver
 from .._core._buffer import MemoryKind, ShapedBufferMixin
-from .._core._checks import byte_count, check_dtype, check_shape, shape_nbytes
+from .._core._checks import check_dtype, check_nbytes, check_shape, shape_nbytes
 from .._core._context import ensure_context, release_call
 from .._core._device import check_ordinal
 from .._core._inflight import pending_operands, reap_pending
@@ -103,7 +103,7 @@ class DeviceBuffer(ShapedBufferMixin, OneDeviceMixin, Resource):
             dt = check_dtype(dtype, "device memory")
             n = shape_nbytes(shp, dt)
         else:
-            n = byte_count(shape, "shape (without a dtype, a byte count)")
+            n = check_nbytes(shape, "shape (without a dtype, a byte count)")
             shp = (n,)
         ordinal = check_ordinal(device) if device is not None else None
         self = cls.__new__(cls)

@@ -37,7 +37,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from .._core._checks import as_index
+from .._core._checks import check_index
 from .._core._errors import ClosedError
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ MAX_LABEL = (1 << 63) - 1
 
 def check_label(value: object, what: str) -> int:
     """A worker label, a tag or a batch number: an int in ``[0, 2**63)``."""
-    v = as_index(value, what)
+    v = check_index(value, what)
     if not 0 <= v <= MAX_LABEL:
         raise ValueError(f"{what} must be >= 0 and < 2**63, got {v}")
     return v

@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from .._core._buffer import MemoryKind, TypedBufferMixin
-from .._core._checks import MAX_NBYTES, check_dtype, check_shape, positive, shape_nbytes
+from .._core._checks import MAX_NBYTES, check_dtype, check_positive, check_shape, shape_nbytes
 from .._core._context import ensure_context
 from .._core._host_registry import mark_pinned_class
 from .._core._interop import DL_CUDA_HOST, DeviceArrayView, DeviceMemoryMixin, normalize_view
@@ -129,7 +129,7 @@ class SharedHostRing(Resource):
 
     def _build(self, slots: object, shape: object, dtype: npt.DTypeLike, grants: object,
                timeout: object) -> None:
-        n = positive("slots", slots)
+        n = check_positive(slots, "slots")
         if n > MAX_SLOTS:
             raise ValueError(f"slots must be <= {MAX_SLOTS}, got {n}")
         shp = check_shape(shape)
@@ -138,7 +138,7 @@ class SharedHostRing(Resource):
         if nbytes == 0:
             raise ValueError(f"a slot of shape {shp} holds no bytes; give each slot at least "
                              "one element")
-        g = positive("grants", grants)
+        g = check_positive(grants, "grants")
         wait = check_timeout(timeout)
         stride = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE  # slots on pages of their own
         total = stride * n

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core._checks import as_index, positive
+from .._core._checks import check_bool, check_index, check_positive
 from .._core._context import ensure_context
 from .._core._device import existing_ordinal
 from .._core._errors import ClosedError
@@ -143,7 +143,7 @@ def _batches(batches: object) -> Sequence[int]:
         raise TypeError("batches must be an int (a count) or a sequence of ints, not bool")
     if isinstance(batches, int) or (hasattr(batches, "__index__") and not hasattr(
             batches, "__len__")):
-        n = as_index(batches, "batches")
+        n = check_index(batches, "batches")
         if not 0 <= n <= MAX_LABEL:
             raise ValueError(f"batches (a count) must be >= 0 and < 2**63, got {n}")
         return range(n)
@@ -300,15 +300,14 @@ class Loader(Resource):
             raise TypeError(f"make_batch must be callable (batch, out), not "
                             f"{type(make_batch).__name__}")
         seq = _batches(batches)
-        n = positive("workers", workers)
+        n = check_positive(workers, "workers")
         if n > MAX_WORKERS:
             raise ValueError(f"workers must be <= {MAX_WORKERS}, got {n}")
-        depth = positive("prefetch", prefetch)
+        depth = check_positive(prefetch, "prefetch")
         if n * depth + 2 > MAX_SLOTS:  # the ring has a slot per batch worked ahead, plus two
             raise ValueError(f"workers * prefetch must be <= {MAX_SLOTS - 2} (the ring's slots, "
                              f"two more, are at most {MAX_SLOTS}), got {n} * {depth}")
-        if not isinstance(ordered, bool):
-            raise TypeError(f"ordered must be a bool, not {type(ordered).__name__}")
+        check_bool(ordered, "ordered")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}, "
                              f"not {output!r}")

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings.driver import CUdevice_attribute
 
 from .._core import _context, _driver
-from .._core._checks import one_of, positive, span
+from .._core._checks import check_positive, check_span, one_of
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._device import Device
 from .._core._errors import CudaError
@@ -272,7 +272,7 @@ class AccessPlan:
     __slots__ = ("_entries", "_lookahead")
 
     def __init__(self, *, lookahead: int = 3) -> None:
-        self._lookahead = positive("lookahead", lookahead)
+        self._lookahead = check_positive(lookahead, "lookahead")
         self._entries: list[_Entry] = []
 
     @property
@@ -317,9 +317,9 @@ class AccessPlan:
         """
         buf = _check_buffer(buffer)
         acc = one_of(access, "access", ACCESS)
-        n_reads = positive("reads", reads)
+        n_reads = check_positive(reads, "reads")
         mech = one_of(mechanism, "mechanism", MECHANISMS)
-        off, n = span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
+        off, n = check_span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
         item = buf.dtype.itemsize
         if off % item or n % item:
             raise ValueError(f"offset and nbytes must be multiples of the buffer's item size "
@@ -340,16 +340,16 @@ class AccessPlan:
 
         The last chunk holds what is left. ``offset``, ``nbytes``,
         ``access``, ``reads`` and ``mechanism`` are those of :meth:`add`;
-        ``chunk_bytes`` must be a positive multiple of the item size.
+        ``chunk_bytes`` must be a check_positive multiple of the item size.
         """
         buf = _check_buffer(buffer)
-        step = positive("chunk_bytes", chunk_bytes)
+        step = check_positive(chunk_bytes, "chunk_bytes")
         if step % buf.dtype.itemsize:
             raise ValueError(f"chunk_bytes must be a multiple of the item size "
                              f"({buf.dtype.itemsize} bytes), got {step}")
-        off, n = span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
+        off, n = check_span(offset, nbytes, buf.nbytes, what="ManagedBuffer")
         one_of(access, "access", ACCESS)
-        positive("reads", reads)
+        check_positive(reads, "reads")
         one_of(mechanism, "mechanism", MECHANISMS)
         before = len(self._entries)
         try:

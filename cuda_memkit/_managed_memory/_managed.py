@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _context, _driver
 from .._core._buffer import MemoryKind, TypedBufferMixin
-from .._core._checks import check_dtype, check_shape, shape_nbytes, span
+from .._core._checks import check_dtype, check_int, check_shape, check_span, shape_nbytes
 from .._core._constants import LEGACY_STREAMS
 from .._core._inflight import keep_alive
 from .._core._interop import DL_CUDA_MANAGED, DeviceArrayView, DeviceMemoryMixin
@@ -68,12 +68,11 @@ def _free_managed(ptr: int, ordinal: int) -> None:
 
 
 def _attach_at_alloc(attach: object) -> AttachFlags:
-    if isinstance(attach, bool) or not isinstance(attach, int):
-        raise TypeError(f"attach must be an AttachFlags value, not {type(attach).__name__}")
-    if int(attach) not in (AttachFlags.GLOBAL, AttachFlags.HOST):
+    value = check_int(attach, "attach", "an AttachFlags value")
+    if value not in (AttachFlags.GLOBAL, AttachFlags.HOST):
         raise ValueError("attach must be AttachFlags.GLOBAL or AttachFlags.HOST at allocation "
                          "(attach to a single stream later with .attach(stream))")
-    return AttachFlags(int(attach))
+    return AttachFlags(value)
 
 
 class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
@@ -278,12 +277,11 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
             ``SINGLE`` with the legacy default stream.
         """
         self._check_open()
-        if isinstance(flags, bool) or not isinstance(flags, int):
-            raise TypeError(f"flags must be an AttachFlags value, not {type(flags).__name__}")
-        if int(flags) not in (AttachFlags.GLOBAL, AttachFlags.HOST, AttachFlags.SINGLE):
+        value = check_int(flags, "flags", "an AttachFlags value")
+        if value not in (AttachFlags.GLOBAL, AttachFlags.HOST, AttachFlags.SINGLE):
             raise ValueError(f"flags must be exactly one of GLOBAL, HOST, SINGLE, not {flags!r}")
         h = stream_handle(stream)
-        flag = AttachFlags(int(flags))
+        flag = AttachFlags(value)
         if flag is AttachFlags.SINGLE and h in LEGACY_STREAMS:
             raise ValueError("cannot attach to the legacy default stream with SINGLE: it is "
                              "not a specific stream; pass a Stream")
@@ -296,7 +294,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
     # -- hints ---------------------------------------------------------------------
     def _range(self, offset: object, nbytes: object) -> tuple[int, int]:
         self._check_open()
-        off, n = span(offset, nbytes, self._nbytes, what="ManagedBuffer")
+        off, n = check_span(offset, nbytes, self._nbytes, what="ManagedBuffer")
         return self._ptr + off, n
 
     def advise(self, advice: MemAdvice, location: LocationLike | None = None, *,
@@ -322,7 +320,7 @@ class ManagedBuffer(TypedBufferMixin, Resource, DeviceMemoryMixin):
             For a bad advice, a missing or non-existent location or a range
             outside the buffer (before any driver call).
         """
-        adv = _ranges.as_advice(advice)
+        adv = _ranges.check_advice(advice)
         ptr, n = self._range(offset, nbytes)
         loc = _ranges.advice_location(adv, location)
         _context.ensure_context()

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from cuda.bindings import driver as _cu
 
 from .._core import _context, _device, _driver, _stream
-from .._core._checks import as_index, span
+from .._core._checks import check_index, check_span
 from .._core._constants import LEGACY_STREAMS
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
-from .._core._location import Location, LocationType, as_location
+from .._core._location import Location, LocationType, to_location
 from .._core._resource import account, settlers
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def check_location(where: LocationLike, *, what: str = "location",
         For a kind not allowed here, a device that does not exist or an
         unknown host NUMA node.
     """
-    loc = as_location(where)
+    loc = to_location(where)
     if loc.type not in kinds:
         names = ", ".join(sorted(k.name.lower() for k in kinds))
         raise ValueError(f"{what} cannot be {loc}; allowed kinds: {names}")
@@ -125,7 +125,7 @@ def check_location(where: LocationLike, *, what: str = "location",
     return loc
 
 
-def as_advice(advice: object) -> MemAdvice:
+def check_advice(advice: object) -> MemAdvice:
     """Convert a :class:`MemAdvice`, ``CUmem_advise`` or int to :class:`MemAdvice`."""
     if isinstance(advice, MemAdvice):
         return advice
@@ -148,7 +148,7 @@ def advice_location(advice: MemAdvice, location: LocationLike | None) -> Locatio
                                             MemAdvice.UNSET_ACCESSED_BY) else ALL_KINDS
         return check_location(location, what=f"{advice.name} location", kinds=kinds)
     if location is not None:
-        as_location(location)  # type-check; the driver ignores it for this advice
+        to_location(location)  # type-check; the driver ignores it for this advice
     return None
 
 
@@ -163,7 +163,7 @@ def managed_extent(ptr: int) -> tuple[int, int]:
     ValueError
         If ``ptr`` is not inside managed memory.
     """
-    p = as_index(ptr, "pointer")
+    p = check_index(ptr, "pointer")
     if p <= 0:
         raise ValueError(f"0x{p:x} is not a managed-memory pointer")
     attr = _cu.CUpointer_attribute
@@ -186,9 +186,9 @@ def raw_range(ptr: object, nbytes: object) -> tuple[int, int]:
     ``nbytes=None`` means "to the end of the allocation". Returns
     ``(ptr, nbytes)``.
     """
-    p = as_index(ptr, "pointer")
+    p = check_index(ptr, "pointer")
     start, size = managed_extent(p)
-    off, n = span(p - start, nbytes, size, what=f"managed allocation at 0x{start:x}")
+    off, n = check_span(p - start, nbytes, size, what=f"managed allocation at 0x{start:x}")
     return start + off, n
 
 

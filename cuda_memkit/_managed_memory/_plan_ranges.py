@@ -12,7 +12,7 @@ from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
-from .._core._checks import INT64_MAX, int64_array
+from .._core._checks import INT64_MAX, check_int64_array
 from .._core._location import Location
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def range_arrays(offsets: object, sizes: object, total: int, what: str
     """Checked int64 ``(offsets, sizes)`` of ranges inside ``[0, total)``, sizes > 0."""
     import numpy as np
 
-    off = int64_array(offsets, "offsets", copy=True)
+    off = check_int64_array(offsets, "offsets", copy=True)
     if isinstance(sizes, bool):
         raise TypeError("sizes must be integers, not bool")
     if isinstance(sizes, (int, np.integer)):
@@ -144,7 +144,7 @@ def range_arrays(offsets: object, sizes: object, total: int, what: str
             raise ValueError(f"sizes is above 2**63 - 1: {one}")
         size = np.full(len(off), one, np.int64)
     else:
-        size = int64_array(sizes, "sizes", copy=True)
+        size = check_int64_array(sizes, "sizes", copy=True)
         if len(size) != len(off):
             raise ValueError(f"sizes has {len(size)} entries, offsets {len(off)}")
     if not len(off):

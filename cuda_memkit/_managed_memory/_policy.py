@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._core import _context, _device
-from .._core._checks import span
+from .._core._checks import check_bool, check_span
 from .._core._inflight import keep_alive
-from .._core._location import Location, LocationType, as_location
+from .._core._location import Location, LocationType, to_location
 from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
 from ._managed_ranges import (
@@ -26,7 +26,7 @@ from ._managed_ranges import (
     MemAdvice,
     RangeInfo,
     advice_location,
-    as_advice,
+    check_advice,
     check_location,
     issue_advise,
     issue_prefetch,
@@ -98,14 +98,13 @@ class MigrationPolicy:
     def __init__(self, *, read_mostly: bool = False,
                  preferred_location: LocationLike | None = None,
                  accessed_by: Iterable[LocationLike] = ()) -> None:
-        if not isinstance(read_mostly, bool):
-            raise TypeError("read_mostly must be a bool")
-        preferred = None if preferred_location is None else as_location(preferred_location)
+        check_bool(read_mostly, "read_mostly")
+        preferred = None if preferred_location is None else to_location(preferred_location)
         if isinstance(accessed_by, (Location, int)) or hasattr(accessed_by, "ordinal"):
             raise TypeError("accessed_by must be an iterable of locations")
         access: set[Location] = set()
         for where in accessed_by:
-            loc = as_location(where)
+            loc = to_location(where)
             if loc.type not in ACCESS_KINDS:
                 raise ValueError(f"accessed-by must be a device or the host, not {loc}")
             access.add(loc)
@@ -303,7 +302,7 @@ class ManagedMemoryHints:
         if not isinstance(buffer, ManagedBuffer):
             raise TypeError(f"for_buffer() needs a ManagedBuffer, not {type(buffer).__name__}; "
                             "use ManagedMemoryHints(ptr, nbytes) for a raw pointer")
-        off, n = span(offset, nbytes, buffer.nbytes, what="ManagedBuffer")
+        off, n = check_span(offset, nbytes, buffer.nbytes, what="ManagedBuffer")
         self = cls.__new__(cls)
         self._buffer = buffer
         self._ptr = buffer.ptr + off
@@ -333,7 +332,7 @@ class ManagedMemoryHints:
 
     def _sub(self, offset: object, nbytes: object) -> tuple[int, int]:
         ptr, total = self._target()
-        off, n = span(offset, nbytes, total, what="hinted range")
+        off, n = check_span(offset, nbytes, total, what="hinted range")
         return ptr + off, n
 
     # -- advice ----------------------------------------------------------------
@@ -348,7 +347,7 @@ class ManagedMemoryHints:
             The location the advice needs (preferred location, accessed-by);
             ``None`` for advice that takes none.
         """
-        adv = as_advice(advice)
+        adv = check_advice(advice)
         loc = advice_location(adv, location)
         ptr, n = self._target()
         issue_advise(ptr, n, adv, loc)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core import _context, _device
-from .._core._checks import as_index, check_bool, span, u64
+from .._core._checks import check_bool, check_index, check_span, check_u64
 from .._core._errors import ClosedError, CudaError
 from .._core._inflight import keep_alive
-from .._core._location import Location, as_location
+from .._core._location import Location, to_location
 from .._core._operands import operand
 from .._core._stream import StreamLike, stream_handle
 from ._managed import ManagedBuffer
@@ -236,14 +236,14 @@ class PrefetchPlan:
                nbytes: object) -> Self:
         # Entries are stored as plain tuples in PlanEntry's field order; the
         # PlanEntry objects are made only when asked for (``entries``, errors).
-        loc = None if to is None else to if type(to) is Location else as_location(to)
+        loc = None if to is None else to if type(to) is Location else to_location(to)
         if isinstance(target, ManagedBuffer):
             total = target.nbytes  # ClosedError for a closed buffer
             if (type(offset) is int and type(nbytes) is int and offset >= 0 and nbytes > 0
                     and offset + nbytes <= total):
                 off, n = offset, nbytes  # the common case, checked inline
             else:
-                off, n = span(offset, nbytes, total, what="ManagedBuffer")
+                off, n = check_span(offset, nbytes, total, what="ManagedBuffer")
             self._entries.append((op, target.ptr, off, n, loc, target))
             self._count += 1
             self._compiled = None
@@ -252,22 +252,22 @@ class PrefetchPlan:
             raise TypeError("a plan target cannot be a bool")
         size: int | None
         if isinstance(target, int):
-            base = u64(target, "a plan target pointer")
-            off = u64(offset, "offset")
+            base = check_u64(target, "a plan target pointer")
+            off = check_u64(offset, "offset")
             size = None
             if nbytes is not None:
-                size = nbytes if type(nbytes) is int else as_index(nbytes, "nbytes")
+                size = nbytes if type(nbytes) is int else check_index(nbytes, "nbytes")
                 if size <= 0:
                     raise ValueError(f"nbytes must be > 0, got {size}")
-                u64(base + off + size, "the range's end")
+                check_u64(base + off + size, "the range's end")
         elif hasattr(target, "ptr") and hasattr(target, "nbytes"):
             base = int(target.ptr)
-            off, size = span(offset, nbytes, int(target.nbytes), what=type(target).__name__)
+            off, size = check_span(offset, nbytes, int(target.nbytes), what=type(target).__name__)
         elif isinstance(getattr(target, "__cuda_array_interface__", None), dict):
             # Another library's array (CuPy, RMM, numba, torch): its contiguous bytes.
             cai = operand(target, False)
             base, total = cai[0], int(cai[1] or 0)
-            off, size = span(offset, nbytes, total, what=type(target).__name__)
+            off, size = check_span(offset, nbytes, total, what=type(target).__name__)
         else:
             raise TypeError("a plan target must be a ManagedBuffer, a buffer with .ptr and "
                             ".nbytes, an object with __cuda_array_interface__, or an int "
@@ -379,7 +379,7 @@ class PrefetchPlan:
             raise TypeError("add_ranges() needs a ManagedBuffer, a buffer with .ptr and "
                             ".nbytes or an object with __cuda_array_interface__, not "
                             f"{type(buffer).__name__}")
-        loc = to if type(to) is Location else as_location(to)
+        loc = to if type(to) is Location else to_location(to)
         off, size = range_arrays(offsets, sizes, total, type(buffer).__name__)
         if len(off):
             self._entries.append(Ranges(PREFETCH, base, off, size, loc, buffer))
@@ -523,7 +523,7 @@ class PrefetchPlan:
                         if nbytes is not None and ptr + nbytes <= start + size:
                             end = ptr + nbytes  # add() checked nbytes > 0
                         else:
-                            o, n = span(ptr - start, nbytes, size,
+                            o, n = check_span(ptr - start, nbytes, size,
                                         what=f"managed allocation at 0x{start:x}")
                             ptr, end = start + o, start + o + n
                         alloc = start

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._core import _context
-from .._core._checks import as_index
+from .._core._checks import check_index
 from .._core._device import Device, check_ordinal
 from .._core._location import Location, LocationType
 from .._observability._observe import format_bytes
@@ -175,7 +175,7 @@ class Residency:
 
 def check_granularity(value: object) -> int:
     """A residency granularity: a positive multiple of 4096 bytes."""
-    g = as_index(value, "granularity")
+    g = check_index(value, "granularity")
     if g <= 0 or g % PAGE:
         raise ValueError(f"granularity must be a positive multiple of {PAGE} bytes, got {g}")
     return g

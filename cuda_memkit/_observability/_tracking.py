@@ -38,6 +38,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from .._core._checks import check_bool
 from .._core._errors import MemkitWarning
 from .._core._resource import KINDS, LEDGER, Account, watchers
 from ._observe import (
@@ -142,8 +143,7 @@ class Tracker:
 
     def __init__(self, stacks: bool = False, *, threads: str = "all",
                  keep_events: bool = True) -> None:
-        if not isinstance(stacks, bool):
-            raise TypeError(f"stacks must be True or False, not {type(stacks).__name__}")
+        check_bool(stacks, "stacks")
         if not isinstance(threads, str):
             raise TypeError(f"threads must be 'all' or 'current', not {type(threads).__name__}")
         if threads not in ("all", "current"):

@@ -16,8 +16,8 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._access import Access, access_descs, check_access, check_targets
-from .._core._checks import as_index
-from .._core._location import Location, LocationLike, as_location, check_exists
+from .._core._checks import check_index
+from .._core._location import Location, LocationLike, check_exists, to_location
 
 __all__ = ["PoolAttributes", "PoolStats"]
 
@@ -25,8 +25,8 @@ _A = _cu.CUmemPool_attribute
 _U64_MAX = (1 << 64) - 1
 
 
-#: The byte-count check of ``MemoryPool.allocate``'s slow path: :func:`as_index`.
-size_arg = as_index
+#: The byte-count check of ``MemoryPool.allocate``'s slow path: :func:`check_index`.
+size_arg = check_index
 
 
 class PoolStats(NamedTuple):
@@ -47,7 +47,7 @@ class PoolStats(NamedTuple):
 
 def check_threshold(value: object) -> int:
     """A release threshold: an int in ``[0, 2**64)``."""
-    v = as_index(value, "release_threshold")
+    v = check_index(value, "release_threshold")
     if not 0 <= v <= _U64_MAX:
         raise ValueError(f"release_threshold must be in [0, 2**64), got {v}")
     return v
@@ -168,7 +168,7 @@ class PoolAttributes:
         ClosedError
             If the pool is closed.
         """
-        keep = as_index(keep_bytes, "keep_bytes")
+        keep = check_index(keep_bytes, "keep_bytes")
         if not 0 <= keep < 1 << 64:
             raise ValueError(f"keep_bytes must be in [0, 2**64), got {keep}")
         self._check_open()
@@ -227,7 +227,7 @@ class PoolAttributes:
             For a bad location or a device that does not exist (before the
             driver call).
         """
-        loc = check_exists(as_location(device))
+        loc = check_exists(to_location(device))
         self._check_open()
         flags = int(_driver.call("cuMemPoolGetAccess", self._cu, loc.to_cu()))
         return Access(flags)

@@ -46,14 +46,20 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._core import _capture, _driver, _peer
-from .._core._checks import ADDRESS_END, check_bool, int64_array, integer_array, refuse_negative
+from .._core._checks import (
+    ADDRESS_END,
+    check_bool,
+    check_int64_array,
+    integer_array,
+    refuse_negative,
+)
 from .._core._checks import INT64_MAX as _I64_MAX
 from .._core._constants import LEGACY_STREAMS, STREAM_PER_THREAD
 from .._core._context import ensure_any_context, primary_pushed
 from .._core._errors import CudaDriverNotFoundError, CudaError
 from .._core._host_registry import is_pinned_host
 from .._core._inflight import keep_alive, pending_operands, reap_pending
-from .._core._location import as_location, check_exists
+from .._core._location import check_exists, to_location
 from .._core._operands import DRIVER, HOST, PINNED, RAW, operand
 from .._core._resource import Resource, State
 from .._core._runner import place
@@ -133,20 +139,20 @@ def _block_arrays(dst_offsets: Any, src_offsets: Any, sizes: Any, blocks: Any
             raise ValueError(
                 f"blocks must be (dst_offset, src_offset, size) triples (shape (n, 3)), "
                 f"got shape {b.shape}")
-        flat = int64_array(b.reshape(-1), "blocks", nonnegative=True).reshape(-1, 3)
+        flat = check_int64_array(b.reshape(-1), "blocks", nonnegative=True).reshape(-1, 3)
         return flat[:, 0], flat[:, 1], flat[:, 2]
     if dst_offsets is None or src_offsets is None or sizes is None:
         raise TypeError("copy_batch needs dst_offsets=, src_offsets= and sizes= (or blocks=)")
     one = _scalar_size(sizes)
-    d = int64_array(dst_offsets, "dst_offsets", nonnegative=one is None)
-    s = int64_array(src_offsets, "src_offsets", nonnegative=one is None)
+    d = check_int64_array(dst_offsets, "dst_offsets", nonnegative=one is None)
+    s = check_int64_array(src_offsets, "src_offsets", nonnegative=one is None)
     if len(d) != len(s):
         raise ValueError(f"dst_offsets has {len(d)} entries, src_offsets {len(s)}")
     if one is not None:
         # One read-only int broadcast over the blocks: no n-entry array to build.
         z = np.broadcast_to(np.int64(one), (len(d),))
     else:
-        z = int64_array(sizes, "sizes", nonnegative=True)
+        z = check_int64_array(sizes, "sizes", nonnegative=True)
         if len(z) != len(d):
             raise ValueError(f"sizes has {len(z)} entries, the offsets {len(d)}")
     return d, s, z
@@ -247,9 +253,9 @@ class _Group:
         # A device hint must name a device that exists, whichever path copies (the driver
         # refuses one that does not, the kernel would ignore it): checked before anything.
         self.src_hint = None if src_location is None else check_exists(
-            as_location(src_location))
+            to_location(src_location))
         self.dst_hint = None if dst_location is None else check_exists(
-            as_location(dst_location))
+            to_location(dst_location))
         d, s, z = _block_arrays(dst_offsets, src_offsets, sizes, blocks)
         one = _scalar_size(sizes) if blocks is None else None
         span = None

@@ -453,8 +453,8 @@ def staged_copy(dst: Any, src: Any, nbytes: int | None = None, *,
     ptr = dst if h2d else src
     check_int(ptr, "the device side of a staged copy", "an int address")
     n = arr.nbytes if nbytes is None else nbytes
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= arr.nbytes:
-        raise ValueError(f"nbytes must be an int in [0, {arr.nbytes}], got {n!r}")
+    if not 0 <= check_int(n, "nbytes") <= arr.nbytes:
+        raise ValueError(f"nbytes must be in [0, {arr.nbytes}], got {n!r}")
     h = stream_handle(stream)
     if not staging_wanted(n):
         return False

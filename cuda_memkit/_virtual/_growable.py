@@ -15,7 +15,7 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._access import Access, access_descs, check_access, check_peers, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._checks import MAX_U64, nonneg, positive, u64
+from .._core._checks import MAX_U64, check_nonneg, check_positive, check_u64
 from .._core._context import primary_context
 from .._core._device import Device, check_ordinal
 from .._core._errors import CudaError
@@ -141,9 +141,9 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
 
     def __init__(self, max_size: int, *, device: Device | int = 0, chunk: int | None = None,
                  peers: Iterable[Device | int] = (), handle_type: object = None) -> None:
-        max_size = u64(positive("max_size", max_size), "max_size")
+        max_size = check_u64(check_positive(max_size, "max_size"), "max_size")
         if chunk is not None:
-            chunk = u64(positive("chunk", chunk), "chunk")
+            chunk = check_u64(check_positive(chunk, "chunk"), "chunk")
         ordinal = check_ordinal(device)
         ht = check_handle_type(handle_type)
         peer_list = check_peers(peers, ordinal)
@@ -219,7 +219,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
         (3145728, 0, 0)
         >>> buf.close()
         """
-        n = u64(positive("nbytes", nbytes), "nbytes")
+        n = check_u64(check_positive(nbytes, "nbytes"), "nbytes")
         ordinal = check_ordinal(device)
         size = _round_up(n, granularity(ordinal, recommended=True,
                                         handle_type=HandleType.POSIX_FD))
@@ -320,7 +320,7 @@ class GrowableBuffer(BufferMixin, OneDeviceMixin, Resource):
             buffer still use (nothing is changed).
         """
         self._check_open()
-        n = nonneg("nbytes", nbytes)
+        n = check_nonneg(nbytes, "nbytes")
         if n > self._max_size:
             raise ValueError(f"cannot resize to {n} bytes; max_size is {self._max_size}")
         gs = self._gs

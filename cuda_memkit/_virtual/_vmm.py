@@ -45,12 +45,12 @@ from cuda.bindings import driver as _cu
 from .._core import _driver
 from .._core._access import Access, TargetLike, access_descs, check_access, check_targets
 from .._core._buffer import BufferMixin, MemoryKind
-from .._core._checks import nonneg, positive
+from .._core._checks import check_nonneg, check_positive
 from .._core._context import ensure_context
 from .._core._errors import ClosedError
 from .._core._inflight import pending_operands, release_after_copies
 from .._core._interop import OneDeviceMixin
-from .._core._location import Location, LocationType, as_location, check_exists
+from .._core._location import Location, LocationType, check_exists, to_location
 from .._core._resource import (
     CLOSED,
     Account,
@@ -232,7 +232,7 @@ class AddressRange(Resource):
         Parameters
         ----------
         nbytes : int
-            Bytes; a positive multiple of :func:`granularity` of the current
+            Bytes; a check_positive multiple of :func:`granularity` of the current
             device.
         alignment : int, default 0
             Alignment of the start address: 0 (the granularity) or a power of two.
@@ -252,11 +252,11 @@ class AddressRange(Resource):
             If the driver refuses (e.g. ``CudaOutOfMemoryError`` when the
             address space is exhausted).
         """
-        size = positive("nbytes", nbytes)
-        alignment = nonneg("alignment", alignment)
+        size = check_positive(nbytes, "nbytes")
+        alignment = check_nonneg(alignment, "alignment")
         if alignment & (alignment - 1):
             raise ValueError(f"alignment must be 0 or a power of two, got {alignment}")
-        fixed = nonneg("fixed_address", fixed_address)
+        fixed = check_nonneg(fixed_address, "fixed_address")
         ordinal = ensure_context(None)
         gran = granularity(ordinal)
         check_multiple("nbytes", size, gran)
@@ -346,7 +346,7 @@ class AddressRange(Resource):
         if not isinstance(physical, PhysicalMemory):
             raise TypeError(f"expected a PhysicalMemory, not {type(physical).__name__}")
         physical._check_open()
-        offset = nonneg("offset", offset)
+        offset = check_nonneg(offset, "offset")
         check_multiple("offset", offset, physical.granularity)
         size = physical.nbytes
         if offset + size > self._rs.size:
@@ -399,7 +399,7 @@ class PhysicalMemory(Resource):
         Parameters
         ----------
         nbytes : int
-            A positive multiple of :func:`granularity` for that location.
+            A check_positive multiple of :func:`granularity` for that location.
         device : int or Device, default 0
             The device whose memory it is.
         handle_type : HandleType, optional
@@ -417,9 +417,9 @@ class PhysicalMemory(Resource):
             From ``cuMemCreate`` (e.g. ``CudaOutOfMemoryError``,
             ``CudaNotSupportedError`` for an unsupported location).
         """
-        size = positive("nbytes", nbytes)
+        size = check_positive(nbytes, "nbytes")
         ht = check_handle_type(handle_type)
-        loc = as_location(location if location is not None else device)
+        loc = to_location(location if location is not None else device)
         gran = granularity(loc, handle_type=ht)
         check_multiple("nbytes", size, gran)
         need_ctx()
@@ -451,8 +451,8 @@ class PhysicalMemory(Resource):
         CudaError
             From the driver (e.g. a descriptor that names no CUDA memory).
         """
-        fd = nonneg("fd", fd)
-        size = positive("nbytes", nbytes)
+        fd = check_nonneg(fd, "fd")
+        size = check_positive(nbytes, "nbytes")
         ht = check_handle_type(handle_type)
         if ht is not HandleType.POSIX_FD:
             raise ValueError("only HandleType.POSIX_FD can be imported")
@@ -708,7 +708,7 @@ class Mapping(BufferMixin, OneDeviceMixin, Resource):
             driver call).
         """
         self._check_open()
-        loc = as_location(self._device) if device is None else check_exists(as_location(device))
+        loc = to_location(self._device) if device is None else check_exists(to_location(device))
         flags = _driver.call("cuMemGetAccess", loc.to_cu(), self._ms.ptr)
         return Access(int(flags))
 

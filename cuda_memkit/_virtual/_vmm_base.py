@@ -16,9 +16,10 @@ from cuda.bindings import driver as _cu
 
 from .._core import _driver
 from .._core._access import TargetLike
+from .._core._checks import check_bool
 from .._core._context import ensure_context
 from .._core._device import device_count
-from .._core._location import Location, LocationType, as_location
+from .._core._location import Location, LocationType, to_location
 
 __all__ = ["HandleType", "granularity"]
 
@@ -121,9 +122,8 @@ def granularity(
         For bad arguments, including a device that does not exist (the driver
         itself answers for any device).
     """
-    if not isinstance(recommended, bool):
-        raise TypeError("recommended must be a bool")
-    loc = as_location(device)
+    check_bool(recommended, "recommended")
+    loc = to_location(device)
     ht = check_handle_type(handle_type)
     key = (_driver.backend_name(), int(loc.type), loc.id, recommended, int(ht))
     g = _gran_cache.get(key)

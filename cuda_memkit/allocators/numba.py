@@ -53,6 +53,7 @@ from numba.cuda.cudadrv import driver as _nbdrv
 
 import cuda_memkit as cm
 
+from .._core._checks import check_bool, check_nonneg
 from .._core._errors import CudaError, MemkitWarning
 from .._core._resource import EXITING
 
@@ -103,8 +104,7 @@ def set_caching(enabled: bool) -> None:
         :func:`set_pool` is used as it is (``MemoryPool(cache=True)`` caches).
     """
     global _caching
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, not {type(enabled).__name__}")
+    check_bool(enabled, "enabled")
     _caching = enabled
     _defaults.clear()
 
@@ -147,8 +147,7 @@ def set_pool(pool: MemoryPool | None, device: int | None = None) -> None:
         device = getattr(pool, "device", None)
         if device is None:
             raise ValueError("give the device ordinal for None or a managed pool")
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"invalid device ordinal {device!r}")
+    device = check_nonneg(device, "device ordinal")
     if pool is None:
         _pools.pop(device, None)
         return
