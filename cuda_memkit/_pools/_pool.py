@@ -87,7 +87,7 @@ from ._cache import (
     destroy_when_unused,
     pending_pools,
 )
-from ._pool_attrs import PoolAttributes, PoolStats, check_threshold, size_arg
+from ._pool_attrs import PoolAttributes, PoolStats, check_threshold
 from ._pool_buffer import PoolBufferBase, new_buffer
 
 __all__ = ["MemoryPool", "PoolBuffer", "PoolStats"]
@@ -539,7 +539,7 @@ class MemoryPool(PoolAttributes, Resource):
             Beyond ``max_size`` or the device's memory.
         """
         if type(nbytes) is not int or nbytes <= 0:
-            nbytes = size_arg(nbytes, "nbytes")
+            nbytes = check_index(nbytes, "nbytes")
             if nbytes <= 0:
                 raise ValueError(f"nbytes must be > 0, got {nbytes}")
         cupool = self._acu

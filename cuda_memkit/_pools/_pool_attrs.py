@@ -25,10 +25,6 @@ _A = _cu.CUmemPool_attribute
 _U64_MAX = (1 << 64) - 1
 
 
-#: The byte-count check of ``MemoryPool.allocate``'s slow path: :func:`check_index`.
-size_arg = check_index
-
-
 class PoolStats(NamedTuple):
     """Memory statistics of a pool in bytes (:meth:`MemoryPool.stats`).
 

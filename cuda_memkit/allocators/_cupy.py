@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from cuda.bindings import driver as _cu
 
 from .._core import _capture
-from .._core._checks import check_bool
+from .._core._checks import check_bool, check_nonneg
 from .._core._errors import ClosedError, CudaError, MemkitWarning
 from .._core._resource import EXITING, Unshareable
 from .._core._stream import StreamRef
@@ -173,16 +173,6 @@ def _check_device_pool(pool: object, current_device: Callable[[], int]) -> None:
                              f"cupy.cuda.Device({pool.device})")
 
 
-def _size_arg(size: object) -> int:
-    """A size that is not a positive int: an int >= 0, or TypeError / ValueError."""
-    if isinstance(size, bool) or not hasattr(size, "__index__"):
-        raise TypeError(f"an allocation size must be an int, not {type(size).__name__}")
-    n = int(size.__index__())
-    if n < 0:
-        raise ValueError(f"an allocation size must be >= 0, got {n}")
-    return n
-
-
 def _stream_ref(refs: dict[int, StreamRef], handle: int) -> StreamRef:
     """The ``StreamRef`` of CuPy stream ``handle`` (its ``CUstream``), made once per handle."""
     if len(refs) >= _STREAM_CACHE_LIMIT:
@@ -296,7 +286,7 @@ def cupy_allocator(pool: MemoryPool | None = None, *, cache: bool = True
                 raise ClosedError("the MemoryPool behind this CuPy allocator was closed; "
                                   "install another pool (allocators.use_with_cupy(pool))")
         if type(size) is not int or size <= 0:
-            size = _size_arg(size)
+            size = check_nonneg(size, "an allocation size")
             if not size:
                 return null(dev)
         st = get_stream(dev)
