@@ -461,10 +461,17 @@ class Loader(Resource):
         try:
             ensure_context(self._device)
             stream = stream_handle(self._stream_now())
-            buf = slot.to_device(stream=stream, pool=pool)
-            self._copies.after(stream, self._device)  # the slot goes back once the copy is done
+            buf = pool.allocate(slot.nbytes, stream=stream)
+            try:
+                slot.copy_to(buf, stream=stream)
+            except BaseException:
+                buf.close()
+                raise
+            # Watched before the slot is handed back, so that the ring's thread never
+            # starts polling for a copy the watcher is about to take.
+            self._copies.after(stream, self._device)
         finally:
-            slot.close()  # the batch is lost if its copy failed: the slot goes back
+            slot.close()  # back once the copy is done; at once if it failed (batch lost)
         if self._framework is None:
             return buf
         view = buf.as_array(self.dtype, self.shape)
