@@ -89,15 +89,17 @@ class Cases:
         self.src[0].fill(1)
         self.src[1].fill(2)
         make = functools.partial(copy_batch, self.src)
+        # The Loader copies on the same kind of stream as the floor's raw copies.
+        self.stream = int(check(raw.cuStreamCreate(1)))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", FORK_WARNING, DeprecationWarning)
-            self.loader = cm.Loader(make, n, nbytes, workers=workers, start_method="fork")
+            self.loader = cm.Loader(make, n, nbytes, workers=workers, start_method="fork",
+                                    stream=self.stream)
             self.fill = cm.Loader(make, n, nbytes, workers=workers, start_method="fork",
                                   output="slot")
         self.host = int(check(raw.cuMemHostAlloc(nbytes, 0)))
         ctypes.memset(self.host, 1, nbytes)
         self.dev = int(check(raw.cuMemAlloc(nbytes)))
-        self.stream = int(check(raw.cuStreamCreate(1)))
         self.torch: Any = None
         self.torch_error = ""
         if not simulated:
