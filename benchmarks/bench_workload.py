@@ -14,7 +14,10 @@ synchronizes). CuPy's allocator is set to, in turn:
 * the memkit adaptor cached (``cupy_allocator()``, the default);
 * the pure-Python cached floor (a free list per stream and rounded size;
   not memkit), and the same floor keeping memkit's exact ledger (a dict entry
-  and the counters per allocation).
+  and the counters per allocation);
+* the ablation floors (not memkit): that floor with what the adaptor promises
+  (the current device and stream asked, the size checked, a memory object that
+  knows its bin and stream), and with the one release path on top.
 
 Target (small and medium): the cached adaptor <= 1.05x the floor with the
 exact ledger of the same size, CuPy's pool beside it. Ratios in the last
@@ -30,7 +33,16 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness import Loop, backend, cupy_cached_floor, floor_ledger, floor_target, measure, verdict
+from harness import (
+    Loop,
+    backend,
+    cupy_cached_floor,
+    floor_ledger,
+    floor_target,
+    measure,
+    promised_cupy_floor,
+    verdict,
+)
 from rmm_rows import (
     cupy_allocator,
     device_resources,
@@ -123,11 +135,20 @@ def main() -> None:
         cupy, raw.cuMemAllocFromPoolAsync, raw.cuMemFreeAsync, cu.CUmemoryPool(default.handle),
         floor_ledger())
 
+    floor_pool = cu.CUmemoryPool(default.handle)
+    promised_lists: list[tuple[list[Any], Any]] = []
+    promised: dict[str, Callable[[int], Any]] = {}
+    for path, key in ((False, "floor + promises"), (True, "floor + promises + path")):
+        promised[key], lists_ = promised_cupy_floor(cupy, raw.cuMemAllocFromPoolAsync,
+                                                    floor_pool, floor_ledger(), one_path=path)
+        promised_lists.extend(lists_)
+
     allocs: dict[str, Callable[[int], Any]] = {
         "malloc_async": cupy.cuda.malloc_async, "cupy pool": cupy_pool.malloc,
         "memkit uncached": allocators.cupy_allocator(cache=False),
         "memkit cached": allocators.cupy_allocator(),
-        "floor cached": floor_allocator, "floor cached + ledger": ledger_allocator}
+        "floor cached": floor_allocator, "floor cached + ledger": ledger_allocator,
+        **promised}
     rmm, rmm_missing = import_rmm(simulated)
     if rmm is not None:  # rmm_cupy_allocator over RMM's pool resource, in the same run
         allocs["rmm"] = cupy_allocator(rmm, device_resources(rmm)["pool"])
@@ -158,6 +179,9 @@ def main() -> None:
         restore_default_resource(rmm)
     release_floor()
     release_ledger_floor()
+    for blocks, cus_ in promised_lists:
+        while blocks:
+            raw.cuMemFreeAsync(blocks.pop(), cus_)
     cache_mod = sys.modules.get("cuda_memkit._pools._cache")
     if cache_mod is not None:
         cache_mod.empty_all()
@@ -185,9 +209,12 @@ def main() -> None:
             ratio = None if v is None or not ref else v / ref
             target, ok = "info", None
             if name == "memkit cached" and size != "large":
-                target, ok = floor_target(v, fll, 1.05)
+                target, ok = floor_target(v, fll, 1.05, res["floor + promises"],
+                                          res["floor + promises + path"])
             elif name == "floor cached + ledger":
                 target = "its floor"
+            elif name.startswith("floor + promises") and v is not None and fll:
+                target = f"ablation: {v / fll:.2f}x"
             elif name == "rmm" and v is not None and res["memkit cached"] is not None:
                 mk = res["memkit cached"]
                 target, ok = (f"memkit cached ahead of it (same samples: {mk * 1e6:.1f} us, "
