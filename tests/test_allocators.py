@@ -214,6 +214,7 @@ def test_out_of_memory_is_a_memory_error(cupy: fake.FakeCupy) -> None:
         assert used(pool) == 0
 
 
+@pytest.mark.uses_managed_memory
 def test_managed_pool(cupy: fake.FakeCupy, ndevices: int) -> None:
     if not all(cm.Device(i).concurrent_managed_access for i in range(ndevices)):
         pytest.skip("no managed pools without concurrent managed access")

@@ -256,6 +256,7 @@ def test_ids_past_the_drivers_int_are_a_value_error(name: str, big: int,
         host.close()
 
 
+@pytest.mark.uses_managed_memory
 @pytest.mark.parametrize("side", ["dst_location", "src_location"])
 @pytest.mark.parametrize(("api", "method"), [(api, m) for api in ("copy_batch",
                                                                   "copy_batch(stream=)")

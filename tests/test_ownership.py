@@ -143,6 +143,7 @@ def test_dlpack_consumer_keeps_memory_after_close(kind: str, host_pool: cm.Memor
     newcomer.close()
 
 
+@pytest.mark.uses_managed_memory
 def test_capsule_never_consumed_frees_after_close() -> None:
     m = cm.ManagedBuffer.zeros(4096)
     ptr = m.ptr
