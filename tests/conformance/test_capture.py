@@ -2,10 +2,7 @@
 
 Expected answers are the H200's (``h100_probe.json``, section G: the cases
 named in each test). They run on whichever backend is active; the simulator
-must agree. The frees of a graph allocation outside its graph and the
-relaunch rules (``G_free_outside_graph``) follow the CUDA documentation and
-the refused free before a launch measured on the H200; that case's answers
-are still to be recorded.
+must agree.
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ def test_free_nodes_need_graph_allocations(s: int) -> None:  # G_alloc_free_node
 
 
 def test_a_graph_allocation_is_freed_outside_only_after_a_launch(s: int) -> None:
-    # G_free_outside_graph
+    # G_free_outside_graph, step by step
+    other = int(_driver.call("cuStreamCreate", 1))
     _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
     before = graph_mem(GM.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
     begin(s)
@@ -103,18 +101,26 @@ def test_a_graph_allocation_is_freed_outside_only_after_a_launch(s: int) -> None
     _driver.call("cuMemsetD8Async", a, 7, MiB, s)
     graph = _driver.call("cuStreamEndCapture", s)
     exe = _driver.call("cuGraphInstantiate", graph, 0)
-    expect(INVALID, "cuMemFreeAsync", a, s)  # not launched: nothing allocated yet
+    expect(INVALID, "cuMemFreeAsync", a, other)  # not launched: nothing allocated yet
+    expect(INVALID, "cuMemFree", a)
     _driver.call("cuGraphLaunch", exe, s)
     _driver.call("cuStreamSynchronize", s)
     assert graph_mem(GM.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= before + MiB
     expect(INVALID, "cuGraphLaunch", exe, s)  # its allocation is still allocated
-    _driver.call("cuMemFreeAsync", a, s)
-    _driver.call("cuStreamSynchronize", s)
+    _driver.call("cuMemFreeAsync", a, other)  # freed outside, on another stream
+    _driver.call("cuStreamSynchronize", other)
+    expect(INVALID, "cuMemFreeAsync", a, other)  # once only
     _driver.call("cuGraphLaunch", exe, s)  # freed: it can run again
-    _driver.call("cuMemFreeAsync", a, s)
     _driver.call("cuStreamSynchronize", s)
-    _driver.call("cuGraphExecDestroy", exe)
+    _driver.call("cuMemFree", a)  # a synchronous free of a graph allocation
+    _driver.call("cuGraphLaunch", exe, s)
+    _driver.call("cuStreamSynchronize", s)
+    _driver.call("cuGraphExecDestroy", exe)  # the allocation outlives the graph
+    _driver.call("cuMemGetAddressRange", a)
+    _driver.call("cuMemFreeAsync", a, other)
+    _driver.call("cuStreamSynchronize", other)
     _driver.call("cuGraphDestroy", graph)
+    _driver.call("cuStreamDestroy", other)
     _driver.call("cuDeviceGraphMemTrim", cu.CUdevice(0))
     assert graph_mem(GM.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) == before
 
