@@ -199,7 +199,10 @@ def wrap_entry_points(cls: Any, begin: str, end: str) -> bool:
 #: module is loaded: (module, class, begin, end).
 FRAMEWORK_CAPTURES = (
     ("torch.cuda", "CUDAGraph", "capture_begin", "capture_end"),
+    # cuda.core has moved its graph builder between releases
     ("cuda.core", "GraphBuilder", "begin_building", "end_building"),
+    ("cuda.core.graph", "GraphBuilder", "begin_building", "end_building"),
+    ("cuda.core.experimental", "GraphBuilder", "begin_building", "end_building"),
 )
 
 
