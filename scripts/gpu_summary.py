@@ -5,6 +5,7 @@
         # a parallel run's JUnit XML with each test that ran again alone taking its
         # result from the second run (gpu-check tests)
     python scripts/gpu_summary.py --suite MERGED.xml   # one line of counts, the failures
+    python scripts/gpu_summary.py --failed RUN.xml > IDS   # the failed tests' node ids
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def counts(path: pathlib.Path) -> dict[str, int]:
     out["passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
     failed = [
         f"{c.get('classname')}::{c.get('name')}"
-        + (" (failed in parallel; not re-run alone: no time left)"
+        + (" (failed in parallel; not re-run alone)"
            if c.get("alone") == "not run" else "")
         for s in suites for c in s.iter("testcase")
         if c.find("failure") is not None or c.find("error") is not None
@@ -54,7 +55,7 @@ def merge(first: pathlib.Path, again: pathlib.Path) -> ET.Element:
     for c in cases(first):
         alone = rerun.pop(key(c), None)
         if alone is None and (c.find("failure") is not None or c.find("error") is not None):
-            c.set("alone", "not run")  # the re-run ran out of time before it: say so
+            c.set("alone", "not run")  # the re-run did not reach it: say so
         merged.append(c if alone is None else alone)
     merged.extend(rerun.values())
     suite = ET.Element("testsuite", name="suite")
@@ -72,7 +73,31 @@ def merge(first: pathlib.Path, again: pathlib.Path) -> ET.Element:
     return root
 
 
+def failed_ids(path: pathlib.Path, root: pathlib.Path) -> list[str]:
+    """The pytest node ids of the failed test cases of a JUnit XML file (run from ``root``).
+
+    The ids are rebuilt from ``classname`` (``tests.test_x`` or ``tests.test_x.TestY``)
+    and ``name``: the longest prefix of the class name that is a test file is the file.
+    """
+    if not path.exists():
+        return []
+    out = []
+    for c in ET.parse(path).getroot().iter("testcase"):
+        if c.find("failure") is None and c.find("error") is None:
+            continue
+        parts = (c.get("classname") or "").split(".")
+        for i in range(len(parts), 0, -1):
+            f = pathlib.Path(*parts[:i]).with_suffix(".py")
+            if (root / f).is_file():
+                out.append("::".join([f.as_posix(), *parts[i:], c.get("name") or ""]))
+                break
+    return list(dict.fromkeys(out))  # a test that failed and then errored at teardown: once
+
+
 def main() -> None:
+    if sys.argv[1] == "--failed":  # one node id per line, for the re-run
+        print("\n".join(failed_ids(pathlib.Path(sys.argv[2]), pathlib.Path.cwd())))
+        return
     if sys.argv[1] == "--merge":
         ET.dump(merge(pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])))
         return

@@ -33,5 +33,19 @@ def test_a_failure_not_re_run_is_not_called_a_failure_alone(tmp_path: pathlib.Pa
     assert out[0].startswith("suite: 2 passed, 2 failed")
     assert out[1:] == [
         "  FAILED alone too: tests.test_a::test_broken",
-        "  FAILED: tests.test_b::test_late (failed in parallel; not re-run alone: no time left)",
+        "  FAILED: tests.test_b::test_late (failed in parallel; not re-run alone)",
     ]
+
+
+def test_the_failed_tests_node_ids_for_the_re_run(tmp_path: pathlib.Path) -> None:
+    xml = tmp_path / "run.xml"
+    xml.write_text(PARALLEL.replace(
+        '<testcase classname="tests.test_a" name="test_ok"/>',
+        '<testcase classname="tests.test_gpu_summary" name="test_x[a b-2**64]">'
+        '<failure message="leaked"/></testcase>'
+        '<testcase classname="tests.test_gpu_summary" name="test_x[a b-2**64]">'
+        '<error message="teardown"/></testcase>'))
+    out = subprocess.run([sys.executable, str(SCRIPT), "--failed", str(xml)], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    # test_a.py and test_b.py are not files of the checkout: their cases cannot be re-run
+    assert out == ["tests/test_gpu_summary.py::test_x[a b-2**64]"]
