@@ -109,6 +109,8 @@ def test_a_graph_allocation_is_freed_outside_only_after_a_launch(s: int) -> None
     expect(INVALID, "cuGraphLaunch", exe, s)  # its allocation is still allocated
     _driver.call("cuMemFreeAsync", a, other)  # freed outside, on another stream
     _driver.call("cuStreamSynchronize", other)
+    # freed, but the device keeps its graph memory (counted as used) until a trim
+    assert graph_mem(GM.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= before + MiB
     expect(INVALID, "cuMemFreeAsync", a, other)  # once only
     _driver.call("cuGraphLaunch", exe, s)  # freed: it can run again
     _driver.call("cuStreamSynchronize", s)
