@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["MAX_SLOTS", "RingSlot", "SharedHostRing", "device_pool", "lend", "ring_core",
-           "unstarted_ring"]
+__all__ = ["MAX_SLOTS", "RingSlot", "SharedHostRing", "copy_to_new", "device_pool", "lend",
+           "ring_core", "unstarted_ring"]
 
 #: Most slots a ring may have (the wire protocol carries 32-bit slot numbers; more than
 #: this is a mistake, not a ring).
@@ -521,12 +521,7 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
             device = stream_device(stream, stream_handle(stream))
             pool = MemoryPool.default(ensure_context() if device is None else device,
                                       cache=True)
-        buf = pool.allocate(self._nbytes, stream=stream)
-        try:
-            self.copy_to(buf, stream=stream)
-        except BaseException:
-            buf.close()
-            raise
+        buf = copy_to_new(self, pool, stream)
         self.close()  # back to the workers once the copy has finished
         return buf
 
@@ -538,3 +533,17 @@ class RingSlot(TypedBufferMixin, DeviceMemoryMixin, Resource):
 
 
 mark_pinned_class(RingSlot)
+
+
+def copy_to_new(slot: RingSlot, pool: MemoryPool, stream: StreamLike) -> PoolBuffer:
+    """A new buffer of ``pool`` with the slot's copy queued into it on ``stream``.
+
+    The slot stays lent: its caller hands it back (the copy holds it until done).
+    """
+    buf = pool.allocate(slot.nbytes, stream=stream)
+    try:
+        slot.copy_to(buf, stream=stream)
+    except BaseException:
+        buf.close()
+        raise
+    return buf

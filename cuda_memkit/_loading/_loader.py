@@ -43,6 +43,7 @@ from .._host._shared_ring import (
     MAX_SLOTS,
     RingSlot,
     SharedHostRing,
+    copy_to_new,
     device_pool,
     lend,
     ring_core,
@@ -461,12 +462,7 @@ class Loader(Resource):
         try:
             ensure_context(self._device)
             stream = stream_handle(self._stream_now())
-            buf = pool.allocate(slot.nbytes, stream=stream)
-            try:
-                slot.copy_to(buf, stream=stream)
-            except BaseException:
-                buf.close()
-                raise
+            buf = copy_to_new(slot, pool, stream)
             # Watched before the slot is handed back, so that the ring's thread never
             # starts polling for a copy the watcher is about to take.
             self._copies.after(stream, self._device)
