@@ -36,6 +36,7 @@ cuda_memkit wraps, see :func:`note_capture`) is under way, or after
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from typing import Any
 from cuda.bindings import driver as _cu
 
 from . import _driver
-from ._checks import check_bool
+from ._checks import check_bool, one_of
 from ._constants import STREAM_LEGACY
 from ._context import context_retry, primary_pushed
 from ._errors import CudaError
@@ -209,12 +210,10 @@ FRAMEWORK_CAPTURES = (
 def watch_frameworks() -> dict[str, bool]:
     """Wrap the capture entry points of torch and cuda.core where they are already imported.
 
-    Called when cuda_memkit is imported and whenever a pool is made (cheap: a
-    look in ``sys.modules``, nothing is imported). Returns, per class found,
-    whether its captures are now seen without :func:`watch_captures`.
+    Called whenever a pool object is made (cheap: a look in ``sys.modules``;
+    nothing is imported). Returns, per class found, whether its captures are now
+    seen without :func:`watch_captures`.
     """
-    import sys
-
     seen = {}
     for module, name, begin, end in FRAMEWORK_CAPTURES:
         mod = sys.modules.get(module)
@@ -225,13 +224,7 @@ def watch_frameworks() -> dict[str, bool]:
 
 
 def _check_mode(mode: object) -> int:
-    if not isinstance(mode, str):
-        raise TypeError(f"mode must be a str ({', '.join(CAPTURE_MODES)}), "
-                        f"not {type(mode).__name__}")
-    code = CAPTURE_MODES.get(mode)
-    if code is None:
-        raise ValueError(f"mode must be one of {', '.join(CAPTURE_MODES)}, got {mode!r}")
-    return code
+    return CAPTURE_MODES[one_of(mode, "mode", tuple(CAPTURE_MODES))]
 
 
 # -- what the driver says about a stream ------------------------------------------------------

@@ -39,6 +39,7 @@ __all__ = [
     "check_span",
     "check_u64",
     "integer_array",
+    "one_of",
     "refuse_negative",
     "shape_nbytes",
 ]
