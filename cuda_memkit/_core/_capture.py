@@ -155,7 +155,20 @@ def note_capture(begun: bool) -> None:
 
 
 def watch_captures(enabled: bool = True) -> None:
-    """Ask the driver on every allocation whether its stream captures (see module doc)."""
+    """Ask the driver on every allocation whether its stream captures.
+
+    Captures begun with :meth:`Stream.begin_capture`, CuPy's
+    ``Stream.begin_capture`` (under the CuPy allocator), torch's ``CUDAGraph``
+    and cuda.core's ``GraphBuilder`` (imported before a pool was made) are seen
+    without it. Turn it on for any other capture (raw driver calls, a library
+    imported after every pool was made): each allocation then costs one more
+    driver query.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        On or off.
+    """
     global _watching
     check_bool(enabled, "enabled")
     with _lock:
