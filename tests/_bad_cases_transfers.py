@@ -17,6 +17,12 @@ def _batch(o, **kw):  # type: ignore[no-untyped-def]
     args.update(kw)
     return cm.copy_batch(o.dev, o.host, **args)
 
+
+def _kernel_batch(dst, src):  # type: ignore[no-untyped-def]
+    """A synchronous kernel-path batch between two of the case's buffers."""
+    return cm.copy_batch(dst, src, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
+                         method="kernel")
+
 # == copy / copy_async ===================================================================
 
 case("copy(object(), host)", lambda o: cm.copy(object(), o.host), TypeError,
@@ -125,17 +131,13 @@ case("copy_batch(method='fast')", lambda o: _batch(o, method="fast"), ValueError
 case("copy_batch(method=1)", lambda o: _batch(o, method=1), TypeError, "method")
 case("copy_batch(method=None)", lambda o: _batch(o, method=None), TypeError, "method")
 case("copy_batch(method='kernel', pageable source)",
-     lambda o: cm.copy_batch(o.dev, o.page, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
-                             method="kernel"), ValueError, "pageable")
+     lambda o: _kernel_batch(o.dev, o.page), ValueError, "pageable")
 case("copy_batch(method='kernel', pageable destination, synchronous)",
-     lambda o: cm.copy_batch(o.page, o.dev, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
-                             method="kernel"), ValueError, "pageable")
+     lambda o: _kernel_batch(o.page, o.dev), ValueError, "pageable")
 case("copy_batch(method='kernel', host to host)",
-     lambda o: cm.copy_batch(o.host, o.reg, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
-                             method="kernel"), ValueError, "host memory")
+     lambda o: _kernel_batch(o.host, o.reg), ValueError, "host memory")
 case("copy_batch(method='kernel', read-only registration as destination)",
-     lambda o: cm.copy_batch(o.reg_ro, o.dev, dst_offsets=_OFF, src_offsets=_OFF, sizes=_SZ,
-                             method="kernel"), ValueError, "READ_ONLY")
+     lambda o: _kernel_batch(o.reg_ro, o.dev), ValueError, "READ_ONLY")
 case("copy_batch(method='kernel', overlapping destinations)",
      lambda o: _batch(o, dst_offsets=[0, 100], method="kernel"), ValueError, "overlap")
 case("copy_batch(method='kernel', past the source)",
