@@ -8,7 +8,10 @@ workers by fork), made by ``--workers`` worker processes (default 8), then moved
 device 0. One table, every row measured in this run, the cases of a size taking turns in
 each round (order shuffled per round, seeded), medians over the rounds; each sample is
 one pass over ``n`` batches (fewer for larger batches), timed from the start of the pass
-to the device having every batch, after two passes of warm-up (workers start, pools grow):
+to the device having every batch, after two passes of warm-up (workers start, pools grow).
+The ring cases run on two loaders of each kind, taking turns sample by sample: where a
+ring's memory landed moves a case by several percent, which one instance of each would
+put into the ratios.
 
 * ``DataLoader(num_workers=N, pin_memory=True)`` over a dataset whose item is the batch
   (a new tensor the worker fills), each batch sent with ``.to("cuda", non_blocking=True)``;
@@ -91,12 +94,19 @@ class Cases:
         make = functools.partial(copy_batch, self.src)
         # The Loader copies on the same kind of stream as the floor's raw copies.
         self.stream = int(check(raw.cuStreamCreate(1)))
+        # Two of each, made in turns and used in turns (one per sample): where a ring's
+        # memory landed moves a case by several percent, and one instance of each would
+        # put that into the ratio.
+        self.loaders: list[Any] = []
+        self.fills: list[Any] = []
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", FORK_WARNING, DeprecationWarning)
-            self.loader = cm.Loader(make, n, nbytes, workers=workers, start_method="fork",
-                                    stream=self.stream)
-            self.fill = cm.Loader(make, n, nbytes, workers=workers, start_method="fork",
-                                  output="slot")
+            for _ in range(2):
+                self.loaders.append(cm.Loader(make, n, nbytes, workers=workers,
+                                              start_method="fork", stream=self.stream))
+                self.fills.append(cm.Loader(make, n, nbytes, workers=workers,
+                                            start_method="fork", output="slot"))
+        self._turn = dict.fromkeys(("loader", "fill", "both"), 0)
         self.host = int(check(raw.cuMemHostAlloc(nbytes, 0)))
         ctypes.memset(self.host, 1, nbytes)
         self.dev = int(check(raw.cuMemAlloc(nbytes)))
@@ -120,19 +130,25 @@ class Cases:
     def sync(self) -> None:
         check(self.raw.cuCtxSynchronize())
 
+    def _next(self, case: str, instances: list[Any]) -> Any:
+        """The instance ``case`` uses this time: each in turn."""
+        k = self._turn[case]
+        self._turn[case] = k + 1
+        return instances[k % len(instances)]
+
     def run_loader(self) -> None:
-        for _buf in self.loader:
+        for _buf in self._next("loader", self.loaders):
             pass  # each buffer is freed (stream-ordered) as the next one comes
         self.sync()
 
     def run_fill(self) -> None:
-        for slot in self.fill:
+        for slot in self._next("fill", self.fills):
             slot.close()
 
     def run_both(self) -> None:
         """Workers fill slots while each is copied by the raw driver: no Loader work at all."""
         fn, wait, h = self.raw.cuMemcpyHtoDAsync, self.raw.cuStreamSynchronize, self.stream
-        for slot in self.fill:
+        for slot in self._next("both", self.fills):
             check(fn(self.dev, slot.ptr, self.nbytes, h))
             check(wait(h))  # the slot goes back once the copy has read it
             slot.close()
@@ -156,8 +172,8 @@ class Cases:
         return out
 
     def close(self) -> None:
-        self.loader.close()
-        self.fill.close()
+        for loader in self.loaders + self.fills:
+            loader.close()
         self.torch = None  # persistent workers end with the DataLoader
         check(self.raw.cuStreamDestroy(self.stream))
         check(self.raw.cuMemFree(self.dev))

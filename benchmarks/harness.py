@@ -64,14 +64,16 @@ def check(res: Any) -> Any:
 
 
 def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
-            sync: Callable[[], None], seed: int) -> dict[str, float | None]:
+            sync: Callable[[], None], seed: int,
+            times_out: dict[str, list[float]] | None = None) -> dict[str, float | None]:
     """Median seconds per iteration of each case (``None`` for a case given as ``None``).
 
     Each sample runs every case once, ``counts[case]`` iterations, in an order
     shuffled per sample (``seed`` fixed), so that drift hits the cases alike
     and no case always follows the same one; garbage a case left behind is
     collected before the next one's timing starts. A warm-up round first
-    (pools grow, caches fill).
+    (pools grow, caches fill). ``times_out``, if given, receives each case's
+    seconds per iteration, sample by sample (for :func:`paired_ratio`).
     """
     live = {k: fn for k, fn in cases.items() if fn is not None}
     for key, fn in live.items():
@@ -89,7 +91,22 @@ def measure(cases: dict[str, Loop | None], counts: dict[str, int], samples: int,
             fn(n)
             sync()
             times[key].append((time.perf_counter() - t0) / n)
+    if times_out is not None:
+        times_out.update(times)
     return {k: (statistics.median(times[k]) if k in times else None) for k in cases}
+
+
+def paired_ratio(times: dict[str, list[float]], case: str, against: str) -> float | None:
+    """Median over the samples of ``case``'s time / ``against``'s time in the same sample.
+
+    Both ran in every sample of :func:`measure`, so a drift of the machine between
+    samples (clocks, other tenants) cancels in each ratio; a ratio of two medians
+    keeps it when the two medians come from different samples.
+    """
+    a, b = times.get(case), times.get(against)
+    if not a or not b or len(a) != len(b):
+        return None
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def floor_target(value: float | None, floor: float | None, bound: float,
