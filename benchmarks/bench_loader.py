@@ -292,7 +292,8 @@ def run(sizes_mib: list[float], workers: int, rounds: int, quick: bool,
                       "array, moved to device 0: PyTorch's DataLoader(pin_memory=True) "
                       "against cuda_memkit's Loader and the ring's two limits (the workers "
                       "filling slots with no copy, the pinned copy alone); batches/s, "
-                      "medians of interleaved rounds (key and size_mib: notebook 09's series)."),
+                      "medians of interleaved rounds, two rings of each kind taking turns "
+                      "(key and size_mib: notebook 09's series)."),
             "workers": workers, "rounds": rounds, "shm_bytes": shm, "rows": rows}
 
 
