@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import subprocess
@@ -141,7 +142,11 @@ def without_hold(names: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def no_driver_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail if anything inside calls the driver."""
+    """Fail if anything inside calls the driver.
+
+    The block cache's pre-resolved pair (``_cache.ALLOC`` and ``_cache.FREE``)
+    is refused too: it reaches the driver without ``_driver.call``.
+    """
 
     def refuse(api: str, *args: Any) -> Any:
         raise AssertionError(f"unexpected driver call {api}")
@@ -149,6 +154,8 @@ def no_driver_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     with monkeypatch.context() as m:
         m.setattr(_driver, "call", refuse)
         m.setattr(_driver, "function", lambda api: refuse(api))
+        m.setattr(_cache, "ALLOC", functools.partial(refuse, "cuMemAllocFromPoolAsync"))
+        m.setattr(_cache, "FREE", functools.partial(refuse, "cuMemFreeAsync"))
         yield
 
 

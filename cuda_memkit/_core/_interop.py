@@ -8,7 +8,6 @@ that other libraries (CuPy, torch, numba, cuda.core) can consume zero-copy.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -233,5 +232,3 @@ class DeviceArrayView:
         keep = exports_of(owner) if isinstance(owner, Resource) else owner
         return _dlpack.make_capsule(keep, self._ptr, self._shape, self._dtype, self._device)
 
-
-_ = ctypes  # _dlpack builds the capsule with ctypes

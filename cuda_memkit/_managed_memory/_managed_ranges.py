@@ -66,9 +66,8 @@ class MemAdvice(enum.IntEnum):
 ALL_KINDS = frozenset(LocationType)
 ACCESS_KINDS = frozenset({LocationType.DEVICE, LocationType.HOST})
 
-#: Legacy ``CUdevice`` values in range attributes.
+#: The legacy ``CUdevice`` value of the host in range attributes.
 DEVICE_CPU = -1
-DEVICE_INVALID = -2
 
 
 
