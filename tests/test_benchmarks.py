@@ -9,9 +9,11 @@ warnings as errors, as the suite does.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,3 +39,44 @@ def test_benchmark_runs_on_the_simulator(script: Path, tmp_path: Path) -> None:
     assert f"{script.stem}" in proc.stdout and "sim" in proc.stdout, proc.stdout[:500]
     if "--json" in args:
         assert out.stat().st_size > 0
+
+
+def _harness() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return harness
+
+
+def test_paired_ratio_takes_each_samples_ratio_not_the_ratio_of_medians() -> None:
+    harness = _harness()
+    # One sample drifted for the case only: the medians' ratio says 1.1, the samples 1.0.
+    times = {"case": [1.0, 2.2, 3.0], "floor": [1.0, 2.0, 3.0]}
+    assert statistics.median(times["case"]) / statistics.median(times["floor"]) == 1.1
+    assert harness.paired_ratio(times, "case", "floor") == 1.0
+    assert harness.paired_ratio({"case": [1.0, 2.0], "floor": [1.0]}, "case", "floor") is None
+    assert harness.paired_ratio(times, "case", "absent") is None
+
+
+def test_measure_hands_out_every_sample() -> None:
+    harness = _harness()
+    ran: list[str] = []
+    out: dict[str, list[float]] = {}
+    medians = harness.measure({"a": lambda n: ran.append("a"), "b": lambda n: ran.append("b"),
+                               "none": None}, {"a": 1, "b": 1, "none": 1}, 5, lambda: None, 0,
+                              out)
+    assert sorted(out) == ["a", "b"] and all(len(v) == 5 for v in out.values())
+    assert medians["none"] is None and medians["a"] == statistics.median(out["a"])
+    assert ran.count("a") == ran.count("b") == 5 + 1  # the samples and the warm-up
+
+
+def test_floor_target_on_a_paired_ratio_says_blocked_only_above_the_bound() -> None:
+    harness = _harness()
+    text, ok = harness.floor_target(1.07, 1.0, 1.05, 1.06, 1.08)
+    assert ok is False and "BLOCKED: the promised work alone is 1.06x" in text
+    text, ok = harness.floor_target(1.07, 1.0, 1.05, 1.04, 1.05)
+    assert ok is False and "BLOCKED" not in text and "1.04x" in text
+    assert harness.floor_target(1.03, 1.0, 1.05, 1.04, 1.05) == (
+        "<= 1.05x its floor + ledger (1.03x)", True)
