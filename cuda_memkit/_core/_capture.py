@@ -158,9 +158,10 @@ def watch_captures(enabled: bool = True) -> None:
     """Ask the driver on every allocation whether its stream captures.
 
     Captures begun with :meth:`Stream.begin_capture`, CuPy's
-    ``Stream.begin_capture`` (under the CuPy allocator), torch's ``CUDAGraph``
-    and cuda.core's ``GraphBuilder`` (imported before a pool was made) are seen
-    without it. Turn it on for any other capture (raw driver calls, a library
+    ``Stream.begin_capture`` (under the CuPy allocator) and torch's
+    ``CUDAGraph`` (imported before a pool was made) are seen without it. Turn
+    it on for any other capture (raw driver calls, cuda.core's
+    ``GraphBuilder``, whose class takes no wrapper in cuda.core 1.2, a library
     imported after every pool was made): each allocation then costs one more
     driver query.
 
