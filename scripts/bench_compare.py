@@ -463,11 +463,12 @@ def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headlin
                 f"then `python scripts/bench_report.py --import ...` fills this in "
                 f"([benchmarks]({report})).*\n")
         return {"headline": none, "peers": none}
-    machine = next(iter(benches.values())).get("machine", {})
-    where = f"{machine.get('gpu', 'one GPU')}, {machine.get('date', '')[:10]}".strip(", ")
-    head = (f"![cuda_memkit against CuPy, cuda.core and PyTorch, one GPU run]"
+    where, one_run = measured_where(benches, comps)
+    same = ("every library in the same run" if one_run
+            else "every library of a question in the same run")
+    head = (f"![cuda_memkit against CuPy, cuda.core and PyTorch, one GPU run per question]"
             f"({prefix}{headline})\n\n" if headline else "")
-    head += (f"*Measured on {where}, every library in the same run; cuda_memkit in colour. "
+    head += (f"*Measured on {where}, {same}; cuda_memkit in colour. "
              f"The [benchmark report]({report}) has every table, including where others "
              "are faster.*\n")
     rows = [f"| | {MEMKIT} | " + " | ".join(PEERS) + " |", "|---|" + "---|" * (len(PEERS) + 1)]
@@ -487,10 +488,30 @@ def regions(benches: dict[str, dict[str, Any]], comps: list[Comparison], headlin
                                "has no call for it; *not measured*: it has one, which this run "
                                "did not measure.\n\n")
     if not any(e.library == "RMM" for c in comps for e in c.entries):
-        peers += "RMM is measured by no benchmark of this run (it is not installed there).\n\n"
+        peers += (f"RMM is measured by no benchmark of {'this run' if one_run else 'these runs'} "
+                  "(it is not installed there).\n\n")
     if faster:
         peers += "Where a peer is faster, plainly:\n\n" + "\n".join(faster) + "\n"
     else:
         peers += "No peer is faster than cuda_memkit in these comparisons.\n"
-    peers += f"\n*Measured on {where}, every library in the same run.*\n"
+    peers += f"\n*Measured on {where}, {same}.*\n"
     return {"headline": head, "peers": peers}
+
+
+def measured_where(benches: dict[str, dict[str, Any]], comps: list[Comparison]
+                   ) -> tuple[str, bool]:
+    """``(where, one run)`` for a caption: the GPU and date(s) of the runs ``comps`` come from.
+
+    A comparison's rows come from one script, hence one run; the results of different
+    scripts may come from different runs, which the caption then says.
+    """
+    used = [benches[c.bench] for c in comps if c.entries and c.bench in benches] or list(
+        benches.values())
+    machines = [b.get("machine", {}) for b in used]
+    runs = {(m.get("date", ""), m.get("commit", "")) for m in machines}
+    gpus = sorted({str(m.get("gpu", "one GPU")) for m in machines})
+    dates = sorted({str(m.get("date", ""))[:10] for m in machines} - {""})
+    span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else ""
+    if len(runs) == 1:
+        return f"{', '.join(gpus)}, {span}".strip(", "), True
+    return f"{' and '.join(gpus)} in {len(runs)} runs, {span}".strip(", "), False

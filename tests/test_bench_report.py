@@ -341,3 +341,18 @@ def test_not_measured_is_not_no_call(site: tuple[Path, Path]) -> None:
     assert "A dash (\u2013): the library has no call for it; *not measured*:" in why
     loader = next(s for s in bench_compare.SPECS if s.id == "loader-64")
     assert "CuPy" in loader.no_api and "PyTorch" not in loader.no_api
+
+
+def test_captions_name_every_run_the_comparisons_come_from(site: tuple[Path, Path]) -> None:
+    results, docs = site
+    path = results / "bench_multigpu.json"
+    data = json.loads(path.read_text())
+    data["machine"] = {**data["machine"], "date": "2030-02-03 04:05 UTC", "commit": "def5678"}
+    path.write_text(json.dumps(data))
+    files, _plots = bench_report.render(results, docs)
+    why, index = files[docs / "why.md"], files[docs / "index.md"]
+    caption = ("*Measured on Test GPU in 2 runs, 2030-01-02 to 2030-02-03, every library of a "
+               "question in the same run")
+    assert caption + ".*" in why and caption + "; cuda_memkit in colour." in index
+    assert "every library in the same run" not in why + index
+    assert "RMM is measured by no benchmark of these runs" in why
