@@ -1,6 +1,7 @@
 """Where a Loader's time goes against its floor: its delivery on other rings, its waits, the slots.
 
     python scripts/probes/loader_floor_probe.py [--mib 64] [--rounds 9] [--instances 2] [--gil]
+                                                [--extra-slots K]
 
 Measured interleaved (``harness.measure``, one pass of ``n`` batches per sample) on
 rings made in turns, ``--instances`` of each kind:
@@ -12,7 +13,9 @@ rings made in turns, ``--instances`` of each kind:
   the buffer path: the same code as ``loader`` on a ring made the other way;
 * ``copy_to_new+wait``: a slot ring; the consumer runs ``copy_to_new`` and waits for it;
 * ``raw, lagged``: a slot ring; a raw copy and an event per slot, each slot given back
-  once its event is done, checked at the next slot (no thread, no wait).
+  once its event is done, checked at the next slot (no thread, no wait);
+* with ``--extra-slots K``: ``loader +K`` and ``floor +K``, the same on rings with ``K``
+  more slots than the Loader makes (room for copies in flight, no more grants per worker).
 
 For each case it prints batches/s, the ratio to the floors' median, the consumer's wait
 for a ready slot per batch (time in ``RingCore.wait``), and the mean number of slots in
@@ -47,6 +50,7 @@ from harness import backend, check, measure  # noqa: E402
 import cuda_memkit as cm  # noqa: E402
 from cuda_memkit._core._inflight import reap_pending  # noqa: E402
 from cuda_memkit._host._shared_ring import copy_to_new, ring_core  # noqa: E402
+from cuda_memkit._loading import _loader  # noqa: E402
 
 STATES = ("free", "granted", "filling", "ready", "lent")
 EVENT_DISABLE_TIMING = 0x2
@@ -135,6 +139,7 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--extra-slots", type=int, default=0)
     args = ap.parse_args()
     _name, simulated, raw = backend()
     mib, rounds, workers = args.mib, args.rounds, args.workers
@@ -157,6 +162,19 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", bl.FORK_WARNING, DeprecationWarning)
             return cm.Loader(make, n, nbytes, workers=workers, start_method="fork", **kw)
+
+    def roomier(**kw: Any) -> Any:
+        """A Loader whose ring has ``--extra-slots`` more slots (the grants per worker stay)."""
+        plain = _loader.unstarted_ring
+
+        def more(slots: int, *a: Any, **k: Any) -> Any:
+            return plain(slots + args.extra_slots, *a, **k)
+
+        _loader.unstarted_ring = more
+        try:
+            return loader(**kw)
+        finally:
+            _loader.unstarted_ring = plain
 
     def slot_made() -> Any:
         ld = loader(output="slot", stream=stream)
@@ -205,6 +223,9 @@ def main() -> None:
         "copy_to_new+wait": (lambda: loader(output="slot"), copy_wait),
         "raw, lagged": (lambda: loader(output="slot"), lagged),
     }
+    if args.extra_slots:
+        kinds[f"floor +{args.extra_slots}"] = (lambda: roomier(output="slot"), floor)
+        kinds[f"loader +{args.extra_slots}"] = (lambda: roomier(stream=stream), iterate)
     rings: dict[str, Any] = {}
     for k in range(args.instances):
         for kind, (made, _run) in kinds.items():
@@ -240,7 +261,7 @@ def main() -> None:
             ld.close()
         check(raw.cuMemFree(dev))
         check(raw.cuStreamDestroy(stream))
-    floors = statistics.median(t for k, t in med.items() if k.startswith("floor") and t)
+    floors = statistics.median(t for k, t in med.items() if k.startswith("floor #") and t)
     print(f"{mib:g} MiB batches, {n} per pass, {workers} workers, {rounds} rounds; "
           f"floor (median of its rings) {n / floors:.1f} batches/s")
     print(f"{'case':22} {'batches/s':>9} {'x floor':>8} {'wait/batch':>11}  mean slots")
