@@ -25,7 +25,8 @@ CuPy's current stream; pools keep their memory: release threshold UINT64_MAX):
 
 Every cached floor also runs with memkit's exact ledger ("+ ledger": a dict
 entry and the counters per allocation). Targets (the same run, each against
-its floor with the ledger): the ``cupy.cuda.alloc`` 1 MiB pair through the
+its floor with the ledger, as the median of the ratios within each sample):
+the ``cupy.cuda.alloc`` 1 MiB pair through the
 cached adaptor, ``cupy.empty(1 MiB)`` + drop and the pinned adaptor's pair
 <= 1.5x. Ablation rows add to the floors what the adaptor promises ("+
 promises": the current device asked, the size checked, the memory holding its
@@ -48,11 +49,12 @@ from typing import Any
 
 from harness import (
     Loop,
+    ablation_target,
     backend,
     cupy_cached_floor,
     floor_ledger,
-    floor_target,
     measure,
+    paired_target,
     promised_cupy_floor,
     promised_pinned_floor,
     verdict,
@@ -333,12 +335,17 @@ def main() -> None:
             for name, mr in pinned_resources(rmm).items():
                 pinned_cases[f"rmm {name}"] = resource_pairs(mr, rstream, 4096)
 
-    pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync, 13)
-    empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync, 13)
+    # Each sample's times too: the targets are ratios paired within a sample.
+    pair_s: dict[str, list[float]] = {}
+    empty_s: dict[str, list[float]] = {}
+    pinned_s: dict[str, list[float]] = {}
+    pair = measure(cases, dict.fromkeys(cases, n_pair), samples, sync, 13, pair_s)
+    empty_t = measure(empty_cases, dict.fromkeys(empty_cases, n_empty), samples, sync, 13,
+                      empty_s)
     work_t = measure(work_cases, dict.fromkeys(work_cases, n_work), samples, sync, 13)
     # RMM's plain pinned resource pins pages at every call: few pairs
     pinned_t = measure(pinned_cases, {k: 20 if k == "rmm pinned" else n_pair
-                                      for k in pinned_cases}, samples, sync, 13)
+                                      for k in pinned_cases}, samples, sync, 13, pinned_s)
     if cupy is not None:
         cupy.cuda.set_allocator(previous)
         cupy.cuda.set_pinned_memory_allocator(previous_pinned)
@@ -388,15 +395,12 @@ def main() -> None:
                      "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
-    def ablation_rows(label: str, f: dict[str, float | None], key: str, floor: float | None,
-                      bound: float, ref: float | None) -> None:
+    def ablation_rows(label: str, f: dict[str, float | None], times: dict[str, list[float]],
+                      key: str, floor: str, bound: float, ref: float | None) -> None:
         """The ablation rows of a target: its floor with the promises, then the path too."""
         for name, what in ((key, "promises"), (key + " + path", "promises + path")):
-            v = f.get(name)
-            side = ("" if v is None or not floor else
-                    f": {v / floor:.2f}x, {'within' if v / floor <= bound else 'ABOVE'} "
-                    f"the {bound:g}x bound")
-            row(f"   the floor + ledger + {label}{what} (not memkit)", v, ref, "ablation" + side)
+            row(f"   the floor + ledger + {label}{what} (not memkit)", f.get(name), ref,
+                ablation_target(times, name, floor, bound))
 
     raw_ref = pair["raw default"]
     row("1 MiB: raw pool pair, device default pool", raw_ref, raw_ref, "reference")
@@ -407,10 +411,11 @@ def main() -> None:
         "info")
     mc, fll = pair.get("alloc: memkit default"), pair.get("alloc: floor cached + ledger")
     row("1 MiB via cupy.cuda.alloc: memkit adaptor (cached, default)", mc, raw_ref,
-        *floor_target(mc, fll, 1.5, pair.get("alloc: floor + promises"),
-                      pair.get("alloc: floor + promises + path")), floor=fll)
+        *paired_target(pair_s, "alloc: memkit default", "alloc: floor cached + ledger", 1.5,
+                       "alloc: floor + promises"), floor=fll)
     row("   pure-Python cached floor + exact ledger (not memkit)", fll, raw_ref, "its floor")
-    ablation_rows("", pair, "alloc: floor + promises", fll, 1.5, raw_ref)
+    ablation_rows("", pair, pair_s, "alloc: floor + promises", "alloc: floor cached + ledger",
+                  1.5, raw_ref)
     for name, label in [("malloc_async", "CuPy malloc_async"),
                         ("cupy pool", "CuPy MemoryPool"),
                         ("memkit uncached", "memkit adaptor, uncached (cache=False)"),
@@ -421,10 +426,10 @@ def main() -> None:
     ea, me = empty_t.get("malloc_async"), empty_t.get("memkit default")
     efl = empty_t.get("floor cached + ledger")
     row("cupy.empty(1 MiB) + drop: memkit adaptor (cached)", me, ea,
-        *floor_target(me, efl, 1.5, empty_t.get("floor + promises"),
-                      empty_t.get("floor + promises + path")), floor=efl)
+        *paired_target(empty_s, "memkit default", "floor cached + ledger", 1.5,
+                       "floor + promises"), floor=efl)
     row("   pure-Python cached floor + exact ledger (not memkit)", efl, ea, "its floor")
-    ablation_rows("", empty_t, "floor + promises", efl, 1.5, ea)
+    ablation_rows("", empty_t, empty_s, "floor + promises", "floor cached + ledger", 1.5, ea)
     for name in ("malloc_async", "cupy pool", "memkit uncached", "memkit pool",
                  "floor cached"):
         row(f"cupy.empty(1 MiB) + drop: {name}", empty_t.get(name), ea,
@@ -443,10 +448,11 @@ def main() -> None:
     pfl = pinned_t.get("floor pinned + ledger")
     row("4 KiB pinned: CuPy pinned pool", pa, pa, "reference")
     row("4 KiB pinned: memkit pinned adaptor (cached, default)", pm, pa,
-        *floor_target(pm, pfl, 1.5, pinned_t.get("floor pinned + promises"),
-                      pinned_t.get("floor pinned + promises + path")), floor=pfl)
+        *paired_target(pinned_s, "memkit pinned", "floor pinned + ledger", 1.5,
+                       "floor pinned + promises"), floor=pfl)
     row("4 KiB pinned: pure-Python floor + exact ledger (not memkit)", pfl, pa, "its floor")
-    ablation_rows("a pooled HostBuffer's ", pinned_t, "floor pinned + promises", pfl, 1.5, pa)
+    ablation_rows("a pooled HostBuffer's ", pinned_t, pinned_s, "floor pinned + promises",
+                  "floor pinned + ledger", 1.5, pa)
     row("4 KiB pinned: memkit pinned adaptor, uncached (cache=False)",
         pinned_t.get("memkit pinned uncached"), pa, "info")
     row("4 KiB pinned: pure-Python floor (free list; not memkit)", pinned_t.get("floor pinned"),

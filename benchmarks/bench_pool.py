@@ -33,7 +33,8 @@ finalizer without class swap: "+ promises") and with the one release path on
 top (a bin's take and give calling the ledger's add and remove: "+ promises
 + path"; see ``harness.py``).
 
-Targets (all in the same run, each against its floor with the ledger):
+Targets (all in the same run, each against its floor with the ledger; a target's
+ratio is the median over samples of the ratio within each sample, where both ran):
 
 * the cached pool pair ``MemoryPool(cache=True).allocate(1 MiB, stream=s).free()``
   and the uncached pair ``MemoryPool.allocate(1 MiB, stream=s).free()`` <= 1.5x;
@@ -61,12 +62,14 @@ from typing import Any
 
 from harness import (
     Loop,
+    ablation_target,
     backend,
     cached_floor,
     check,
     floor_ledger,
-    floor_target,
     measure,
+    paired_ratio,
+    paired_target,
     pinned_floor,
     promised_pinned_floor,
     promised_pool_floor,
@@ -356,6 +359,7 @@ def main() -> None:
                 t = t_empty(nbytes, dtype=t_u8, device="cuda")
                 del t
 
+    device_times: dict[str, list[float]] = {}  # each sample's times: the paired ratios
     device = measure(
         {"raw": raw_device, "memkit": memkit_device, "cupy": cupy_device,
          "cuda.core": core_device, "torch": torch_device, "raw default": raw_default,
@@ -370,7 +374,7 @@ def main() -> None:
                        "memkit cached", "cupy MemoryPool", "floor cached",
                        "floor cached + ledger", "floor + ledger",
                        "memkit cached, no capture check", *ablations), n_dev),
-        samples, sync, 6)
+        samples, sync, 6, device_times)
     for blocks in [*(b for lists in (floor_lists, ledger_floor_lists)
                      for sb in lists.values() for b in sb.values()),
                    *(b for lists in ablation_lists for b in lists)]:
@@ -453,6 +457,7 @@ def main() -> None:
         except Exception as exc:
             print(f"cuda.core PinnedMemoryResource: {exc!r}", file=sys.stderr)
 
+    pinned_times: dict[str, list[float]] = {}
     pinned = measure(
         {"raw": raw_hostalloc, "raw pool": raw_host_pool, "memkit": memkit_pooled,
          "memkit pool": memkit_pool_buffer, "cupy": cupy_pinned, "torch": torch_pinned,
@@ -461,7 +466,7 @@ def main() -> None:
         {"raw": n_hostalloc, "raw pool": n_pin, "memkit": n_pin, "memkit pool": n_pin,
          "cupy": n_pin, "torch": n_pin, "cuda.core": n_pin, "floor": n_pin,
          "floor + ledger": n_pin, **dict.fromkeys(pinned_ablations, n_pin)},
-        samples, sync, 6)
+        samples, sync, 6, pinned_times)
     for blk in floor_blocks:
         check(raw.cuMemFreeHost(blk))
 
@@ -505,15 +510,12 @@ def main() -> None:
                      "target": target, "ok": ok,
                      "floor_us": None if floor is None else floor * 1e6})
 
-    def ablation_rows(label: str, f: dict[str, float | None], floor: float | None,
-                      key: str, bound: float, ref: float | None) -> None:
+    def ablation_rows(label: str, f: dict[str, float | None], times: dict[str, list[float]],
+                      floor: str, key: str, bound: float, ref: float | None) -> None:
         """The ablation rows of a target: its floor with the promises, then the path too."""
         for name, what in ((key, "+ promises"), (key + " + path", "+ promises + path")):
-            v = f[name]
-            side = ("" if v is None or not floor else
-                    f": {v / floor:.2f}x, {'within' if v / floor <= bound else 'ABOVE'} "
-                    f"the {bound:g}x bound")
-            row(f"   {label} floor + ledger {what} (not memkit)", v, ref, "ablation" + side)
+            row(f"   {label} floor + ledger {what} (not memkit)", f[name], ref,
+                ablation_target(times, name, floor, bound))
 
     d = device
     mk, mc, fl = d["memkit"], d["memkit cached"], d["floor cached"]
@@ -521,19 +523,23 @@ def main() -> None:
     row("1 MiB: raw cuMemAllocFromPoolAsync + cuMemFreeAsync", d["raw"], d["raw"],
         "reference")
     row("1 MiB: MemoryPool(cache=True).allocate(stream=s).free()", mc, d["raw"],
-        *floor_target(mc, fll, 1.5, d["floor cached + promises"],
-                      d["floor cached + promises + path"]), floor=fll)
+        *paired_target(device_times, "memkit cached", "floor cached + ledger", 1.5,
+                       "floor cached + promises"), floor=fll)
     row("   cached floor + exact ledger (not memkit)", fll, d["raw"], "its floor")
     nc = d["memkit cached, no capture check"]
+    checked = paired_ratio(device_times, "memkit cached", "memkit cached, no capture check")
     row("1 MiB: cached pool pair, capture check", mc, nc,
-        "<= 1.03x the same pair without the check" + (
-            "" if mc is None or not nc else (": OK" if mc / nc <= 1.03 else ": MISS")))
-    ablation_rows("cached", d, fll, "floor cached + promises", 1.5, d["raw"])
+        "<= 1.03x the same pair without the check"
+        + ("" if checked is None else f" ({checked:.3f}x, paired)"),
+        None if checked is None else checked <= 1.03)
+    ablation_rows("cached", d, device_times, "floor cached + ledger", "floor cached + promises",
+                  1.5, d["raw"])
     row("1 MiB: MemoryPool.allocate(stream=s).free() (uncached)", mk, d["raw"],
-        *floor_target(mk, ufl, 1.5, d["floor + promises"], d["floor + promises + path"]),
+        *paired_target(device_times, "memkit", "floor + ledger", 1.5, "floor + promises"),
         floor=ufl)
     row("   floor + exact ledger (not memkit)", ufl, d["raw"], "its floor")
-    ablation_rows("uncached", d, ufl, "floor + promises", 1.5, d["raw"])
+    ablation_rows("uncached", d, device_times, "floor + ledger", "floor + promises", 1.5,
+                  d["raw"])
     row("1 MiB: CuPy MemoryPool().malloc (caching, direct)", d["cupy MemoryPool"], d["raw"],
         "info")
     row("1 MiB: CuPy malloc_async", d["cupy"], d["raw"], "info")
@@ -554,10 +560,11 @@ def main() -> None:
     row("4 KiB pinned: raw cuMemHostAlloc + cuMemFreeHost (other small pinned blocks alive)",
         p["raw"], p["raw"], "reference")
     row("4 KiB pinned: HostBuffer.pooled(4096).close()", p["memkit"], p["raw"],
-        *floor_target(p["memkit"], pfl, 2.0, p["floor + promises"],
-                      p["floor + promises + path"]), floor=pfl)
+        *paired_target(pinned_times, "memkit", "floor + ledger", 2.0, "floor + promises"),
+        floor=pfl)
     row("   pinned floor + exact ledger (not memkit)", pfl, p["raw"], "its floor")
-    ablation_rows("pinned", p, pfl, "floor + promises", 2.0, p["raw"])
+    ablation_rows("pinned", p, pinned_times, "floor + ledger", "floor + promises", 2.0,
+                  p["raw"])
     row("4 KiB pinned: raw host-pool cuMemAllocFromPoolAsync pair", p["raw pool"], p["raw"],
         "info")
     row("4 KiB pinned: host MemoryPool.allocate().free()", p["memkit pool"], p["raw"], "info")

@@ -37,12 +37,13 @@ from typing import Any
 
 from harness import (
     Loop,
+    ablation_target,
     backend,
     cupy_cached_floor,
     floor_ledger,
-    floor_target,
     measure,
     paired_ratio,
+    paired_target,
     promised_cupy_floor,
     verdict,
 )
@@ -205,9 +206,6 @@ def main() -> None:
     for size, res in results.items():
         batch, dim, hidden = SIZES[size]
         ref, fll = res["malloc_async"], res["floor cached + ledger"]
-        # Against the floor: the median of the ratios of the same samples (paired_ratio).
-        vs_floor = {name: paired_ratio(sample_times[size], name, "floor cached + ledger")
-                    for name in res}
         for name in [*allocs, "rmm"]:
             if name == "rmm" and rmm is None:
                 rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): rmm",
@@ -218,19 +216,19 @@ def main() -> None:
             ratio = None if v is None or not ref else v / ref
             target, ok = "info", None
             if name == "memkit cached" and size != "large":
-                target, ok = floor_target(vs_floor[name], 1.0, 1.05,
-                                          vs_floor["floor + promises"],
-                                          vs_floor["floor + promises + path"])
+                target, ok = paired_target(sample_times[size], name, "floor cached + ledger",
+                                           1.05, "floor + promises")
             elif name == "floor cached + ledger":
                 target = "its floor"
-            elif name.startswith("floor + promises") and vs_floor[name] is not None:
-                target = f"ablation: {vs_floor[name]:.2f}x"
+            elif name.startswith("floor + promises"):
+                target = ablation_target(sample_times[size], name, "floor cached + ledger", 1.05)
             elif name == "rmm" and v is not None and res["memkit cached"] is not None:
                 mk = res["memkit cached"]
                 target, ok = (f"memkit cached ahead of it (same samples: {mk * 1e6:.1f} us, "
                               f"{v / mk:.2f}x)"), mk <= v
-            elif name == "cupy pool" and vs_floor[name] is not None:
-                target = f"info: {vs_floor[name]:.2f}x the floor + ledger"
+            elif name == "cupy pool" and (
+                    vs := paired_ratio(sample_times[size], name, "floor cached + ledger")):
+                target = f"info: {vs:.2f}x the floor + ledger"
             rows.append({"case": f"{size} ({batch}x{dim}, hidden {hidden}): {name}",
                          "us": None if v is None else v * 1e6, "ratio": ratio,
                          "target": target, "ok": ok,

@@ -133,6 +133,28 @@ def floor_target(value: float | None, floor: float | None, bound: float,
     return text, ratio <= bound
 
 
+def paired_target(times: dict[str, list[float]], case: str, floor: str, bound: float,
+                  promised: str | None = None) -> tuple[str, bool | None]:
+    """:func:`floor_target` on ratios paired within each sample (:func:`paired_ratio`).
+
+    ``case``, ``floor`` and the ablation floors are keys of ``times`` (from
+    :func:`measure`'s ``times_out``); the path's floor is ``promised + " + path"``.
+    """
+    def vs(key: str | None) -> float | None:
+        return None if key is None else paired_ratio(times, key, floor)
+
+    return floor_target(vs(case), 1.0, bound, vs(promised),
+                        vs(None if promised is None else promised + " + path"))
+
+
+def ablation_target(times: dict[str, list[float]], case: str, floor: str, bound: float) -> str:
+    """An ablation row's target column: its paired ratio to ``floor`` against ``bound``."""
+    r = paired_ratio(times, case, floor)
+    if r is None:
+        return "ablation"
+    return f"ablation: {r:.2f}x, {'within' if r <= bound else 'ABOVE'} the {bound:g}x bound"
+
+
 def verdict(row: dict[str, Any]) -> str:
     """The verdict printed after a row's target column: OK, MISS, BLOCKED or nothing.
 

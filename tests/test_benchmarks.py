@@ -80,3 +80,20 @@ def test_floor_target_on_a_paired_ratio_says_blocked_only_above_the_bound() -> N
     assert ok is False and "BLOCKED" not in text and "1.04x" in text
     assert harness.floor_target(1.03, 1.0, 1.05, 1.04, 1.05) == (
         "<= 1.05x its floor + ledger (1.03x)", True)
+
+
+def test_paired_target_and_ablation_target_pair_each_floor_with_the_case() -> None:
+    harness = _harness()
+    times = {"memkit": [1.2, 2.3, 3.6], "floor": [1.0, 2.0, 3.0],
+             "floor + promises": [1.1, 2.2, 3.3], "floor + promises + path": [1.3, 2.6, 3.9]}
+    text, ok = harness.paired_target(times, "memkit", "floor", 1.15, "floor + promises")
+    assert ok is False  # 1.2, 1.15, 1.2: median 1.2
+    assert text == ("<= 1.15x its floor + ledger (1.20x); the promised work alone is 1.10x, "
+                    "with the one release path 1.30x")
+    assert harness.paired_target(times, "memkit", "floor", 1.25) == (
+        "<= 1.25x its floor + ledger (1.20x)", True)
+    assert harness.ablation_target(times, "floor + promises + path", "floor", 1.25) == (
+        "ablation: 1.30x, ABOVE the 1.25x bound")
+    assert harness.ablation_target(times, "floor + promises", "floor", 1.25) == (
+        "ablation: 1.10x, within the 1.25x bound")
+    assert harness.ablation_target(times, "absent", "floor", 1.25) == "ablation"
