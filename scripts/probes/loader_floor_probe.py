@@ -1,7 +1,8 @@
 """Where a Loader's time goes against its floor: its delivery on other rings, its waits, the slots.
 
     python scripts/probes/loader_floor_probe.py [--mib 64] [--rounds 9] [--instances 2] [--gil]
-                                                [--extra-slots K]
+                                                [--extra-slots K] [--numa] [--bind-node N]
+                                            [--kinds floor,loader,...]
 
 Measured interleaved (``harness.measure``, one pass of ``n`` batches per sample) on
 rings made in turns, ``--instances`` of each kind:
@@ -15,7 +16,12 @@ rings made in turns, ``--instances`` of each kind:
 * ``raw, lagged``: a slot ring; a raw copy and an event per slot, each slot given back
   once its event is done, checked at the next slot (no thread, no wait);
 * with ``--extra-slots K``: ``loader +K`` and ``floor +K``, the same on rings with ``K``
-  more slots than the Loader makes (room for copies in flight, no more grants per worker).
+  more slots than the Loader makes (room for copies in flight, no more grants per worker);
+* with ``--bind-node N``: ``floor @N`` and ``loader @N``, the same on rings whose pages
+  were bound to NUMA node ``N`` (``mbind``) before the driver pinned them.
+
+``--numa`` prints the machine's NUMA nodes, the GPU's host node, and on which nodes each
+ring's pages lie (``/proc/self/numa_maps``). ``--kinds`` keeps only the kinds named.
 
 For each case it prints batches/s, the ratio to the floors' median, the consumer's wait
 for a ready slot per batch (time in ``RingCore.wait``), and the mean number of slots in
@@ -32,6 +38,7 @@ import argparse
 import collections
 import functools
 import os
+import re
 import statistics
 import sys
 import threading
@@ -54,6 +61,51 @@ from cuda_memkit._loading import _loader  # noqa: E402
 
 STATES = ("free", "granted", "filling", "ready", "lent")
 EVENT_DISABLE_TIMING = 0x2
+SYS_MBIND = 237  # x86_64
+MPOL_BIND = 2
+
+
+def numa_nodes() -> str:
+    """The machine's NUMA nodes and their CPUs, and the CPUs this process may run on."""
+    base = "/sys/devices/system/node"
+    nodes = sorted(d for d in os.listdir(base) if d.startswith("node")) if os.path.isdir(
+        base) else []
+    parts = []
+    for d in nodes:
+        with open(os.path.join(base, d, "cpulist")) as f:
+            parts.append(f"{d}: cpus {f.read().strip()}")
+    return "; ".join(parts) + f"; allowed cpus {sorted(os.sched_getaffinity(0))}"
+
+
+def pages_by_node(ptr: int) -> str:
+    """On which NUMA nodes the pages of the mapping at ``ptr`` lie (``N0=... N1=...``)."""
+    with open("/proc/self/numa_maps") as f:
+        for line in f:
+            fields = line.split()
+            if int(fields[0], 16) == ptr:
+                return " ".join(x for x in fields if re.match(r"N\d+=", x)) or "(none)"
+    return "(mapping not found)"
+
+
+def bound_registration(node: int) -> Callable[..., Any]:
+    """``register_host`` that first binds the array's pages to ``node`` (before the pinning
+    faults them in)."""
+    import ctypes
+
+    from cuda_memkit._host import _ring_core
+    plain = _ring_core.register_host
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def register(arr: Any, **kw: Any) -> Any:
+        mask = ctypes.c_ulong(1 << node)
+        rc = libc.syscall(SYS_MBIND, ctypes.c_void_p(arr.ctypes.data),
+                          ctypes.c_ulong(arr.nbytes), MPOL_BIND, ctypes.byref(mask),
+                          ctypes.c_ulong(64), 0)
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), "mbind failed")
+        return plain(arr, **kw)
+
+    return register
 
 
 def gil_check(raw: Any, nbytes: int) -> None:
@@ -140,6 +192,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--gil", action="store_true")
     ap.add_argument("--extra-slots", type=int, default=0)
+    ap.add_argument("--numa", action="store_true")
+    ap.add_argument("--bind-node", type=int, default=None)
+    ap.add_argument("--kinds", default="")
     args = ap.parse_args()
     _name, simulated, raw = backend()
     mib, rounds, workers = args.mib, args.rounds, args.workers
@@ -149,6 +204,11 @@ def main() -> None:
     nbytes = int(mib * (1 << 20))
     if args.gil:
         gil_check(raw, nbytes)
+    if args.numa:
+        attr = getattr(raw, "CUdevice_attribute", None)
+        host_node = ("unknown (the simulator)" if attr is None else check(
+            raw.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0)))
+        print(f"NUMA: {numa_nodes()}; the GPU's host node {host_node}")
     n = bl.batch_count(nbytes, simulated)
     src = np.empty((2, nbytes), np.uint8)
     src[0].fill(1)
@@ -226,10 +286,28 @@ def main() -> None:
     if args.extra_slots:
         kinds[f"floor +{args.extra_slots}"] = (lambda: roomier(output="slot"), floor)
         kinds[f"loader +{args.extra_slots}"] = (lambda: roomier(stream=stream), iterate)
+    if args.bind_node is not None:
+        from cuda_memkit._host import _ring_core
+
+        def bound(**kw: Any) -> Any:
+            plain = _ring_core.register_host
+            _ring_core.register_host = bound_registration(args.bind_node)
+            try:
+                return loader(**kw)
+            finally:
+                _ring_core.register_host = plain
+
+        kinds[f"floor @{args.bind_node}"] = (lambda: bound(output="slot"), floor)
+        kinds[f"loader @{args.bind_node}"] = (lambda: bound(stream=stream), iterate)
+    if args.kinds:
+        keep = args.kinds.split(",")
+        kinds = {k: v for k, v in kinds.items() if k.split(" ")[0] in keep or k in keep}
     rings: dict[str, Any] = {}
     for k in range(args.instances):
         for kind, (made, _run) in kinds.items():
             rings[f"{kind} #{k}"] = made()
+    placement = {key: pages_by_node(ring_core(ld.ring).segment.ptr) if args.numa else ""
+                 for key, ld in rings.items()}
     waits: dict[str, list[float]] = {key: [] for key in rings}
     samplers = {key: Sampler() for key in rings}
 
@@ -271,6 +349,8 @@ def main() -> None:
         wait = sum(waits[key]) / max(len(waits[key]), 1) * 1e3
         print(f"{key:22} {n / t:9.1f} {floors / t:8.3f} {wait:8.3f} ms  "
               f"{samplers[key].means()}")
+        if args.numa:
+            print(f"{'':22} pages: {placement[key]}")
 
 
 if __name__ == "__main__":
