@@ -2,7 +2,7 @@
 
     python scripts/probes/loader_floor_probe.py [--mib 64] [--rounds 9] [--instances 2] [--gil]
                                                 [--extra-slots K] [--numa] [--bind-node N]
-                                            [--kinds floor,loader,...]
+                                            [--thp] [--kinds floor,loader,...]
 
 Measured interleaved (``harness.measure``, one pass of ``n`` batches per sample) on
 rings made in turns, ``--instances`` of each kind:
@@ -18,7 +18,9 @@ rings made in turns, ``--instances`` of each kind:
 * with ``--extra-slots K``: ``loader +K`` and ``floor +K``, the same on rings with ``K``
   more slots than the Loader makes (room for copies in flight, no more grants per worker);
 * with ``--bind-node N``: ``floor @N`` and ``loader @N``, the same on rings whose pages
-  were bound to NUMA node ``N`` (``mbind``) before the driver pinned them.
+  were bound to NUMA node ``N`` (``mbind``) before the driver pinned them;
+* with ``--thp``: ``floor thp`` and ``loader thp``, on rings whose mapping asked for
+  transparent huge pages (``madvise(MADV_HUGEPAGE)``) before the driver pinned them.
 
 ``--numa`` prints the machine's NUMA nodes, the GPU's host node, and on which nodes each
 ring's pages lie (``/proc/self/numa_maps``). ``--kinds`` keeps only the kinds named.
@@ -38,7 +40,6 @@ import argparse
 import collections
 import functools
 import os
-import re
 import statistics
 import sys
 import threading
@@ -63,6 +64,7 @@ STATES = ("free", "granted", "filling", "ready", "lent")
 EVENT_DISABLE_TIMING = 0x2
 SYS_MBIND = 237  # x86_64
 MPOL_BIND = 2
+MADV_HUGEPAGE = 14
 
 
 def numa_nodes() -> str:
@@ -78,18 +80,28 @@ def numa_nodes() -> str:
 
 
 def pages_by_node(ptr: int) -> str:
-    """On which NUMA nodes the pages of the mapping at ``ptr`` lie (``N0=... N1=...``)."""
+    """Where the pages of the mapping at ``ptr`` lie (``/proc/self/numa_maps``: ``N0=...``)
+    and how much of it is mapped by huge pages (``/proc/self/smaps``)."""
+    out = "(mapping not found)"
     with open("/proc/self/numa_maps") as f:
         for line in f:
             fields = line.split()
             if int(fields[0], 16) == ptr:
-                return " ".join(x for x in fields if re.match(r"N\d+=", x)) or "(none)"
-    return "(mapping not found)"
+                out = " ".join(x for x in fields[1:] if not x.startswith("file="))
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                inside = int(head.split("-")[0], 16) == ptr
+            elif inside and head in ("Rss:", "ShmemPmdMapped:", "FilePmdMapped:"):
+                out += f" {head}{line.split()[1]}kB"
+    return out
 
 
-def bound_registration(node: int) -> Callable[..., Any]:
-    """``register_host`` that first binds the array's pages to ``node`` (before the pinning
-    faults them in)."""
+def advised_registration(node: int | None, huge: bool) -> Callable[..., Any]:
+    """``register_host`` that first binds the array's pages to NUMA ``node`` and/or asks
+    for transparent huge pages (before the pinning faults the pages in)."""
     import ctypes
 
     from cuda_memkit._host import _ring_core
@@ -97,15 +109,29 @@ def bound_registration(node: int) -> Callable[..., Any]:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def register(arr: Any, **kw: Any) -> Any:
-        mask = ctypes.c_ulong(1 << node)
-        rc = libc.syscall(SYS_MBIND, ctypes.c_void_p(arr.ctypes.data),
-                          ctypes.c_ulong(arr.nbytes), MPOL_BIND, ctypes.byref(mask),
-                          ctypes.c_ulong(64), 0)
-        if rc != 0:
-            raise OSError(ctypes.get_errno(), "mbind failed")
+        addr, size = ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes)
+        if node is not None:
+            mask = ctypes.c_ulong(1 << node)
+            if libc.syscall(SYS_MBIND, addr, size, MPOL_BIND, ctypes.byref(mask),
+                            ctypes.c_ulong(64), 0) != 0:
+                raise OSError(ctypes.get_errno(), "mbind failed")
+        if huge and libc.madvise(addr, size, MADV_HUGEPAGE) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed")
         return plain(arr, **kw)
 
     return register
+
+
+def thp_settings() -> str:
+    """The kernel's transparent huge page settings (anonymous and shared memory)."""
+    out = []
+    for name in ("enabled", "shmem_enabled", "defrag"):
+        try:
+            with open(f"/sys/kernel/mm/transparent_hugepage/{name}") as f:
+                out.append(f"{name}: {f.read().strip()}")
+        except OSError:
+            out.append(f"{name}: (not readable)")
+    return "; ".join(out)
 
 
 def gil_check(raw: Any, nbytes: int) -> None:
@@ -194,6 +220,7 @@ def main() -> None:
     ap.add_argument("--extra-slots", type=int, default=0)
     ap.add_argument("--numa", action="store_true")
     ap.add_argument("--bind-node", type=int, default=None)
+    ap.add_argument("--thp", action="store_true")
     ap.add_argument("--kinds", default="")
     args = ap.parse_args()
     _name, simulated, raw = backend()
@@ -209,6 +236,7 @@ def main() -> None:
         host_node = ("unknown (the simulator)" if attr is None else check(
             raw.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0)))
         print(f"NUMA: {numa_nodes()}; the GPU's host node {host_node}")
+        print(f"THP: {thp_settings()}")
     n = bl.batch_count(nbytes, simulated)
     src = np.empty((2, nbytes), np.uint8)
     src[0].fill(1)
@@ -286,19 +314,24 @@ def main() -> None:
     if args.extra_slots:
         kinds[f"floor +{args.extra_slots}"] = (lambda: roomier(output="slot"), floor)
         kinds[f"loader +{args.extra_slots}"] = (lambda: roomier(stream=stream), iterate)
-    if args.bind_node is not None:
+    def advised(node: int | None, huge: bool, **kw: Any) -> Any:
         from cuda_memkit._host import _ring_core
+        plain = _ring_core.register_host
+        _ring_core.register_host = advised_registration(node, huge)
+        try:
+            return loader(**kw)
+        finally:
+            _ring_core.register_host = plain
 
-        def bound(**kw: Any) -> Any:
-            plain = _ring_core.register_host
-            _ring_core.register_host = bound_registration(args.bind_node)
-            try:
-                return loader(**kw)
-            finally:
-                _ring_core.register_host = plain
-
-        kinds[f"floor @{args.bind_node}"] = (lambda: bound(output="slot"), floor)
-        kinds[f"loader @{args.bind_node}"] = (lambda: bound(stream=stream), iterate)
+    variants: list[tuple[str, int | None, bool]] = []
+    if args.bind_node is not None:
+        variants.append((f"@{args.bind_node}", args.bind_node, False))
+    if args.thp:
+        variants.append(("thp", None, True))
+    for label, node, huge in variants:
+        kinds[f"floor {label}"] = (functools.partial(advised, node, huge, output="slot"), floor)
+        kinds[f"loader {label}"] = (functools.partial(advised, node, huge, stream=stream),
+                                    iterate)
     if args.kinds:
         keep = args.kinds.split(",")
         kinds = {k: v for k, v in kinds.items() if k.split(" ")[0] in keep or k in keep}
