@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -103,6 +104,13 @@ def stamp(handle: cm.RingHandle, worker: int, rounds: int, seed: int) -> None:
 def batch_value(batch: int, out: np.ndarray[Any, Any]) -> None:
     """A Loader's make_batch: every element is the batch number."""
     out[...] = batch
+
+
+def faults_of_fill(batch: int, out: np.ndarray[Any, Any]) -> None:
+    """A Loader's make_batch that writes into ``out[0]`` the page faults filling ``out`` took."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out.fill(batch)  # in place: no temporary array, so every fault is the slot's
+    out[0] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 
 def batch_or_fail(batch: int, out: np.ndarray[Any, Any]) -> None:

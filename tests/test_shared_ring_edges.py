@@ -91,6 +91,16 @@ def _timeout_ok(t: float) -> bool:
     return t > 0  # false for nan, zero and negatives
 
 
+def _writer(ring: cm.SharedHostRing, t: float) -> None:
+    """A writer with timeout ``t``; a tiny one may end before the consumer's welcome."""
+    try:
+        ring.handle.writer(5, timeout=t)
+    except TimeoutError as exc:
+        if t >= 0.5:
+            raise
+        assert "did not answer within" in str(exc)
+
+
 @pytest.mark.parametrize("t", TIMEOUTS)
 def test_every_timeout_of_the_ring_takes_the_same_values(ring: cm.SharedHostRing,
                                                          t: float) -> None:
@@ -99,7 +109,7 @@ def test_every_timeout_of_the_ring_takes_the_same_values(ring: cm.SharedHostRing
     setters: list[Callable[[], object]] = [
         lambda: cm.SharedHostRing(1, SHAPE, np.float32, timeout=t).close(),
         lambda: setattr(ring, "timeout", t),
-        lambda: ring.handle.writer(5, timeout=t),
+        lambda: _writer(ring, t),
     ]
     for set_it in setters:
         if _timeout_ok(t):
