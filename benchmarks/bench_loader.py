@@ -9,9 +9,9 @@ device 0. One table, every row measured in this run, the cases of a size taking 
 each round (order shuffled per round, seeded), medians over the rounds; each sample is
 one pass over ``n`` batches (fewer for larger batches), timed from the start of the pass
 to the device having every batch, after two passes of warm-up (workers start, pools grow).
-The ring cases run on two loaders of each kind, taking turns sample by sample: where a
-ring's memory landed moves a case by several percent, which one instance of each would
-put into the ratios.
+The ring cases run on two loaders of each kind, taking turns sample by sample (rings of
+one kind differ by several percent, which one instance of each would put into the
+ratios); the floor and the fills have rings of their own.
 
 * ``DataLoader(num_workers=N, pin_memory=True)`` over a dataset whose item is the batch
   (a new tensor the worker fills), each batch sent with ``.to("cuda", non_blocking=True)``;
@@ -94,18 +94,21 @@ class Cases:
         make = functools.partial(copy_batch, self.src)
         # The Loader copies on the same kind of stream as the floor's raw copies.
         self.stream = int(check(raw.cuStreamCreate(1)))
-        # Two of each, made in turns and used in turns (one per sample): where a ring's
-        # memory landed moves a case by several percent, and one instance of each would
-        # put that into the ratio.
+        # Two of each, made in turns and used in turns (one per sample): rings of one kind
+        # differ by several percent, and one instance of each would put that into the
+        # ratio. The floor and the fills have rings of their own: a ring that also served
+        # the fills ran twice the passes of the Loader's (see docs/decisions.md).
         self.loaders: list[Any] = []
+        self.floors: list[Any] = []
         self.fills: list[Any] = []
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", FORK_WARNING, DeprecationWarning)
             for _ in range(2):
                 self.loaders.append(cm.Loader(make, n, nbytes, workers=workers,
                                               start_method="fork", stream=self.stream))
-                self.fills.append(cm.Loader(make, n, nbytes, workers=workers,
-                                            start_method="fork", output="slot"))
+                for rings in (self.floors, self.fills):
+                    rings.append(cm.Loader(make, n, nbytes, workers=workers,
+                                           start_method="fork", output="slot"))
         self._turn = dict.fromkeys(("loader", "fill", "both"), 0)
         self.host = int(check(raw.cuMemHostAlloc(nbytes, 0)))
         ctypes.memset(self.host, 1, nbytes)
@@ -148,7 +151,7 @@ class Cases:
     def run_both(self) -> None:
         """Workers fill slots while each is copied by the raw driver: no Loader work at all."""
         fn, wait, h = self.raw.cuMemcpyHtoDAsync, self.raw.cuStreamSynchronize, self.stream
-        for slot in self._next("both", self.fills):
+        for slot in self._next("both", self.floors):
             check(fn(self.dev, slot.ptr, self.nbytes, h))
             check(wait(h))  # the slot goes back once the copy has read it
             slot.close()
@@ -172,8 +175,12 @@ class Cases:
         return out
 
     def close(self) -> None:
-        for loader in self.loaders + self.fills:
+        for loader in self.loaders + self.floors + self.fills:
             loader.close()
+        self.sync()
+        # The Loaders' buffers went back to the default pool's cache on this stream:
+        # freed now, before the stream goes.
+        self.cm.MemoryPool.default(0, cache=True).empty_cache()
         self.torch = None  # persistent workers end with the DataLoader
         check(self.raw.cuStreamDestroy(self.stream))
         check(self.raw.cuMemFree(self.dev))

@@ -97,3 +97,31 @@ def test_paired_target_and_ablation_target_pair_each_floor_with_the_case() -> No
     assert harness.ablation_target(times, "floor + promises", "floor", 1.25) == (
         "ablation: 1.10x, within the 1.25x bound")
     assert harness.ablation_target(times, "absent", "floor", 1.25) == "ablation"
+
+
+@pytest.mark.sim_only
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_every_ring_of_the_loader_benchmark_runs_as_many_passes_as_the_loaders() -> None:
+    # A ring shared by two cases ran twice the passes of the Loader's, and a pass is what
+    # mapped its pages in the workers: the floor came out ahead for that alone.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_loader
+        from harness import backend
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    import cuda_memkit as cm
+
+    _name, simulated, raw = backend()
+    cases = bench_loader.Cases(cm, raw, 4096, 4, 1, simulated)
+    try:
+        runs = cases.cases()
+        for _ in range(4):  # two passes on each instance
+            for case in ("loader", "both", "fill"):
+                runs[case]()
+        rings = cases.loaders + cases.floors + cases.fills
+        assert len({id(r) for r in rings}) == 6
+        assert {r._epochs.epoch for r in rings} == {cases.loaders[0]._epochs.epoch}
+        assert {r._epochs.epoch for r in cases.loaders} != {0}
+    finally:
+        cases.close()
