@@ -7,6 +7,7 @@ a fresh process and fails if any cell raises.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -27,11 +28,15 @@ def test_there_are_notebooks() -> None:
 def test_notebook_runs(path: pathlib.Path, tmp_path: pathlib.Path, backend: str,
                        ndevices: int) -> None:
     pytest.importorskip("matplotlib", reason="the notebooks plot with matplotlib")
-    # A notebook about several devices says how many it needs in its metadata.
-    needs = json.loads(path.read_text())["metadata"].get("cuda_memkit", {}).get(
-        "needs_devices", 1)
+    # A notebook about several devices says how many it needs in its metadata ...
+    meta = json.loads(path.read_text())["metadata"].get("cuda_memkit", {})
+    needs = meta.get("needs_devices", 1)
     if ndevices < needs:
         pytest.skip(f"{path.stem} needs {needs} devices, {ndevices} visible")
+    # ... and the optional packages it is about (the test extra installs them).
+    missing = [m for m in meta.get("needs_modules", []) if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{path.stem} needs {', '.join(missing)}, not installed")
     env = {**os.environ, "CUDA_MEMKIT_BACKEND": backend, "MPLBACKEND": "Agg"}
     # --one: the in-process executor, no Jupyter kernel needed
     out = tmp_path / path.name
