@@ -230,7 +230,9 @@ class RingHandle:
         ``DataLoader`` dataset's ``__getitem__``, say) return the same open
         writer. Threads of one process that fill slots side by side take
         writers of different labels. A process forked from one that had a
-        writer gets a new one of its own.
+        writer gets a new one of its own. Connecting maps every page of the
+        ring into this process at once, so that no fill takes page faults
+        the first time it writes a slot.
 
         Parameters
         ----------
