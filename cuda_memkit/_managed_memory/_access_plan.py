@@ -51,11 +51,12 @@ from .._core._checks import check_positive, check_span, one_of
 from .._core._constants import EVENT_DISABLE_TIMING
 from .._core._device import Device
 from .._core._errors import CudaError
+from .._core._host_os import host_numa_nodes
 from .._core._interop import DL_CUDA, DeviceArrayView
 from .._core._location import Location, LocationType
 from .._core._stream import Stream, StreamLike, stream_handle
 from ._managed import ManagedBuffer
-from ._managed_ranges import MemAdvice, host_numa_nodes, issue_advise, query_range
+from ._managed_ranges import MemAdvice, issue_advise, query_range
 from ._prefetch_plan import PrefetchPlan
 
 if TYPE_CHECKING:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import functools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from .._core import _context, _device, _driver, _stream
 from .._core._checks import check_index, check_span
 from .._core._constants import LEGACY_STREAMS
 from .._core._errors import CudaDriverNotFoundError, CudaInvalidValueError
+from .._core._host_os import host_numa_nodes
 from .._core._location import Location, LocationType, to_location
 from .._core._resource import account, settlers
 
@@ -70,19 +69,7 @@ ACCESS_KINDS = frozenset({LocationType.DEVICE, LocationType.HOST})
 DEVICE_CPU = -1
 
 
-
 # -- argument checks ------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def host_numa_nodes() -> frozenset[int]:
-    """The host NUMA node ids of this machine (``{0}`` where the OS does not say)."""
-    try:
-        names = os.listdir("/sys/devices/system/node")
-    except OSError:
-        return frozenset({0})
-    nodes = {int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()}
-    return frozenset(nodes or {0})
 
 
 def check_location(where: LocationLike, *, what: str = "location",

@@ -53,13 +53,13 @@ dropped, for tests.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from cuda.bindings import driver as cu
 
+from .._core._host_os import host_numa_nodes
 from . import _state as S
 from ._state import PAGE, Allocation, Fail, R, api
 
@@ -96,17 +96,7 @@ def M() -> S.Machine:
     return S.MACHINE
 
 
-# Not shared with the library's host_numa_nodes: the simulator sits below the library's layers.
-def _numa_nodes() -> frozenset[int]:
-    try:
-        names = os.listdir("/sys/devices/system/node")
-    except OSError:
-        return frozenset({0})
-    nodes = {int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit()}
-    return frozenset(nodes or {0})
-
-
-NUMA_NODES = _numa_nodes()
+NUMA_NODES = host_numa_nodes()
 CURRENT_NODE = min(NUMA_NODES)
 
 
