@@ -233,6 +233,7 @@ SOLD = {"block cache": "MemoryPool(cache=True)", "pool statistics": "reserved",
         "CuPy": "CuPy", "pinned": "pinned", "managed": "managed", "virtual": "growable"}
 
 
+@pytest.mark.uses_managed_memory  # the tour's managed step: the driver keeps its pages a while
 def test_the_tour_shows_what_the_readme_sells(capsys: pytest.CaptureFixture[str]) -> None:
     assert _cli.main(["tour"]) == 0
     out = capsys.readouterr().out
