@@ -9,7 +9,9 @@ device-to-device and pinned-host-to-device copies of ``--mib`` MiB into a
 ``DeviceBuffer``, growable buffers of several chunk sizes and one ``Mapping``,
 each through ``cm.copy`` and through a raw ``cuMemcpyAsync`` into the same
 memory. Interleaved (ABBA) samples, medians, GB/s and the ratio to the raw copy
-into the ``DeviceBuffer``.
+into the ``DeviceBuffer``; also a raw ``cuMemcpy`` followed by a wait (what ``cm.copy``
+issues) and a raw ``cuMemcpyAsync`` on the legacy stream followed by a wait (the same
+order through the asynchronous call).
 
 If every destination copies alike here, the peer row's gap is in the peer path
 (the other device's page tables over NVLink), which only two GPUs can measure.
@@ -78,17 +80,29 @@ def main() -> None:
                 def raw_copy(ptr: int = d.ptr, sptr: int = src.ptr) -> None:
                     for _ in range(reps):
                         check(raw.cuMemcpyAsync(ptr, sptr, n, h))
+
+                def raw_sync(ptr: int = d.ptr, sptr: int = src.ptr) -> None:
+                    for _ in range(reps):  # what cm.copy issues: cuMemcpy, then a wait
+                        check(raw.cuMemcpy(ptr, sptr, n))
+                        check(raw.cuStreamSynchronize(0))
+
+                def raw_legacy(ptr: int = d.ptr, sptr: int = src.ptr) -> None:
+                    for _ in range(reps):  # the same order, through the asynchronous call
+                        check(raw.cuMemcpyAsync(ptr, sptr, n, 0))
+                        check(raw.cuStreamSynchronize(0))
                 cases[f"{src_name} cm.copy -> {label}"] = memkit
                 cases[f"{src_name} raw -> {label}"] = raw_copy
+                cases[f"{src_name} raw cuMemcpy+wait -> {label}"] = raw_sync
+                cases[f"{src_name} raw async(0)+wait -> {label}"] = raw_legacy
         res = interleaved(cases, s.synchronize, args.repeat, rewarm=True)
         print(f"{args.mib} MiB on {cm.Device(0).name}, median of {args.repeat} interleaved "
               f"samples of {reps} copies")
-        print(f"{'case':52s} {'GB/s':>8s}  vs raw -> DeviceBuffer")
+        print(f"{'case':60s} {'GB/s':>8s}  vs raw -> DeviceBuffer")
         for src_name in ("d2d", "h2d"):
             base = res[f"{src_name} raw -> DeviceBuffer"]
             for key, t in res.items():
                 if key.startswith(src_name):
-                    print(f"{key:52s} {reps * n / t / 1e9:8.1f}  {base / t:6.3f}x")
+                    print(f"{key:60s} {reps * n / t / 1e9:8.1f}  {base / t:6.3f}x")
         for obj in reversed(keep):
             obj.close()
         dsrc.close()
