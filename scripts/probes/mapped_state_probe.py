@@ -14,7 +14,9 @@ in three states, each twice (a first and a second read):
 * ``back+cpu``: as ``back``, then written once more by the CPU.
 
 and, beside them, a DMA copy of as many bytes from pinned memory (the link). The
-first 64 MiB of each first read are timed apart (what the library's probe sees).
+first 64 MiB of each first read are timed apart (what the library's probe sees), and so
+are the advice calls (set before the reads, unset after: an ``AccessPlan`` walk pays both
+inside the walk, the library's probe outside its timing).
 
     python3 scripts/probes/mapped_state_probe.py [--gib 4]
 """
@@ -76,7 +78,7 @@ def main() -> None:
         print(f"{n / (1 << 30):.2f} GiB of managed memory on {cm.Device(0).name} "
               f"({backend_name}); GB/s")
         print(f"{'state':12s} {'first 64 MiB':>13s} {'first read':>11s} {'second read':>12s}"
-              f"   pinned DMA")
+              f"   pinned DMA   advise ms unadvise   first read with advice")
         for state in ("cpu", "back", "back+cpu"):
             buf.array[:] = 1  # filled by the CPU
             if state != "cpu":
@@ -85,15 +87,20 @@ def main() -> None:
                 s.synchronize()
             if state == "back+cpu":
                 buf.array[:] = 2
+            t0 = time.perf_counter()
             zero_copy()
+            t_advise = time.perf_counter() - t0
             t_head = read(0, head_n)
             t_rest = read(head_n, n - head_n)
             t_second = read(0, n)
+            t0 = time.perf_counter()
             unadvise()
+            t_unadvise = time.perf_counter() - t0
             dma = min(n, 8 * step) / read(0, min(n, 8 * step), pinned) / 1e9
+            walk = n / (t_advise + t_head + t_rest + t_unadvise) / 1e9
             print(f"{state:12s} {head_n / t_head / 1e9:13.1f} {n / (t_head + t_rest) / 1e9:11.1f} "
-                  f"{n / t_second / 1e9:12.1f}   {dma:10.1f}")
-
+                  f"{n / t_second / 1e9:12.1f}   {dma:10.1f}   {t_advise * 1e3:8.1f} "
+                  f"{t_unadvise * 1e3:8.1f}   {walk:14.1f}")
 
 if __name__ == "__main__":
     main()
