@@ -7,6 +7,7 @@ resource base and the allocation ledger (``_resource``), the buffer contract
 (``_context``), streams (``_stream``), memory locations (``_location``), peer
 access (``_peer``), the access vocabulary of grants (``_access``), array
 interop (``_interop``, ``_dlpack``), copy operands (``_operands``), copies in
-flight (``_inflight``), the pinned-host registry (``_host_registry``) and
-pointer queries (``_pointers``).
+flight (``_inflight``), the pinned-host registry (``_host_registry``),
+pointer queries (``_pointers``) and what the OS says of the host (``_host_os``, a
+leaf the simulator reads too).
 """
